@@ -1,0 +1,18 @@
+// Package lb owns svcproxy's load-balancer state and policy: the Services and
+// endpoints every proxy mode serves, the one policy that decides which
+// endpoints are usable (ready first, then serving and terminating; traffic
+// policies; topology), the pickers that choose one endpoint for a new
+// connection (round robin, random, least connections, Maglev, ClientIP
+// affinity), and passive health (cool-down of backends that refused or timed
+// out).
+//
+// Sources (a static file, Kubernetes) write Services into a Store; the Store
+// publishes an immutable, versioned *Snapshot with an atomic pointer swap, so
+// readers on the hot path never take a lock. Every mode consumes the same
+// Snapshot and only translates it: no mode decides policy again.
+//
+// lb is pure: it knows nothing of client-go, sockets, iptables or IPVS.
+// The only mutable state reachable from a Snapshot is runtime bookkeeping kept
+// in atomics (connection counts, health, round-robin cursors, affinity), which
+// lives across snapshots so a Service update does not reset it.
+package lb

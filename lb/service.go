@@ -1,0 +1,237 @@
+package lb
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+)
+
+// Protocol is a Service port's transport protocol.
+type Protocol uint8
+
+// The protocols svcproxy forwards. The zero value is TCP, as in Kubernetes.
+const (
+	TCP Protocol = iota
+	UDP
+)
+
+func (p Protocol) String() string {
+	switch p {
+	case TCP:
+		return "TCP"
+	case UDP:
+		return "UDP"
+	}
+	return fmt.Sprintf("Protocol(%d)", uint8(p))
+}
+
+// ParseProtocol accepts "TCP" or "UDP" in any case; "" means TCP.
+func ParseProtocol(s string) (Protocol, error) {
+	switch strings.ToUpper(s) {
+	case "", "TCP":
+		return TCP, nil
+	case "UDP":
+		return UDP, nil
+	}
+	return 0, fmt.Errorf("unsupported protocol %q (want TCP or UDP)", s)
+}
+
+// ServicePortName names one port of one Service: the unit every mode balances.
+type ServicePortName struct {
+	Namespace string
+	Name      string
+	Port      string // the Service port's name; "" for an unnamed single port
+}
+
+func (n ServicePortName) String() string {
+	if n.Port == "" {
+		return n.Namespace + "/" + n.Name
+	}
+	return n.Namespace + "/" + n.Name + ":" + n.Port
+}
+
+// Compare orders names by namespace, name, then port.
+func (n ServicePortName) Compare(o ServicePortName) int {
+	return cmp.Or(cmp.Compare(n.Namespace, o.Namespace), cmp.Compare(n.Name, o.Name), cmp.Compare(n.Port, o.Port))
+}
+
+// TrafficPolicy is a Service's internal or external traffic policy.
+type TrafficPolicy uint8
+
+// The zero value is Cluster, as in Kubernetes.
+const (
+	PolicyCluster TrafficPolicy = iota
+	PolicyLocal
+)
+
+func (p TrafficPolicy) String() string {
+	if p == PolicyLocal {
+		return "Local"
+	}
+	return "Cluster"
+}
+
+// Algorithm is how a pool picks among its usable backends.
+type Algorithm uint8
+
+// The pickers. AlgorithmDefault means the Store's default (round robin unless
+// configured otherwise).
+const (
+	AlgorithmDefault Algorithm = iota
+	RoundRobin
+	Random
+	LeastConn // least connections by power of two random choices
+	Maglev    // consistent hashing of the client IP
+)
+
+var algorithmNames = [...]string{"", "round-robin", "random", "least-conn", "maglev"}
+
+func (a Algorithm) String() string {
+	if int(a) < len(algorithmNames) {
+		if a == AlgorithmDefault {
+			return "default"
+		}
+		return algorithmNames[a]
+	}
+	return fmt.Sprintf("Algorithm(%d)", uint8(a))
+}
+
+// ParseAlgorithm accepts round-robin (rr), random, least-conn (lc) or maglev;
+// "" means the default.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	switch strings.ToLower(s) {
+	case "":
+		return AlgorithmDefault, nil
+	case "round-robin", "rr":
+		return RoundRobin, nil
+	case "random":
+		return Random, nil
+	case "least-conn", "lc":
+		return LeastConn, nil
+	case "maglev", "mh":
+		return Maglev, nil
+	}
+	return 0, fmt.Errorf("unknown algorithm %q (want round-robin, random, least-conn or maglev)", s)
+}
+
+// DefaultAffinityTimeout is Kubernetes' default ClientIP affinity timeout.
+const DefaultAffinityTimeout = 10800 * time.Second
+
+// Service is one port of one Kubernetes Service with its endpoints: plain,
+// immutable input data. Sources build it; nothing mutates it afterwards.
+type Service struct {
+	Name     ServicePortName
+	Protocol Protocol
+	Port     uint16 // the port on ClusterIPs, ExternalIPs and LoadBalancer IPs
+
+	ClusterIPs      []netip.Addr
+	NodePort        uint16 // 0: none
+	ExternalIPs     []netip.Addr
+	LoadBalancerIPs []netip.Addr
+
+	// AffinityTimeout > 0 turns on ClientIP session affinity with that timeout.
+	AffinityTimeout time.Duration
+
+	InternalTrafficPolicy TrafficPolicy // for ClusterIP traffic
+	ExternalTrafficPolicy TrafficPolicy // for NodePort, ExternalIP and LoadBalancer traffic
+
+	Algorithm Algorithm
+
+	Endpoints []Endpoint
+}
+
+// Endpoint is one backend of a Service port, with the conditions of its
+// EndpointSlice entry.
+type Endpoint struct {
+	Addr        netip.AddrPort
+	Ready       bool
+	Serving     bool
+	Terminating bool
+	NodeName    string
+	Zone        string
+	ZoneHints   []string // topology hints: zones this endpoint should serve
+}
+
+// Validate reports every problem with s, each naming the field.
+func (s *Service) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if s.Name.Namespace == "" {
+		bad("namespace", "must not be empty")
+	}
+	if s.Name.Name == "" {
+		bad("name", "must not be empty")
+	}
+	if s.Protocol != TCP && s.Protocol != UDP {
+		bad("protocol", "unsupported protocol %v", s.Protocol)
+	}
+	if s.Port == 0 {
+		bad("port", "must be in 1-65535")
+	}
+	if len(s.ClusterIPs)+len(s.ExternalIPs)+len(s.LoadBalancerIPs) == 0 && s.NodePort == 0 {
+		bad("clusterIPs", "a service needs at least one of clusterIPs, externalIPs, loadBalancerIPs or nodePort")
+	}
+	checkIPs := func(field string, ips []netip.Addr) {
+		for i, ip := range ips {
+			if !ip.IsValid() || ip.IsUnspecified() || ip.IsMulticast() {
+				bad(fmt.Sprintf("%s[%d]", field, i), "invalid address %v", ip)
+			}
+		}
+	}
+	checkIPs("clusterIPs", s.ClusterIPs)
+	checkIPs("externalIPs", s.ExternalIPs)
+	checkIPs("loadBalancerIPs", s.LoadBalancerIPs)
+	if s.AffinityTimeout < 0 {
+		bad("sessionAffinityTimeout", "must not be negative")
+	}
+	if s.InternalTrafficPolicy > PolicyLocal {
+		bad("internalTrafficPolicy", "unknown policy %d", s.InternalTrafficPolicy)
+	}
+	if s.ExternalTrafficPolicy > PolicyLocal {
+		bad("externalTrafficPolicy", "unknown policy %d", s.ExternalTrafficPolicy)
+	}
+	if s.Algorithm > Maglev {
+		bad("algorithm", "unknown algorithm %d", s.Algorithm)
+	}
+	seen := make(map[netip.AddrPort]bool, len(s.Endpoints))
+	for i, ep := range s.Endpoints {
+		field := fmt.Sprintf("endpoints[%d]", i)
+		switch {
+		case !ep.Addr.Addr().IsValid() || ep.Addr.Addr().IsUnspecified() || ep.Addr.Addr().IsMulticast():
+			bad(field+".address", "invalid address %v", ep.Addr.Addr())
+		case ep.Addr.Port() == 0:
+			bad(field+".port", "must be in 1-65535")
+		case seen[ep.Addr]:
+			bad(field+".address", "duplicate endpoint %v", ep.Addr)
+		}
+		seen[ep.Addr] = true
+	}
+	return errors.Join(errs...)
+}
+
+// Frontend is an address and port a Service is reachable on.
+type Frontend struct {
+	Protocol Protocol
+	Addr     netip.AddrPort
+}
+
+func (f Frontend) String() string { return f.Protocol.String() + "/" + f.Addr.String() }
+
+// frontends calls fn for every fixed frontend of s (not its NodePort, which
+// is on every node address), saying whether it is an external one.
+func (s *Service) frontends(fn func(f Frontend, external bool)) {
+	for _, ip := range s.ClusterIPs {
+		fn(Frontend{s.Protocol, netip.AddrPortFrom(ip, s.Port)}, false)
+	}
+	for _, ip := range s.ExternalIPs {
+		fn(Frontend{s.Protocol, netip.AddrPortFrom(ip, s.Port)}, true)
+	}
+	for _, ip := range s.LoadBalancerIPs {
+		fn(Frontend{s.Protocol, netip.AddrPortFrom(ip, s.Port)}, true)
+	}
+}
