@@ -36,6 +36,7 @@ func (h HealthPolicy) withDefaults() HealthPolicy {
 type Backend struct {
 	Addr     netip.AddrPort
 	Protocol Protocol
+	Dial     string // Addr in the form net.Dial takes, computed once
 
 	health HealthPolicy
 
@@ -45,7 +46,7 @@ type Backend struct {
 }
 
 func newBackend(proto Protocol, addr netip.AddrPort, h HealthPolicy) *Backend {
-	return &Backend{Addr: addr, Protocol: proto, health: h}
+	return &Backend{Addr: addr, Protocol: proto, Dial: addr.String(), health: h}
 }
 
 // Acquire counts a new connection to b; pair it with Release.

@@ -5,18 +5,12 @@ package lb
 // taking turns, so each owns an almost equal share and removing one backend
 // moves only the clients that were on it.
 
-// maglevSizes are primes; a table is the smallest one at least 100 times the
-// backend count (the paper's guidance for under 1% imbalance), capped.
-var maglevSizes = [...]int{251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521}
-
-func maglevSize(backends int) int {
-	for _, m := range maglevSizes {
-		if m >= 100*backends {
-			return m
-		}
-	}
-	return maglevSizes[len(maglevSizes)-1]
-}
+// maglevTableSize is the prime size of every lookup table. One size for
+// every pool keeps a table stable when its backend count changes (a size
+// that grew with the count would move most clients whenever it stepped);
+// it is under 1% imbalance up to about 160 backends, as the paper advises
+// (at least 100 slots per backend), and 32 KiB per Maglev pool.
+const maglevTableSize = 16381
 
 // maglevTable builds the lookup table for backends, which must be sorted by
 // address (pools keep them so); entries are indexes into backends. It
@@ -26,7 +20,7 @@ func maglevTable(backends []*Backend) []uint16 {
 	if n == 0 {
 		return nil
 	}
-	m := uint64(maglevSize(n))
+	m := uint64(maglevTableSize)
 	offset := make([]uint64, n)
 	skip := make([]uint64, n)
 	for i, b := range backends {

@@ -13,8 +13,8 @@ type Node struct {
 //
 //   - Cluster policy: ready endpoints, narrowed by topology hints when every
 //     ready endpoint has hints and some are for this node's zone; when no
-//     endpoint is ready, the serving and terminating ones (so a rolling
-//     update never blackholes traffic).
+//     endpoint is ready, the serving and terminating ones, hints ignored (so
+//     a rolling update never blackholes traffic).
 //   - Local policy: the same, among endpoints on this node only; it never
 //     falls back to other nodes.
 //
@@ -26,11 +26,14 @@ func UsableEndpoints(svc *Service, node Node) (internal, external []Endpoint) {
 
 	var cluster, local []Endpoint
 	if needCluster {
-		cluster = topologyFilter(usable(svc.Endpoints, nil), node.Zone)
+		var ready bool
+		if cluster, ready = usable(svc.Endpoints, nil); ready {
+			cluster = topologyFilter(cluster, node.Zone)
+		}
 	}
 	if needLocal {
 		isLocal := func(ep *Endpoint) bool { return ep.NodeName != "" && ep.NodeName == node.Name }
-		local = usable(svc.Endpoints, isLocal)
+		local, _ = usable(svc.Endpoints, isLocal)
 	}
 	internal, external = cluster, cluster
 	if svc.InternalTrafficPolicy == PolicyLocal {
@@ -43,9 +46,9 @@ func UsableEndpoints(svc *Service, node Node) (internal, external []Endpoint) {
 }
 
 // usable returns the ready endpoints that pass keep, or, when there are none,
-// the serving and terminating ones.
-func usable(eps []Endpoint, keep func(*Endpoint) bool) []Endpoint {
-	var ready, fallback []Endpoint
+// the serving and terminating ones; ready says which.
+func usable(eps []Endpoint, keep func(*Endpoint) bool) (out []Endpoint, ready bool) {
+	var readyEps, fallback []Endpoint
 	for i := range eps {
 		ep := &eps[i]
 		if keep != nil && !keep(ep) {
@@ -53,15 +56,15 @@ func usable(eps []Endpoint, keep func(*Endpoint) bool) []Endpoint {
 		}
 		switch {
 		case ep.Ready:
-			ready = append(ready, *ep)
+			readyEps = append(readyEps, *ep)
 		case ep.Serving && ep.Terminating:
 			fallback = append(fallback, *ep)
 		}
 	}
-	if len(ready) > 0 {
-		return ready
+	if len(readyEps) > 0 {
+		return readyEps, true
 	}
-	return fallback
+	return fallback, false
 }
 
 // topologyFilter narrows eps to those hinted for zone, as kube-proxy does:

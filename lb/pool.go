@@ -71,13 +71,16 @@ func (t *Tried) Has(b *Backend) bool {
 func (t *Tried) Len() int { return t.n }
 
 // Pick chooses a backend for a connection from client at now, skipping the
-// ones in tried. It returns nil when the pool is empty or every backend was
+// ones in tried (nil: none). It returns nil when the pool is empty or every backend was
 // tried. The first attempt honours ClientIP affinity; retries bypass it.
 // Backends cooling down after failures are skipped unless nothing else is
 // left. Pick never blocks and does not allocate (affinity aside).
 func (p *Pool) Pick(client netip.Addr, tried *Tried, now time.Time) *Backend {
 	if len(p.backends) == 0 {
 		return nil
+	}
+	if tried == nil {
+		tried = &Tried{}
 	}
 	affinity := p.Service.AffinityTimeout > 0
 	if affinity && tried.Len() == 0 {

@@ -201,15 +201,18 @@ func (s *Service) Validate() error {
 	seen := make(map[netip.AddrPort]bool, len(s.Endpoints))
 	for i, ep := range s.Endpoints {
 		field := fmt.Sprintf("endpoints[%d]", i)
+		// The Store unmaps endpoint addresses, so an IPv4 endpoint and
+		// its IPv4-mapped IPv6 form are the same backend.
+		key := netip.AddrPortFrom(ep.Addr.Addr().Unmap(), ep.Addr.Port())
 		switch {
 		case !ep.Addr.Addr().IsValid() || ep.Addr.Addr().IsUnspecified() || ep.Addr.Addr().IsMulticast():
 			bad(field+".address", "invalid address %v", ep.Addr.Addr())
 		case ep.Addr.Port() == 0:
 			bad(field+".port", "must be in 1-65535")
-		case seen[ep.Addr]:
+		case seen[key]:
 			bad(field+".address", "duplicate endpoint %v", ep.Addr)
 		}
-		seen[ep.Addr] = true
+		seen[key] = true
 	}
 	return errors.Join(errs...)
 }
