@@ -1,0 +1,107 @@
+package forwarder
+
+import (
+	"fmt"
+	"net/netip"
+	"runtime"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/svcproxy/svcproxy/connlog"
+)
+
+// DefaultMark is the SO_MARK put on the forwarder's upstream sockets so its
+// own dials never match its steering rules.
+const DefaultMark = 0x80000
+
+// Config configures a Forwarder. Zero values mean the stated defaults.
+type Config struct {
+	// Workers is the number of SO_REUSEPORT sockets (and accept loops) per
+	// listening address. Zero: GOMAXPROCS.
+	Workers int
+
+	// Redirect are the addresses steering rules redirect connections to;
+	// connections there are routed by their original destination. A zero
+	// port lets the kernel choose one (see RedirectPorts).
+	Redirect []netip.AddrPort
+
+	// BindFrontends makes the forwarder also listen on every TCP frontend of
+	// the snapshot (see the package comment). Frontends that cannot be bound
+	// (an address not on this host, a port in use) are logged and counted.
+	BindFrontends bool
+
+	// DialTimeouts are the per-attempt backend connect timeouts; their
+	// number bounds the attempts per connection, each to a different
+	// backend. Nil: 250ms, 500ms, 1s, 2s.
+	DialTimeouts []time.Duration
+
+	// IdleTimeout closes a connection after this long with no bytes in
+	// either direction. Zero: 1h. Negative: never.
+	IdleTimeout time.Duration
+
+	// DrainTimeout bounds how long connections to a removed backend, and all
+	// connections at Shutdown, may continue. Zero: 30s.
+	DrainTimeout time.Duration
+
+	// KeepAlive is the TCP keepalive idle time on both sides. Zero: 15s.
+	// Negative disables keepalives.
+	KeepAlive time.Duration
+
+	// Mark is the SO_MARK of upstream sockets. Zero: DefaultMark.
+	// Negative: no mark (needs no CAP_NET_ADMIN; for tests and static mode).
+	Mark int
+
+	// MaxConns caps open connections in total; MaxConnsPerService caps them
+	// per Service port. Zero: unlimited. Connections over a cap are reset.
+	MaxConns           int64
+	MaxConnsPerService int64
+
+	Logger  *zap.Logger  // nil: no logging
+	ConnLog *connlog.Log // nil: no connection log
+	Metrics *Metrics     // nil: metrics kept but not registered
+}
+
+var defaultDialTimeouts = []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Workers == 0 {
+		c.Workers = runtime.GOMAXPROCS(0)
+	}
+	if c.Workers < 0 {
+		return c, fmt.Errorf("workers: must not be negative, got %d", c.Workers)
+	}
+	if c.DialTimeouts == nil {
+		c.DialTimeouts = defaultDialTimeouts
+	}
+	if len(c.DialTimeouts) == 0 || len(c.DialTimeouts) > maxAttempts {
+		return c, fmt.Errorf("dialTimeouts: want 1 to %d attempts, got %d", maxAttempts, len(c.DialTimeouts))
+	}
+	for i, d := range c.DialTimeouts {
+		if d <= 0 {
+			return c, fmt.Errorf("dialTimeouts[%d]: must be positive, got %v", i, d)
+		}
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = time.Hour
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = 30 * time.Second
+	}
+	if c.DrainTimeout < 0 {
+		return c, fmt.Errorf("drainTimeout: must not be negative, got %v", c.DrainTimeout)
+	}
+	if c.KeepAlive == 0 {
+		c.KeepAlive = 15 * time.Second
+	}
+	if c.Mark == 0 {
+		c.Mark = DefaultMark
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	if c.Metrics == nil {
+		c.Metrics = NewMetrics(nil)
+	}
+	return c, nil
+}

@@ -1,0 +1,443 @@
+package forwarder
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/svcproxy/svcproxy/connlog"
+	"github.com/svcproxy/svcproxy/lb"
+)
+
+// closeReason says why a forwarded connection ended; the first event wins.
+type closeReason uint32
+
+const (
+	reasonNone closeReason = iota
+	reasonClientEOF
+	reasonBackendEOF
+	reasonClientReset  // an error in the client-to-backend copy (a reset, mostly)
+	reasonBackendReset // an error in the backend-to-client copy
+	reasonIdle
+	reasonDrain
+	reasonShutdown
+)
+
+// closeReasons are the connection-log and metric names of the reasons.
+var closeReasons = [...]string{"", "client_eof", "backend_eof", "client_reset", "backend_reset", "idle_timeout", "drain", "shutdown"}
+
+// clientWatchDelay is how long a backend dial may take before the forwarder
+// starts watching the client, so it can give up if the client leaves.
+const clientWatchDelay = 20 * time.Millisecond
+
+// conn is one forwarded TCP connection. conns are pooled: gen changes each
+// time one is reused, and timers check it before acting.
+type conn struct {
+	f *Forwarder
+
+	mu       sync.Mutex // guards gen and finished against kill
+	gen      uint64
+	finished bool
+
+	id       uint64
+	client   *net.TCPConn
+	upstream *net.TCPConn
+	pool     *lb.Pool
+	backend  *lb.Backend
+
+	reason     atomic.Uint32 // closeReason; set once
+	draining   atomic.Bool
+	drainTimer *time.Timer
+
+	lastIn, lastOut atomic.Int64 // unix nanoseconds of the last bytes moved
+	bytesIn         int64        // client → backend; written by the serving goroutine
+	bytesOut        int64        // backend → client; written by the copy goroutine
+	outDone         chan struct{}
+
+	dialCancel context.CancelFunc
+	watchTimer *time.Timer
+	watchDone  chan struct{}
+
+	rec connlog.Record
+}
+
+var connPool = sync.Pool{New: func() any {
+	c := &conn{outDone: make(chan struct{}, 1), watchDone: make(chan struct{}, 1)}
+	c.watchTimer = time.AfterFunc(time.Hour, c.watchClient)
+	c.watchTimer.Stop()
+	return c
+}}
+
+// serve forwards one accepted connection. It runs on its own goroutine.
+func (f *Forwarder) serve(client *net.TCPConn, redirect bool) {
+	defer f.handlers.Done()
+	start := time.Now()
+	c := connPool.Get().(*conn)
+	c.f, c.client, c.id = f, client, f.nextID.Add(1)
+	c.rec = connlog.Record{Start: start, ID: c.id, Protocol: "TCP"}
+	defer c.release()
+
+	clientAddr := client.RemoteAddr().(*net.TCPAddr).AddrPort()
+	dst := client.LocalAddr().(*net.TCPAddr).AddrPort()
+	if redirect {
+		if od, err := originalDst(client); err == nil {
+			dst = od
+		}
+	}
+	clientAddr = netip.AddrPortFrom(clientAddr.Addr().Unmap(), clientAddr.Port())
+	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
+	c.rec.Client, c.rec.Frontend = clientAddr, dst
+
+	pool := f.snap.Load().Route(lb.TCP, dst)
+	if pool == nil {
+		f.m.connNoService.Inc()
+		c.reject("no_service")
+		return
+	}
+	c.pool = pool
+	c.rec.Service = pool.Service.Name.String()
+	if len(pool.Backends()) == 0 {
+		f.m.connNoEndpoints.Inc()
+		c.reject("no_endpoints")
+		return
+	}
+	if !f.admit(pool) {
+		f.m.connLimit.Inc()
+		c.reject("limit")
+		return
+	}
+	defer f.active.Add(-1)
+	defer pool.Conns().Add(-1)
+
+	upstream, backend, gone := c.connect(clientAddr.Addr(), start)
+	if upstream == nil {
+		if gone {
+			f.m.connClientGone.Inc()
+			c.reject("client_gone")
+		} else {
+			f.m.connDialFailed.Inc()
+			c.reject("dial_failed")
+		}
+		return
+	}
+	f.m.connOK.Inc()
+	c.upstream, c.backend = upstream, backend
+	c.rec.Backend = backend.Addr
+	backend.Acquire()
+	defer backend.Release()
+	f.m.activeTCP.Inc()
+	defer f.m.activeTCP.Dec()
+
+	f.conns.add(c)
+	// A snapshot applied between Route and add has not seen c: check once.
+	if !f.snap.Load().HasEndpoint(pool.Service.Name, backend.Addr) {
+		c.kill(reasonDrain, c.gen)
+	}
+	c.pump()
+	f.conns.remove(c)
+
+	c.rec.BytesIn, c.rec.BytesOut = c.bytesIn, c.bytesOut
+	c.rec.CloseReason = closeReasons[c.reason.Load()]
+	c.rec.Duration = time.Since(start)
+	f.m.bytesIn.Add(float64(c.bytesIn))
+	f.m.bytesOut.Add(float64(c.bytesOut))
+	f.m.closes[c.reason.Load()].Inc()
+	if f.cfg.ConnLog.Sampled(c.id) {
+		f.cfg.ConnLog.Log(&c.rec)
+	}
+}
+
+// admit counts c against the global and per-service caps.
+func (f *Forwarder) admit(pool *lb.Pool) bool {
+	if n := f.active.Add(1); f.cfg.MaxConns > 0 && n > f.cfg.MaxConns {
+		f.active.Add(-1)
+		return false
+	}
+	if n := pool.Conns().Add(1); f.cfg.MaxConnsPerService > 0 && n > f.cfg.MaxConnsPerService {
+		pool.Conns().Add(-1)
+		f.active.Add(-1)
+		return false
+	}
+	return true
+}
+
+// reject resets the client connection: a prompt RST, never a hang.
+func (c *conn) reject(why string) {
+	_ = c.client.SetLinger(0)
+	_ = c.client.Close()
+	c.rec.Failed = true
+	c.rec.CloseReason = why
+	c.rec.Duration = time.Since(c.rec.Start)
+	c.f.cfg.ConnLog.Log(&c.rec)
+}
+
+// connect dials backends of c.pool for a client at clientIP, each attempt to
+// a different backend with the next of DialTimeouts, until one accepts. It
+// gives up early, reporting gone, if the client leaves while it dials.
+func (c *conn) connect(clientIP netip.Addr, now time.Time) (up *net.TCPConn, b *lb.Backend, gone bool) {
+	f := c.f
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c.dialCancel = cancel
+	c.watchTimer.Reset(clientWatchDelay)
+	defer c.stopWatch()
+
+	var tried lb.Tried
+	for i, timeout := range f.cfg.DialTimeouts {
+		b = c.pool.Pick(clientIP, &tried, now)
+		if b == nil {
+			break
+		}
+		tried.Add(b)
+		if i > 0 {
+			f.m.DialRetries.Inc()
+		}
+		t0 := time.Now()
+		actx, acancel := context.WithTimeout(ctx, timeout)
+		nc, err := f.dialer.DialContext(actx, "tcp", b.Dial)
+		acancel()
+		lat := time.Since(t0)
+		if c.rec.NAttempts < len(c.rec.Attempts) {
+			c.rec.Attempts[c.rec.NAttempts] = connlog.Attempt{Backend: b.Addr, Latency: lat, Err: err}
+			c.rec.NAttempts++
+		}
+		if err == nil {
+			f.m.dialOK.Inc()
+			f.m.ConnectLatency.Observe(lat.Seconds())
+			b.ReportSuccess()
+			return nc.(*net.TCPConn), b, false
+		}
+		if ctx.Err() != nil { // the client went away; not the backend's fault
+			return nil, nil, true
+		}
+		switch {
+		case isRefused(err):
+			f.m.dialRefused.Inc()
+		case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded):
+			f.m.dialTimeout.Inc()
+		default:
+			f.m.dialError.Inc()
+			f.log.Debug("backend dial failed", zap.Stringer("backend", b.Addr), zap.Error(err))
+		}
+		now = time.Now()
+		b.ReportFailure(now)
+	}
+	return nil, nil, false
+}
+
+// watchClient runs when a dial has taken clientWatchDelay: it waits for the
+// client to send data or leave, and cancels the dial if it left.
+func (c *conn) watchClient() {
+	if peekGone(c.client) {
+		c.dialCancel()
+	}
+	c.watchDone <- struct{}{}
+}
+
+// stopWatch stops the client watcher, waiting for it if it started.
+func (c *conn) stopWatch() {
+	if c.watchTimer.Stop() {
+		return
+	}
+	_ = c.client.SetReadDeadline(aLongTimeAgo)
+	<-c.watchDone
+	_ = c.client.SetReadDeadline(time.Time{})
+}
+
+var aLongTimeAgo = time.Unix(1, 0)
+
+// pump copies both directions until both end, then closes both sockets.
+func (c *conn) pump() {
+	now := time.Now().UnixNano()
+	c.lastIn.Store(now)
+	c.lastOut.Store(now)
+	go func() {
+		ev := c.copy(c.client, c.upstream, &c.lastOut, &c.lastIn, &c.bytesOut)
+		c.ended(ev, false)
+		c.outDone <- struct{}{}
+	}()
+	ev := c.copy(c.upstream, c.client, &c.lastIn, &c.lastOut, &c.bytesIn)
+	c.ended(ev, true)
+	<-c.outDone
+	c.mu.Lock()
+	c.finished = true
+	if c.drainTimer != nil {
+		c.drainTimer.Stop()
+		c.drainTimer = nil
+	}
+	c.mu.Unlock()
+	if c.draining.Load() {
+		c.f.m.Draining.Dec()
+	}
+	_ = c.client.Close()
+	_ = c.upstream.Close()
+}
+
+type copyEnd uint8
+
+const (
+	endEOF copyEnd = iota
+	endIdle
+	endError
+)
+
+// copy moves bytes from src to dst until EOF, an error or idleness, a
+// spliced chunk at a time. src's read deadline is the moment the pair will
+// have been idle for IdleTimeout, counting both directions; when it passes
+// with the other direction active, it is moved on rather than acted upon.
+func (c *conn) copy(dst, src *net.TCPConn, self, other *atomic.Int64, total *int64) copyEnd {
+	srcRC, err := src.SyscallConn()
+	if err != nil {
+		return endError
+	}
+	dstRC, err := dst.SyscallConn()
+	if err != nil {
+		return endError
+	}
+	idle := c.f.cfg.IdleTimeout
+	if idle > 0 {
+		_ = src.SetReadDeadline(time.Now().Add(idle))
+	}
+	for {
+		n, err := spliceChunk(dstRC, srcRC)
+		if n > 0 {
+			*total += int64(n)
+			self.Store(time.Now().UnixNano())
+		}
+		switch {
+		case err == nil && n == 0:
+			return endEOF
+		case err == nil:
+			continue
+		case idle > 0 && errors.Is(err, os.ErrDeadlineExceeded) && c.reason.Load() == uint32(reasonNone):
+			until := time.Unix(0, max(self.Load(), other.Load())).Add(idle)
+			if !time.Now().Before(until) {
+				return endIdle
+			}
+			_ = src.SetReadDeadline(until)
+		default:
+			return endError
+		}
+	}
+}
+
+// ended handles the end of one direction: half-close on EOF, close both on
+// idleness, reset both on error.
+func (c *conn) ended(ev copyEnd, fromClient bool) {
+	switch ev {
+	case endEOF:
+		if fromClient {
+			c.setReason(reasonClientEOF)
+			_ = c.upstream.CloseWrite()
+		} else {
+			c.setReason(reasonBackendEOF)
+			_ = c.client.CloseWrite()
+		}
+	case endIdle:
+		c.setReason(reasonIdle)
+		_ = c.client.Close()
+		_ = c.upstream.Close()
+	case endError:
+		if fromClient {
+			c.setReason(reasonClientReset)
+		} else {
+			c.setReason(reasonBackendReset)
+		}
+		_ = c.client.SetLinger(0)
+		_ = c.upstream.SetLinger(0)
+		_ = c.client.Close()
+		_ = c.upstream.Close()
+	}
+}
+
+func (c *conn) setReason(r closeReason) { c.reason.CompareAndSwap(uint32(reasonNone), uint32(r)) }
+
+// kill ends the connection of generation gen for reason (drain, shutdown).
+func (c *conn) kill(r closeReason, gen uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gen != gen || c.finished {
+		return
+	}
+	c.setReason(r)
+	_ = c.client.Close()
+	_ = c.upstream.Close()
+}
+
+// release returns c to the pool, invalidating timers that still refer to it.
+func (c *conn) release() {
+	c.mu.Lock()
+	c.gen++
+	c.finished = false
+	if c.drainTimer != nil {
+		c.drainTimer.Stop()
+		c.drainTimer = nil
+	}
+	c.mu.Unlock()
+	c.client, c.upstream, c.pool, c.backend, c.dialCancel = nil, nil, nil, nil, nil
+	c.reason.Store(uint32(reasonNone))
+	c.draining.Store(false)
+	c.bytesIn, c.bytesOut = 0, 0
+	connPool.Put(c)
+}
+
+// connSet is the set of open connections, sharded to keep the lock off the
+// accept path's critical section.
+type connSet struct {
+	shards [32]struct {
+		mu sync.Mutex
+		m  map[*conn]struct{}
+	}
+}
+
+func (s *connSet) init() {
+	for i := range s.shards {
+		s.shards[i].m = map[*conn]struct{}{}
+	}
+}
+
+func (s *connSet) add(c *conn) {
+	sh := &s.shards[c.id%uint64(len(s.shards))]
+	sh.mu.Lock()
+	sh.m[c] = struct{}{}
+	sh.mu.Unlock()
+}
+
+func (s *connSet) remove(c *conn) {
+	sh := &s.shards[c.id%uint64(len(s.shards))]
+	sh.mu.Lock()
+	delete(sh.m, c)
+	sh.mu.Unlock()
+}
+
+// each calls fn for every open connection, with its shard locked: fn must
+// not block.
+func (s *connSet) each(fn func(c *conn)) {
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for c := range sh.m {
+			fn(c)
+		}
+		sh.mu.Unlock()
+	}
+}
+
+func (s *connSet) killAll(r closeReason) int {
+	n := 0
+	s.each(func(c *conn) {
+		n++
+		c.mu.Lock()
+		gen := c.gen
+		c.mu.Unlock()
+		go c.kill(r, gen)
+	})
+	return n
+}

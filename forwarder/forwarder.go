@@ -1,0 +1,302 @@
+package forwarder
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/svcproxy/svcproxy/lb"
+)
+
+const maxAttempts = lb.MaxAttempts
+
+// Forwarder is the userspace TCP proxy. Create it with New, give it
+// snapshots with Apply, stop it with Shutdown.
+type Forwarder struct {
+	cfg    Config
+	log    *zap.Logger
+	m      *Metrics
+	dialer net.Dialer
+
+	snap atomic.Pointer[lb.Snapshot]
+
+	mu        sync.Mutex // guards listeners, closed and Apply's drain pass
+	listeners map[listenKey]*listenerGroup
+	closed    bool
+
+	conns    connSet
+	nextID   atomic.Uint64
+	active   atomic.Int64
+	accepts  sync.WaitGroup // accept loops
+	handlers sync.WaitGroup // connection goroutines
+}
+
+type listenKey struct {
+	addr     netip.AddrPort
+	redirect bool
+}
+
+// listenerGroup is Workers sockets sharing one address with SO_REUSEPORT.
+type listenerGroup struct {
+	key listenKey
+	lns []*net.TCPListener
+}
+
+// New validates cfg and opens the redirect listeners. Frontend listeners
+// open on the first Apply.
+func New(cfg Config) (*Forwarder, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("configuring forwarder: %w", err)
+	}
+	f := &Forwarder{
+		cfg:       cfg,
+		log:       cfg.Logger.Named("forwarder"),
+		m:         cfg.Metrics,
+		listeners: map[listenKey]*listenerGroup{},
+	}
+	f.dialer.KeepAliveConfig = keepAliveConfig(cfg.KeepAlive)
+	if cfg.Mark > 0 {
+		f.dialer.Control = markControl(cfg.Mark)
+	}
+	f.conns.init()
+	f.snap.Store(lb.NewStore(lb.StoreOptions{}).Snapshot())
+	for _, addr := range cfg.Redirect {
+		if _, err := f.listen(listenKey{addr: addr, redirect: true}); err != nil {
+			f.closeListeners()
+			return nil, err
+		}
+	}
+	return f, nil
+}
+
+func keepAliveConfig(d time.Duration) net.KeepAliveConfig {
+	if d < 0 {
+		return net.KeepAliveConfig{Enable: false}
+	}
+	return net.KeepAliveConfig{Enable: true, Idle: d, Interval: d, Count: 9}
+}
+
+// RedirectAddrs returns the bound redirect addresses, with the ports the
+// kernel chose where the Config asked for port 0.
+func (f *Forwarder) RedirectAddrs() []netip.AddrPort {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []netip.AddrPort
+	for k, g := range f.listeners {
+		if k.redirect {
+			out = append(out, g.lns[0].Addr().(*net.TCPAddr).AddrPort())
+		}
+	}
+	slices.SortFunc(out, netip.AddrPort.Compare)
+	return out
+}
+
+// Active is the number of connections being forwarded.
+func (f *Forwarder) Active() int64 { return f.active.Load() }
+
+// Apply makes snap the snapshot new connections are routed with, opens and
+// closes frontend listeners to match it (with BindFrontends), and starts
+// draining connections whose backend snap no longer lists. Connections
+// already open keep their backend. It is idempotent; errors name each
+// frontend that could not be bound, and the rest is applied regardless.
+func (f *Forwarder) Apply(ctx context.Context, snap *lb.Snapshot) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return errors.New("applying snapshot: forwarder is shut down")
+	}
+	old := f.snap.Swap(snap)
+	var errs []error
+	if f.cfg.BindFrontends {
+		errs = f.reconcileFrontends(snap)
+	}
+	if old != snap {
+		f.startDrains(snap)
+	}
+	f.m.SnapshotVersion.Set(float64(snap.Version))
+	f.m.LastApply.SetToCurrentTime()
+	return errors.Join(errs...)
+}
+
+// frontendAddrs lists the TCP addresses BindFrontends listens on for snap.
+func frontendAddrs(snap *lb.Snapshot) map[netip.AddrPort]bool {
+	want := map[netip.AddrPort]bool{}
+	for _, b := range snap.Balancers() {
+		svc := b.Service
+		if svc.Protocol != lb.TCP {
+			continue
+		}
+		for _, ips := range [][]netip.Addr{svc.ClusterIPs, svc.ExternalIPs, svc.LoadBalancerIPs} {
+			for _, ip := range ips {
+				want[netip.AddrPortFrom(ip, svc.Port)] = true
+			}
+		}
+		if svc.NodePort != 0 {
+			// Unspecified IPv6 listens on IPv4 too (dual-stack socket).
+			want[netip.AddrPortFrom(netip.IPv6Unspecified(), svc.NodePort)] = true
+		}
+	}
+	return want
+}
+
+func (f *Forwarder) reconcileFrontends(snap *lb.Snapshot) []error {
+	want := frontendAddrs(snap)
+	for k, g := range f.listeners {
+		if !k.redirect && !want[k.addr] {
+			f.closeGroup(g)
+		}
+	}
+	var errs []error
+	for addr := range want {
+		k := listenKey{addr: addr}
+		if f.listeners[k] != nil {
+			continue
+		}
+		if _, err := f.listen(k); err != nil {
+			f.m.ListenErrors.Inc()
+			f.log.Warn("cannot listen on frontend", zap.Stringer("frontend", addr), zap.Error(err))
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+// listen opens Workers SO_REUSEPORT sockets on k.addr and starts their
+// accept loops. The first socket fixes the port when k asks for port 0.
+func (f *Forwarder) listen(k listenKey) (*listenerGroup, error) {
+	lc := net.ListenConfig{Control: reusePort, KeepAliveConfig: keepAliveConfig(f.cfg.KeepAlive)}
+	g := &listenerGroup{key: k}
+	addr := k.addr
+	for i := 0; i < f.cfg.Workers; i++ {
+		ln, err := lc.Listen(context.Background(), "tcp", addr.String())
+		if err != nil {
+			for _, l := range g.lns {
+				l.Close()
+			}
+			return nil, fmt.Errorf("listening on %v: %w", addr, err)
+		}
+		tl := ln.(*net.TCPListener)
+		g.lns = append(g.lns, tl)
+		if addr.Port() == 0 {
+			addr = netip.AddrPortFrom(addr.Addr(), tl.Addr().(*net.TCPAddr).AddrPort().Port())
+		}
+	}
+	f.listeners[k] = g
+	f.m.Listeners.Add(float64(len(g.lns)))
+	for _, ln := range g.lns {
+		f.accepts.Add(1)
+		go f.acceptLoop(ln, k.redirect)
+	}
+	return g, nil
+}
+
+func (f *Forwarder) closeGroup(g *listenerGroup) {
+	for _, ln := range g.lns {
+		ln.Close()
+	}
+	f.m.Listeners.Sub(float64(len(g.lns)))
+	delete(f.listeners, g.key)
+}
+
+func (f *Forwarder) closeListeners() {
+	for _, g := range f.listeners {
+		f.closeGroup(g)
+	}
+}
+
+// acceptLoop accepts until ln closes. On EMFILE and its kin it backs off
+// (5ms doubling to 1s) instead of spinning on a connection it cannot take:
+// open connections keep flowing meanwhile.
+func (f *Forwarder) acceptLoop(ln *net.TCPListener, redirect bool) {
+	defer f.accepts.Done()
+	var backoff time.Duration
+	var lastLog time.Time
+	for {
+		c, err := ln.AcceptTCP()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			if isFDLimit(err) {
+				f.m.acceptFDLimit.Inc()
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				if now := time.Now(); now.Sub(lastLog) > 10*time.Second {
+					lastLog = now
+					f.log.Warn("accept failing for lack of file descriptors; backing off",
+						zap.Stringer("listener", ln.Addr()), zap.Duration("backoff", backoff), zap.Error(err))
+				}
+				time.Sleep(backoff)
+				continue
+			}
+			f.m.acceptOther.Inc()
+			if !errors.Is(err, syscall.ECONNABORTED) {
+				f.log.Debug("accept failed", zap.Stringer("listener", ln.Addr()), zap.Error(err))
+			}
+			continue
+		}
+		backoff = 0
+		f.handlers.Add(1)
+		go f.serve(c, redirect)
+	}
+}
+
+// Shutdown stops accepting, lets open connections finish until ctx ends or
+// DrainTimeout passes, then closes the rest. It waits for every goroutine
+// the forwarder started.
+func (f *Forwarder) Shutdown(ctx context.Context) error {
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return nil
+	}
+	f.closed = true
+	f.closeListeners()
+	f.mu.Unlock()
+	f.accepts.Wait()
+
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.DrainTimeout)
+	defer cancel()
+	done := make(chan struct{})
+	go func() { f.handlers.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+	}
+	n := f.conns.killAll(reasonShutdown)
+	<-done
+	f.log.Info("shutdown closed connections still open after the drain timeout", zap.Int("connections", n))
+	return nil
+}
+
+// startDrains schedules the end of connections whose backend snap no longer
+// lists for their Service: they continue for DrainTimeout, then close unless
+// the backend is listed again by then. Called with f.mu held.
+func (f *Forwarder) startDrains(snap *lb.Snapshot) {
+	f.conns.each(func(c *conn) {
+		name, addr := c.pool.Service.Name, c.backend.Addr
+		if c.draining.Load() || snap.HasEndpoint(name, addr) {
+			return
+		}
+		c.draining.Store(true)
+		f.m.Draining.Inc()
+		c.mu.Lock()
+		gen := c.gen
+		c.drainTimer = time.AfterFunc(f.cfg.DrainTimeout, func() {
+			if !f.snap.Load().HasEndpoint(name, addr) {
+				c.kill(reasonDrain, gen)
+			}
+		})
+		c.mu.Unlock()
+	})
+}

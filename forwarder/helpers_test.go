@@ -1,0 +1,305 @@
+package forwarder
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+	"golang.org/x/sys/unix"
+
+	"github.com/svcproxy/svcproxy/lb"
+)
+
+// testBackend is a real TCP server on loopback.
+type testBackend struct {
+	t        testing.TB
+	name     string
+	ln       *net.TCPListener
+	addr     netip.AddrPort
+	accepted atomic.Int64
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	conns    map[net.Conn]bool
+}
+
+// backendMode is what a testBackend does with each connection.
+type backendMode int
+
+const (
+	modeName backendMode = iota // write "name\n", then echo until EOF
+	modeEcho                    // echo until EOF, then close
+	modeSink                    // read until EOF, then close
+)
+
+func startBackend(t testing.TB, name string, mode backendMode) *testBackend {
+	t.Helper()
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &testBackend{t: t, name: name, ln: ln, addr: ln.Addr().(*net.TCPAddr).AddrPort(), conns: map[net.Conn]bool{}}
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		for {
+			c, err := ln.AcceptTCP()
+			if err != nil {
+				return
+			}
+			b.accepted.Add(1)
+			b.mu.Lock()
+			b.conns[c] = true
+			b.mu.Unlock()
+			b.wg.Add(1)
+			go func() {
+				defer b.wg.Done()
+				defer func() {
+					b.mu.Lock()
+					delete(b.conns, c)
+					b.mu.Unlock()
+					c.Close()
+				}()
+				switch mode {
+				case modeName:
+					if _, err := io.WriteString(c, name+"\n"); err != nil {
+						return
+					}
+					_, _ = io.Copy(c, c)
+				case modeEcho:
+					_, _ = io.Copy(c, c)
+				case modeSink:
+					_, _ = io.Copy(io.Discard, c)
+				}
+			}()
+		}
+	}()
+	t.Cleanup(b.stop)
+	return b
+}
+
+// stop closes the listener and every open connection.
+func (b *testBackend) stop() {
+	b.ln.Close()
+	b.mu.Lock()
+	for c := range b.conns {
+		c.Close()
+	}
+	b.mu.Unlock()
+	b.wg.Wait()
+}
+
+// refusingAddr returns a loopback address where nothing listens.
+func refusingAddr(t testing.TB) netip.AddrPort {
+	t.Helper()
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().(*net.TCPAddr).AddrPort()
+	ln.Close()
+	return addr
+}
+
+// blackholeAddr returns a loopback address whose listen queue is full and
+// never accepted, so new connection attempts hang until they time out.
+func blackholeAddr(t testing.TB) netip.AddrPort {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, _ := unix.Getsockname(fd)
+	addr := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(sa.(*unix.SockaddrInet4).Port))
+	// Fill the accept queue (backlog 0 holds one) so later SYNs are dropped.
+	var fillers []net.Conn
+	for i := 0; i < 2; i++ {
+		c, err := net.DialTimeout("tcp", addr.String(), 200*time.Millisecond)
+		if err == nil {
+			fillers = append(fillers, c)
+		}
+	}
+	t.Cleanup(func() {
+		for _, c := range fillers {
+			c.Close()
+		}
+		unix.Close(fd)
+	})
+	return addr
+}
+
+// freeFrontend returns a loopback address and port nothing listens on.
+func freeFrontend(t testing.TB) netip.AddrPort { return refusingAddr(t) }
+
+// service builds a TCP Service on frontend with ready endpoints at addrs.
+func service(name string, frontend netip.AddrPort, addrs ...netip.AddrPort) lb.Service {
+	svc := lb.Service{
+		Name:       lb.ServicePortName{Namespace: "test", Name: name},
+		Port:       frontend.Port(),
+		ClusterIPs: []netip.Addr{frontend.Addr()},
+	}
+	for _, a := range addrs {
+		svc.Endpoints = append(svc.Endpoints, lb.Endpoint{Addr: a, Ready: true, Serving: true})
+	}
+	return svc
+}
+
+// harness is a forwarder with frontend listeners over a Store.
+type harness struct {
+	t     testing.TB
+	store *lb.Store
+	fwd   *Forwarder
+	m     *Metrics
+}
+
+func newHarness(t testing.TB, cfg Config, services ...lb.Service) *harness {
+	t.Helper()
+	cfg.BindFrontends = true
+	if cfg.Mark == 0 {
+		cfg.Mark = -1
+	}
+	if cfg.Workers == 0 {
+		cfg.Workers = 2
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zaptest.NewLogger(t, zaptest.Level(zap.DebugLevel))
+	}
+	h := &harness{t: t, store: lb.NewStore(lb.StoreOptions{}), m: cfg.Metrics}
+	fwd, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.fwd = fwd
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = fwd.Shutdown(ctx)
+	})
+	h.replace(services...)
+	return h
+}
+
+func (h *harness) replace(services ...lb.Service) {
+	h.t.Helper()
+	snap, err := h.store.Replace(services)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if err := h.fwd.Apply(context.Background(), snap); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// settle waits until the forwarder has finished every connection: it counts
+// and logs a connection when its own side is done, after the client's.
+func (h *harness) settle() {
+	h.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for h.fwd.Active() != 0 {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("%d connections still open", h.fwd.Active())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func dial(t testing.TB, addr netip.AddrPort) *net.TCPConn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr.String(), 5*time.Second)
+	if err != nil {
+		t.Fatalf("dialing %v: %v", addr, err)
+	}
+	return c.(*net.TCPConn)
+}
+
+// askName connects through the proxy and returns the backend's name.
+func askName(t testing.TB, addr netip.AddrPort) string {
+	t.Helper()
+	c := dial(t, addr)
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		t.Fatalf("reading backend name through %v: %v", addr, err)
+	}
+	return strings.TrimSpace(line)
+}
+
+// expectReset connects to addr and expects a reset, which may arrive
+// before or after connect(2) returns.
+func expectReset(t testing.TB, addr netip.AddrPort) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr.String(), 5*time.Second)
+	if err == nil {
+		defer c.Close()
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err = c.Read(make([]byte, 1))
+	}
+	if !isReset(err) {
+		t.Fatalf("connecting to %v: %v, want a reset", addr, err)
+	}
+}
+
+// isReset reports whether err is a connection reset by the peer.
+func isReset(err error) bool {
+	return err != nil && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE))
+}
+
+// leakCheck records goroutines and open FDs and, at cleanup, waits for them
+// to return to that level.
+func leakCheck(t *testing.T) {
+	t.Helper()
+	g0, fd0 := runtime.NumGoroutine(), openFDs(t)
+	t.Cleanup(func() {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			g, fd := runtime.NumGoroutine(), openFDs(t)
+			if g <= g0 && fd <= fd0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				buf := make([]byte, 1<<20)
+				n := runtime.Stack(buf, true)
+				t.Fatalf("leak: goroutines %d → %d, fds %d → %d\n%s", g0, g, fd0, fd, buf[:n])
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+}
+
+// openFDs counts open sockets. Pipes are left out: the runtime keeps a pool
+// of splice pipes that the garbage collector closes when it likes.
+func openFDs(t testing.TB) int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.HasPrefix(target, "socket:") {
+			n++
+		}
+	}
+	return n
+}
