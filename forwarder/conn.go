@@ -56,6 +56,7 @@ type conn struct {
 	draining   atomic.Bool
 	drainTimer *time.Timer
 
+	in, out         *splicer     // client → backend, backend → client
 	lastIn, lastOut atomic.Int64 // unix nanoseconds of the last bytes moved
 	bytesIn         int64        // client → backend; written by the serving goroutine
 	bytesOut        int64        // backend → client; written by the copy goroutine
@@ -69,7 +70,7 @@ type conn struct {
 }
 
 var connPool = sync.Pool{New: func() any {
-	c := &conn{outDone: make(chan struct{}, 1), watchDone: make(chan struct{}, 1)}
+	c := &conn{outDone: make(chan struct{}, 1), watchDone: make(chan struct{}, 1), in: newSplicer(), out: newSplicer()}
 	c.watchTimer = time.AfterFunc(time.Hour, c.watchClient)
 	c.watchTimer.Stop()
 	return c
@@ -259,11 +260,11 @@ func (c *conn) pump() {
 	c.lastIn.Store(now)
 	c.lastOut.Store(now)
 	go func() {
-		ev := c.copy(c.client, c.upstream, &c.lastOut, &c.lastIn, &c.bytesOut)
+		ev := c.copy(c.out, c.client, c.upstream, &c.lastOut, &c.lastIn, &c.bytesOut)
 		c.ended(ev, false)
 		c.outDone <- struct{}{}
 	}()
-	ev := c.copy(c.upstream, c.client, &c.lastIn, &c.lastOut, &c.bytesIn)
+	ev := c.copy(c.in, c.upstream, c.client, &c.lastIn, &c.lastOut, &c.bytesIn)
 	c.ended(ev, true)
 	<-c.outDone
 	c.mu.Lock()
@@ -292,21 +293,21 @@ const (
 // spliced chunk at a time. src's read deadline is the moment the pair will
 // have been idle for IdleTimeout, counting both directions; when it passes
 // with the other direction active, it is moved on rather than acted upon.
-func (c *conn) copy(dst, src *net.TCPConn, self, other *atomic.Int64, total *int64) copyEnd {
-	srcRC, err := src.SyscallConn()
-	if err != nil {
+func (c *conn) copy(s *splicer, dst, src *net.TCPConn, self, other *atomic.Int64, total *int64) copyEnd {
+	var err error
+	if s.src, err = src.SyscallConn(); err != nil {
 		return endError
 	}
-	dstRC, err := dst.SyscallConn()
-	if err != nil {
+	if s.dst, err = dst.SyscallConn(); err != nil {
 		return endError
 	}
+	defer func() { s.src, s.dst = nil, nil }()
 	idle := c.f.cfg.IdleTimeout
 	if idle > 0 {
 		_ = src.SetReadDeadline(time.Now().Add(idle))
 	}
 	for {
-		n, err := spliceChunk(dstRC, srcRC)
+		n, err := s.chunk()
 		if n > 0 {
 			*total += int64(n)
 			self.Store(time.Now().UnixNano())

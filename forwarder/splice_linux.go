@@ -60,68 +60,90 @@ func (p *pipe) close() {
 	unix.Close(p.w)
 }
 
-// spliceChunk waits until src has bytes (or EOF, or its read deadline), then
+// splicer moves bytes from one socket to another with splice(2). Its
+// callbacks are bound once, when the pooled conn is made, so a chunk costs no
+// allocation.
+type splicer struct {
+	src, dst syscall.RawConn
+
+	p    *pipe
+	n    int   // bytes taken from src in this chunk
+	err  error // the syscall error inside a callback
+	read func(fd uintptr) bool
+	pump func(fd uintptr) bool
+}
+
+func newSplicer() *splicer {
+	s := &splicer{}
+	s.read, s.pump = s.readFn, s.pumpFn
+	return s
+}
+
+// chunk waits until src has bytes (or EOF, or its read deadline), then
 // moves what it has, up to pipeSize, to dst through a pipe, without copying
 // through user space. It returns the bytes moved; 0 and a nil error mean
-// EOF. When it fails after moving bytes out of src, those bytes are lost,
-// so the caller must end the connection on any error but a read deadline
+// EOF. When it fails after taking bytes from src, those bytes are lost, so
+// the caller must end the connection on any error but a read deadline
 // (which can only strike before any byte is taken).
-func spliceChunk(dst, src syscall.RawConn) (int, error) {
-	var p *pipe
-	var n int
-	var serr error
-	err := src.Read(func(fd uintptr) bool {
-		if p = getPipe(); p == nil {
-			serr = errNoPipe
-			return true
-		}
-		for {
-			var m int64
-			m, serr = unix.Splice(int(fd), nil, p.w, nil, pipeSize, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
-			n = int(m)
-			if serr != unix.EINTR {
-				break
-			}
-		}
-		if serr == unix.EAGAIN {
-			// Not readable after all: wait without holding the pipe.
-			pipePool.Put(p)
-			p = nil
-			return false
-		}
-		return true
-	})
+func (s *splicer) chunk() (int, error) {
+	s.p, s.n, s.err = nil, 0, nil
+	err := s.src.Read(s.read)
 	if err == nil {
-		err = serr
+		err = s.err
 	}
-	if err != nil || n <= 0 {
-		if p != nil {
-			putPipe(p)
+	if err != nil || s.n <= 0 {
+		if s.p != nil {
+			putPipe(s.p)
+			s.p = nil
 		}
 		return 0, err
 	}
-	p.data = n
-	var werr error
-	err = dst.Write(func(fd uintptr) bool {
-		for p.data > 0 {
-			m, e := unix.Splice(p.r, nil, int(fd), nil, p.data, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
-			switch {
-			case e == unix.EINTR:
-				continue
-			case e == unix.EAGAIN:
-				return false // dst is full: wait until writable
-			case e != nil:
-				werr = e
-				return true
-			}
-			p.data -= int(m)
-		}
-		return true
-	})
+	s.p.data = s.n
+	s.err = nil
+	err = s.dst.Write(s.pump)
 	if err == nil {
-		err = werr
+		err = s.err
 	}
-	moved := n - p.data
-	putPipe(p)
+	moved := s.n - s.p.data
+	putPipe(s.p)
+	s.p = nil
 	return moved, err
+}
+
+func (s *splicer) readFn(fd uintptr) bool {
+	if s.p = getPipe(); s.p == nil {
+		s.err = errNoPipe
+		return true
+	}
+	for {
+		m, err := unix.Splice(int(fd), nil, s.p.w, nil, pipeSize, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			// Not readable after all: wait without holding the pipe.
+			pipePool.Put(s.p)
+			s.p = nil
+			return false
+		}
+		s.n, s.err = int(m), err
+		return true
+	}
+}
+
+func (s *splicer) pumpFn(fd uintptr) bool {
+	for s.p.data > 0 {
+		m, err := unix.Splice(s.p.r, nil, int(fd), nil, s.p.data, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return false // dst is full: wait until writable
+		case err != nil:
+			s.err = err
+			return true
+		}
+		s.p.data -= int(m)
+	}
+	return true
 }

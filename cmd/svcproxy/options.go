@@ -1,0 +1,146 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/svcproxy/svcproxy/connlog"
+	"github.com/svcproxy/svcproxy/forwarder"
+	"github.com/svcproxy/svcproxy/lb"
+)
+
+// options are svcproxy's command-line settings.
+type options struct {
+	services string
+
+	workers            int
+	dialTimeouts       []time.Duration
+	idleTimeout        time.Duration
+	drainTimeout       time.Duration
+	mark               int
+	maxConns           int64
+	maxConnsPerService int64
+	algorithm          lb.Algorithm
+
+	hostname string
+	zone     string
+
+	syncPeriod    time.Duration
+	minSyncPeriod time.Duration
+
+	metricsAddr string
+	healthzAddr string
+
+	connLog       string
+	connLogSample int
+
+	logLevel  zapcore.Level
+	logFormat string
+}
+
+func parseFlags(args []string) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("svcproxy", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: svcproxy [flags]\n\nsvcproxy makes Kubernetes Services work on a node with a fast userspace L4 proxy.\nWith no flags it serves the embedded example services file.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	host, _ := os.Hostname()
+	fs.StringVar(&o.services, "services", "", "static services file (YAML); empty: the embedded example (examples/services.yaml)")
+	fs.IntVar(&o.workers, "workers", 0, "listening sockets (and accept loops) per address, sharing it with SO_REUSEPORT; 0: GOMAXPROCS")
+	dialTimeouts := fs.String("dial-timeouts", "250ms,500ms,1s,2s", "per-attempt backend connect timeouts; their number bounds the attempts, each to a different backend")
+	fs.DurationVar(&o.idleTimeout, "idle-timeout", time.Hour, "close a connection idle this long in both directions; negative: never")
+	fs.DurationVar(&o.drainTimeout, "drain-timeout", 30*time.Second, "how long connections to a removed backend, and all connections at shutdown, may continue")
+	mark := fs.String("mark", fmt.Sprintf("%#x", forwarder.DefaultMark), "SO_MARK of upstream sockets (needs CAP_NET_ADMIN); 0 or negative: none")
+	fs.Int64Var(&o.maxConns, "max-conns", 0, "cap on open connections; 0: none")
+	fs.Int64Var(&o.maxConnsPerService, "max-conns-per-service", 0, "cap on open connections per Service port; 0: none")
+	algorithm := fs.String("algorithm", "round-robin", "default picker: round-robin, random, least-conn or maglev")
+	fs.StringVar(&o.hostname, "hostname-override", host, "this node's name, matched against endpoints' nodeName for Local traffic policies")
+	fs.StringVar(&o.zone, "zone", "", "this node's topology zone, for topology-aware routing hints")
+	fs.DurationVar(&o.syncPeriod, "sync-period", 30*time.Second, "longest time between full syncs; /healthz fails when an update waits twice this")
+	fs.DurationVar(&o.minSyncPeriod, "min-sync-period", 0, "shortest time between syncs; bursts of changes in it are applied together")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics; empty: off")
+	fs.StringVar(&o.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez; empty: off")
+	fs.StringVar(&o.connLog, "conn-log", connlog.DefaultPath, "per-connection JSON log file; '-': stdout; empty: off")
+	fs.IntVar(&o.connLogSample, "conn-log-sample", 1, "log 1 of every N successful connections (failed ones always)")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.logFormat, "log-format", "console", "console or json")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+
+	var err error
+	if o.dialTimeouts, err = parseDurations(*dialTimeouts); err != nil {
+		return nil, fmt.Errorf("--dial-timeouts: %w", err)
+	}
+	m, err := strconv.ParseInt(*mark, 0, 64)
+	if err != nil || m > 0xffffffff {
+		return nil, fmt.Errorf("--mark: want a 32-bit number such as 0x80000, got %q", *mark)
+	}
+	o.mark = int(m)
+	if m <= 0 {
+		o.mark = -1
+	}
+	if o.algorithm, err = lb.ParseAlgorithm(*algorithm); err != nil {
+		return nil, fmt.Errorf("--algorithm: %w", err)
+	}
+	if err := o.logLevel.Set(*logLevel); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	if o.logFormat != "console" && o.logFormat != "json" {
+		return nil, fmt.Errorf("--log-format: want console or json, got %q", o.logFormat)
+	}
+	if o.connLogSample < 1 {
+		return nil, fmt.Errorf("--conn-log-sample: want 1 or more, got %d", o.connLogSample)
+	}
+	if o.syncPeriod <= 0 {
+		return nil, fmt.Errorf("--sync-period: must be positive, got %v", o.syncPeriod)
+	}
+	if o.minSyncPeriod < 0 || o.minSyncPeriod > o.syncPeriod {
+		return nil, fmt.Errorf("--min-sync-period: want 0 to --sync-period, got %v", o.minSyncPeriod)
+	}
+	return o, nil
+}
+
+func parseDurations(s string) ([]time.Duration, error) {
+	var out []time.Duration
+	for _, f := range strings.Split(s, ",") {
+		d, err := time.ParseDuration(strings.TrimSpace(f))
+		if err != nil {
+			return nil, err
+		}
+		if d <= 0 {
+			return nil, fmt.Errorf("%v: must be positive", d)
+		}
+		out = append(out, d)
+	}
+	if len(out) > lb.MaxAttempts {
+		return nil, fmt.Errorf("at most %d attempts, got %d", lb.MaxAttempts, len(out))
+	}
+	return out, nil
+}
+
+func newLogger(level zapcore.Level, format string) (*zap.Logger, error) {
+	cfg := zap.NewProductionConfig()
+	cfg.Level = zap.NewAtomicLevelAt(level)
+	cfg.Sampling = nil
+	if format == "console" {
+		cfg.Encoding = "console"
+		cfg.EncoderConfig = zap.NewDevelopmentEncoderConfig()
+	}
+	log, err := cfg.Build()
+	if err != nil {
+		return nil, fmt.Errorf("building logger: %w", err)
+	}
+	return log, nil
+}
