@@ -52,6 +52,14 @@ type Config struct {
 	// Negative: no mark (needs no CAP_NET_ADMIN; for tests and static mode).
 	Mark int
 
+	// UDPIdleTimeout ends a UDP flow after this long without datagrams
+	// either way. Zero: 30s.
+	UDPIdleTimeout time.Duration
+
+	// MaxUDPFlows caps open UDP flows; datagrams that would open more are
+	// dropped and counted. Zero: 65536. Negative: unlimited.
+	MaxUDPFlows int64
+
 	// MaxConns caps open connections in total; MaxConnsPerService caps them
 	// per Service port. Zero: unlimited. Connections over a cap are reset.
 	MaxConns           int64
@@ -84,6 +92,15 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = time.Hour
+	}
+	if c.UDPIdleTimeout == 0 {
+		c.UDPIdleTimeout = 30 * time.Second
+	}
+	if c.UDPIdleTimeout < 0 {
+		return c, fmt.Errorf("udpIdleTimeout: must be positive, got %v", c.UDPIdleTimeout)
+	}
+	if c.MaxUDPFlows == 0 {
+		c.MaxUDPFlows = 65536
 	}
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = 30 * time.Second

@@ -31,6 +31,7 @@ type Forwarder struct {
 
 	mu        sync.Mutex // guards listeners, closed and Apply's drain pass
 	listeners map[listenKey]*listenerGroup
+	udp       map[lb.Frontend]*udpFrontend
 	closed    bool
 
 	conns    connSet
@@ -63,6 +64,7 @@ func New(cfg Config) (*Forwarder, error) {
 		log:       cfg.Logger.Named("forwarder"),
 		m:         cfg.Metrics,
 		listeners: map[listenKey]*listenerGroup{},
+		udp:       map[lb.Frontend]*udpFrontend{},
 	}
 	f.dialer.KeepAliveConfig = keepAliveConfig(cfg.KeepAlive)
 	if cfg.Mark > 0 {
@@ -120,6 +122,7 @@ func (f *Forwarder) Apply(ctx context.Context, snap *lb.Snapshot) error {
 	if f.cfg.BindFrontends {
 		errs = f.reconcileFrontends(snap)
 	}
+	errs = append(errs, f.reconcileUDP(snap)...)
 	if old != snap {
 		f.startDrains(snap)
 	}
@@ -211,6 +214,10 @@ func (f *Forwarder) closeGroup(g *listenerGroup) {
 func (f *Forwarder) closeListeners() {
 	for _, g := range f.listeners {
 		f.closeGroup(g)
+	}
+	for k, fe := range f.udp {
+		fe.close()
+		delete(f.udp, k)
 	}
 }
 

@@ -15,6 +15,7 @@ type Metrics struct {
 	Bytes           *prometheus.CounterVec // by direction: in (client→backend), out
 	Closes          *prometheus.CounterVec // by reason
 	AcceptErrors    *prometheus.CounterVec // by reason
+	Datagrams       *prometheus.CounterVec // UDP, by direction
 	Listeners       prometheus.Gauge
 	ListenErrors    prometheus.Counter
 	Draining        prometheus.Gauge
@@ -28,6 +29,9 @@ type Metrics struct {
 	bytesIn, bytesOut                                                                 prometheus.Counter
 	acceptFDLimit, acceptOther                                                        prometheus.Counter
 	closes                                                                            [len(closeReasons)]prometheus.Counter
+	udpFlowsOK, udpNoService, udpNoEndpoints, udpDialFailed, udpLimit                 prometheus.Counter
+	activeUDP                                                                         prometheus.Gauge
+	udpIn, udpOut                                                                     prometheus.Counter
 }
 
 // Results of a connection, for the connections_total metric.
@@ -46,7 +50,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	const ns, sub = "svcproxy", "forwarder"
 	m := &Metrics{
 		Connections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "connections_total",
-			Help: "Accepted connections by protocol and result (ok, no_service, no_endpoints, dial_failed, limit, client_gone)."}, []string{"protocol", "result"}),
+			Help: "Accepted connections (UDP: flows) by protocol and result (ok, no_service, no_endpoints, dial_failed, limit, client_gone)."}, []string{"protocol", "result"}),
 		Active: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "active_connections",
 			Help: "Connections currently forwarded."}, []string{"protocol"}),
 		DialAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "dial_attempts_total",
@@ -62,6 +66,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Forwarded connections ended, by reason."}, []string{"reason"}),
 		AcceptErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "accept_errors_total",
 			Help: "accept(2) failures by reason (fd_limit: EMFILE/ENFILE, accept backs off)."}, []string{"reason"}),
+		Datagrams: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "datagrams_total",
+			Help: "UDP datagrams forwarded, direction in (client to backend) or out (backend to client)."}, []string{"direction"}),
 		Listeners: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "listeners",
 			Help: "Listening sockets open."}),
 		ListenErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "listen_errors_total",
@@ -80,6 +86,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.connLimit = m.Connections.WithLabelValues("TCP", resultLimit)
 	m.connClientGone = m.Connections.WithLabelValues("TCP", resultClientGone)
 	m.activeTCP = m.Active.WithLabelValues("TCP")
+	m.udpFlowsOK = m.Connections.WithLabelValues("UDP", resultOK)
+	m.udpNoService = m.Connections.WithLabelValues("UDP", resultNoService)
+	m.udpNoEndpoints = m.Connections.WithLabelValues("UDP", resultNoEndpoints)
+	m.udpDialFailed = m.Connections.WithLabelValues("UDP", resultDialFailed)
+	m.udpLimit = m.Connections.WithLabelValues("UDP", resultLimit)
+	m.activeUDP = m.Active.WithLabelValues("UDP")
+	m.udpIn = m.Datagrams.WithLabelValues("in")
+	m.udpOut = m.Datagrams.WithLabelValues("out")
 	m.dialOK = m.DialAttempts.WithLabelValues("ok")
 	m.dialRefused = m.DialAttempts.WithLabelValues("refused")
 	m.dialTimeout = m.DialAttempts.WithLabelValues("timeout")
@@ -95,7 +109,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.closes[i] = m.Closes.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.Connections, m.Active, m.DialAttempts, m.DialRetries, m.ConnectLatency, m.Bytes,
+		reg.MustRegister(m.Connections, m.Active, m.DialAttempts, m.DialRetries, m.ConnectLatency, m.Bytes, m.Datagrams,
 			m.Closes, m.AcceptErrors, m.Listeners, m.ListenErrors, m.Draining, m.SnapshotVersion, m.LastApply)
 	}
 	return m

@@ -1,0 +1,508 @@
+package forwarder
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
+	"golang.org/x/sys/unix"
+
+	"github.com/svcproxy/svcproxy/connlog"
+	"github.com/svcproxy/svcproxy/lb"
+)
+
+// UDP forwarding
+//
+// Each UDP frontend has its own socket, so a datagram's Service is known
+// from the socket it arrived on and REDIRECT's header rewriting loses
+// nothing: with Redirect the socket takes an ephemeral port that steering
+// rules send that one frontend to (see UDPPorts); with BindFrontends it is
+// bound to the frontend itself. A flow is a client address and port: its
+// first datagram picks a backend (affinity applies) and opens a connected
+// socket to it; later datagrams of the flow use that socket, and replies
+// read from it go back to the client from the address the client wrote to
+// (IP_PKTINFO), so connected client sockets such as resolvers accept them.
+// Frontend reads are batched with recvmmsg; replies gathered from a flow's
+// socket go out with one sendmmsg. A flow ends after UDPIdleTimeout without
+// datagrams either way, or when its backend answers ICMP port unreachable,
+// which also counts as a failure for passive health: the client's next
+// datagram opens a new flow to another backend.
+
+const (
+	maxDatagram = 64 << 10 // never truncate: larger than any UDP payload
+	udpBatch    = 16       // datagrams per recvmmsg / sendmmsg
+)
+
+// datagramPool holds maxDatagram-sized buffers for flow replies, borrowed
+// only while a reply is in hand: idle flows hold none.
+var datagramPool = sync.Pool{New: func() any { b := make([]byte, maxDatagram); return &b }}
+
+// udpFrontend is one UDP frontend's socket and its flows.
+type udpFrontend struct {
+	f        *Forwarder
+	frontend lb.Frontend
+	conn     *net.UDPConn
+	batch    batchConn
+	v6       bool
+	port     uint16
+
+	mu    sync.Mutex // guards flows and writes to batch
+	flows map[netip.AddrPort]*udpFlow
+	done  chan struct{}
+}
+
+// batchConn is what ipv4.PacketConn and ipv6.PacketConn share.
+type batchConn interface {
+	ReadBatch(ms []ipv4.Message, flags int) (int, error)
+	WriteBatch(ms []ipv4.Message, flags int) (int, error)
+}
+
+// udpFlow is one client's flow through a frontend.
+type udpFlow struct {
+	fe       *udpFrontend
+	client   netip.AddrPort
+	local    netip.Addr // the address the client wrote to, for replies
+	pool     *lb.Pool
+	backend  *lb.Backend
+	upstream *net.UDPConn
+	raw      syscall.RawConn
+	start    time.Time
+
+	last     atomic.Int64 // unix nanoseconds of the last datagram either way
+	bytesIn  atomic.Int64
+	bytesOut atomic.Int64
+	reason   atomic.Uint32
+}
+
+// udpFrontendAddrs lists the UDP frontends of snap: fixed ones, and NodePorts
+// as the unspecified IPv4 address with the NodePort.
+func udpFrontendAddrs(snap *lb.Snapshot) map[lb.Frontend]bool {
+	want := map[lb.Frontend]bool{}
+	for _, b := range snap.Balancers() {
+		svc := b.Service
+		if svc.Protocol != lb.UDP {
+			continue
+		}
+		for _, ips := range [][]netip.Addr{svc.ClusterIPs, svc.ExternalIPs, svc.LoadBalancerIPs} {
+			for _, ip := range ips {
+				want[lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(ip, svc.Port)}] = true
+			}
+		}
+		if svc.NodePort != 0 {
+			want[lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(netip.IPv4Unspecified(), svc.NodePort)}] = true
+		}
+	}
+	return want
+}
+
+// UDPPorts returns, for every UDP frontend, the local port of its socket:
+// what steering rules must redirect that frontend to.
+func (f *Forwarder) UDPPorts() map[lb.Frontend]uint16 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make(map[lb.Frontend]uint16, len(f.udp))
+	for k, fe := range f.udp {
+		out[k] = fe.port
+	}
+	return out
+}
+
+// reconcileUDP opens and closes frontend sockets to match snap, and ends
+// flows whose backend snap no longer lists. Called with f.mu held.
+func (f *Forwarder) reconcileUDP(snap *lb.Snapshot) []error {
+	if !f.cfg.BindFrontends && len(f.cfg.Redirect) == 0 {
+		return nil
+	}
+	want := udpFrontendAddrs(snap)
+	for k, fe := range f.udp {
+		if !want[k] {
+			fe.close()
+			delete(f.udp, k)
+		}
+	}
+	var errs []error
+	for k := range want {
+		if fe := f.udp[k]; fe != nil {
+			fe.dropStale(snap)
+			continue
+		}
+		fe, err := f.openUDP(k)
+		if err != nil {
+			f.m.ListenErrors.Inc()
+			f.log.Warn("cannot open UDP frontend socket", zap.Stringer("frontend", k), zap.Error(err))
+			errs = append(errs, err)
+			continue
+		}
+		f.udp[k] = fe
+	}
+	return errs
+}
+
+func (f *Forwarder) openUDP(k lb.Frontend) (*udpFrontend, error) {
+	bind := k.Addr
+	v6 := k.Addr.Addr().Is6()
+	if !f.cfg.BindFrontends { // redirect mode: an ephemeral port of the family
+		if v6 {
+			bind = netip.AddrPortFrom(netip.IPv6Unspecified(), 0)
+		} else {
+			bind = netip.AddrPortFrom(netip.IPv4Unspecified(), 0)
+		}
+	}
+	network := "udp4"
+	if v6 {
+		network = "udp6"
+	}
+	pc, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(bind))
+	if err != nil {
+		return nil, fmt.Errorf("opening UDP socket for %v: %w", k, err)
+	}
+	fe := &udpFrontend{f: f, frontend: k, conn: pc, v6: v6, flows: map[netip.AddrPort]*udpFlow{}, done: make(chan struct{}),
+		port: pc.LocalAddr().(*net.UDPAddr).AddrPort().Port()}
+	if v6 {
+		p := ipv6.NewPacketConn(pc)
+		err = p.SetControlMessage(ipv6.FlagDst, true)
+		fe.batch = p
+	} else {
+		p := ipv4.NewPacketConn(pc)
+		err = p.SetControlMessage(ipv4.FlagDst, true)
+		fe.batch = p
+	}
+	if err != nil {
+		pc.Close()
+		return nil, fmt.Errorf("enabling IP_PKTINFO on UDP socket for %v: %w", k, err)
+	}
+	f.m.Listeners.Inc()
+	f.handlers.Add(1)
+	go fe.readLoop()
+	return fe, nil
+}
+
+// close stops the frontend socket and ends its flows.
+func (fe *udpFrontend) close() {
+	fe.conn.Close()
+	<-fe.done
+	fe.mu.Lock()
+	flows := make([]*udpFlow, 0, len(fe.flows))
+	for _, fl := range fe.flows {
+		flows = append(flows, fl)
+	}
+	fe.mu.Unlock()
+	for _, fl := range flows {
+		fl.end(reasonShutdown)
+	}
+	fe.f.m.Listeners.Dec()
+}
+
+// dropStale ends flows whose backend snap no longer lists: UDP has no
+// connection to drain, so the client's next datagram picks a live backend
+// (kube-proxy clears such conntrack entries for the same reason).
+func (fe *udpFrontend) dropStale(snap *lb.Snapshot) {
+	fe.mu.Lock()
+	var stale []*udpFlow
+	for _, fl := range fe.flows {
+		if !snap.HasEndpoint(fl.pool.Service.Name, fl.backend.Addr) {
+			stale = append(stale, fl)
+		}
+	}
+	fe.mu.Unlock()
+	for _, fl := range stale {
+		fl.end(reasonDrain)
+	}
+}
+
+// readLoop reads batches of datagrams from clients and sends each to its
+// flow's backend, opening flows as needed.
+func (fe *udpFrontend) readLoop() {
+	defer fe.f.handlers.Done()
+	defer close(fe.done)
+	ms := make([]ipv4.Message, udpBatch)
+	oobSize := len(ipv4.NewControlMessage(ipv4.FlagDst))
+	if fe.v6 {
+		oobSize = len(ipv6.NewControlMessage(ipv6.FlagDst))
+	}
+	for i := range ms {
+		ms[i].Buffers = [][]byte{make([]byte, maxDatagram)}
+		ms[i].OOB = make([]byte, oobSize)
+	}
+	for {
+		for i := range ms {
+			ms[i].OOB = ms[i].OOB[:cap(ms[i].OOB)]
+		}
+		n, err := fe.batch.ReadBatch(ms, 0)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			fe.f.log.Debug("reading UDP frontend", zap.Stringer("frontend", fe.frontend), zap.Error(err))
+			continue
+		}
+		now := time.Now()
+		for i := range ms[:n] {
+			m := &ms[i]
+			ua, ok := m.Addr.(*net.UDPAddr)
+			if !ok {
+				continue
+			}
+			client := ua.AddrPort()
+			client = netip.AddrPortFrom(client.Addr().Unmap(), client.Port())
+			fl := fe.flow(client, fe.localAddr(m.OOB[:m.NN]), now)
+			if fl == nil {
+				continue
+			}
+			if _, err := fl.upstream.Write(m.Buffers[0][:m.N]); err != nil {
+				if isRefused(err) {
+					fl.refused(now)
+				}
+				continue
+			}
+			fl.bytesIn.Add(int64(m.N))
+			fl.last.Store(now.UnixNano())
+			fe.f.m.udpIn.Inc()
+		}
+	}
+}
+
+// localAddr is the destination address of a received datagram.
+func (fe *udpFrontend) localAddr(oob []byte) netip.Addr {
+	var ip net.IP
+	if fe.v6 {
+		var cm ipv6.ControlMessage
+		if cm.Parse(oob) == nil {
+			ip = cm.Dst
+		}
+	} else {
+		var cm ipv4.ControlMessage
+		if cm.Parse(oob) == nil {
+			ip = cm.Dst
+		}
+	}
+	a, _ := netip.AddrFromSlice(ip)
+	return a.Unmap()
+}
+
+// flow returns client's flow, opening one (and its backend socket) for a new
+// client. Nil means the datagram is dropped (no Service, no endpoints, no
+// backend reachable, or the flow limit reached).
+func (fe *udpFrontend) flow(client netip.AddrPort, local netip.Addr, now time.Time) *udpFlow {
+	f := fe.f
+	fe.mu.Lock()
+	fl := fe.flows[client]
+	n := len(fe.flows)
+	fe.mu.Unlock()
+	if fl != nil {
+		return fl
+	}
+	rec := connlog.Record{Start: now, ID: f.nextID.Add(1), Protocol: "UDP", Client: client, Frontend: fe.frontend.Addr}
+	if fe.frontend.Addr.Addr().IsUnspecified() && local.IsValid() {
+		rec.Frontend = netip.AddrPortFrom(local, fe.frontend.Addr.Port())
+	}
+	pool := f.snap.Load().Route(lb.UDP, fe.frontend.Addr)
+	switch {
+	case pool == nil:
+		f.m.udpNoService.Inc()
+		return nil
+	case len(pool.Backends()) == 0:
+		f.m.udpNoEndpoints.Inc()
+		return nil
+	case f.cfg.MaxUDPFlows > 0 && int64(n) >= f.cfg.MaxUDPFlows:
+		f.m.udpLimit.Inc()
+		return nil
+	}
+	rec.Service = pool.Service.Name.String()
+	var tried lb.Tried
+	for range f.cfg.DialTimeouts {
+		b := pool.Pick(client.Addr(), &tried, now)
+		if b == nil {
+			break
+		}
+		tried.Add(b)
+		up, err := f.dialUDP(b)
+		if rec.NAttempts < len(rec.Attempts) {
+			rec.Attempts[rec.NAttempts] = connlog.Attempt{Backend: b.Addr, Err: err}
+			rec.NAttempts++
+		}
+		if err != nil {
+			b.ReportFailure(now)
+			continue
+		}
+		raw, err := up.SyscallConn()
+		if err != nil {
+			up.Close()
+			continue
+		}
+		fl = &udpFlow{fe: fe, client: client, local: local, pool: pool, backend: b, upstream: up, raw: raw, start: now}
+		fl.last.Store(now.UnixNano())
+		rec.Backend = b.Addr
+		fe.mu.Lock()
+		fe.flows[client] = fl
+		fe.mu.Unlock()
+		b.Acquire()
+		f.m.udpFlowsOK.Inc()
+		f.m.activeUDP.Inc()
+		f.handlers.Add(1)
+		go fl.replyLoop(rec)
+		return fl
+	}
+	f.m.udpDialFailed.Inc()
+	rec.Failed, rec.CloseReason = true, "dial_failed"
+	f.cfg.ConnLog.Log(&rec)
+	return nil
+}
+
+func (f *Forwarder) dialUDP(b *lb.Backend) (*net.UDPConn, error) {
+	c, err := f.dialer.DialContext(context.Background(), "udp", b.Dial)
+	if err != nil {
+		return nil, err
+	}
+	return c.(*net.UDPConn), nil
+}
+
+// replyLoop carries the backend's replies to the client until the flow
+// ends: idle, refused, or closed by Apply or shutdown. It holds no buffer
+// while waiting.
+func (fl *udpFlow) replyLoop(rec connlog.Record) {
+	f := fl.fe.f
+	defer f.handlers.Done()
+	idle := f.cfg.UDPIdleTimeout
+	_ = fl.upstream.SetReadDeadline(time.Now().Add(idle))
+	var bufs [udpBatch]*[]byte
+	var sizes [udpBatch]int
+	var count int
+	var rerr error
+	read := func(fd uintptr) bool {
+		for count < udpBatch {
+			bp := datagramPool.Get().(*[]byte)
+			n, _, err := unix.Recvfrom(int(fd), *bp, unix.MSG_DONTWAIT)
+			if err == unix.EINTR {
+				datagramPool.Put(bp)
+				continue
+			}
+			if err != nil {
+				datagramPool.Put(bp)
+				if err != unix.EAGAIN {
+					rerr = err
+					return true
+				}
+				return count > 0 // wait only if nothing is in hand
+			}
+			bufs[count], sizes[count] = bp, n
+			count++
+		}
+		return true
+	}
+	for {
+		count, rerr = 0, nil
+		err := fl.raw.Read(read)
+		if count > 0 {
+			fl.sendReplies(bufs[:count], sizes[:count])
+			for i := range count {
+				datagramPool.Put(bufs[i])
+			}
+		}
+		if err == nil {
+			err = rerr
+		}
+		switch {
+		case err == nil:
+			continue
+		case errors.Is(err, os.ErrDeadlineExceeded) && fl.reason.Load() == uint32(reasonNone):
+			until := time.Unix(0, fl.last.Load()).Add(idle)
+			if !time.Now().Before(until) {
+				fl.end(reasonIdle)
+				break // the switch; the loop ends below
+			}
+			_ = fl.upstream.SetReadDeadline(until)
+			continue
+		case isRefused(err):
+			fl.refused(time.Now())
+		default:
+			fl.end(reasonBackendReset)
+		}
+		break
+	}
+	fl.finish(rec)
+}
+
+// sendReplies sends datagrams to the client with one sendmmsg, from the
+// address the client wrote to.
+func (fl *udpFlow) sendReplies(bufs []*[]byte, sizes []int) {
+	fe := fl.fe
+	var oob []byte
+	if fe.frontend.Addr.Addr().IsUnspecified() && fl.local.IsValid() {
+		if fe.v6 {
+			oob = (&ipv6.ControlMessage{Src: fl.local.AsSlice()}).Marshal()
+		} else {
+			oob = (&ipv4.ControlMessage{Src: fl.local.AsSlice()}).Marshal()
+		}
+	}
+	to := net.UDPAddrFromAddrPort(fl.client)
+	var ms [udpBatch]ipv4.Message
+	var bb [udpBatch][1][]byte
+	total := 0
+	for i, bp := range bufs {
+		bb[i][0] = (*bp)[:sizes[i]]
+		ms[i] = ipv4.Message{Buffers: bb[i][:], OOB: oob, Addr: to}
+		total += sizes[i]
+	}
+	fe.mu.Lock()
+	defer fe.mu.Unlock()
+	for sent := 0; sent < len(bufs); {
+		n, err := fe.batch.WriteBatch(ms[sent:len(bufs)], 0)
+		if err != nil {
+			fe.f.log.Debug("sending UDP replies", zap.Stringer("client", fl.client), zap.Error(err))
+			return
+		}
+		sent += n
+	}
+	fl.bytesOut.Add(int64(total))
+	fl.last.Store(time.Now().UnixNano())
+	fe.f.m.udpOut.Add(float64(len(bufs)))
+}
+
+// refused handles ICMP port unreachable from the backend: passive health
+// counts it like a refused TCP dial, and the flow ends so the client's next
+// datagram goes to another backend.
+func (fl *udpFlow) refused(now time.Time) {
+	fl.backend.ReportFailure(now)
+	fl.fe.f.m.dialRefused.Inc()
+	fl.end(reasonBackendReset)
+}
+
+// end closes the flow's backend socket; replyLoop then finishes it.
+func (fl *udpFlow) end(r closeReason) {
+	fl.reason.CompareAndSwap(uint32(reasonNone), uint32(r))
+	_ = fl.upstream.Close()
+}
+
+// finish removes the flow and logs it. Only replyLoop calls it.
+func (fl *udpFlow) finish(rec connlog.Record) {
+	fe, f := fl.fe, fl.fe.f
+	_ = fl.upstream.Close()
+	fe.mu.Lock()
+	if fe.flows[fl.client] == fl {
+		delete(fe.flows, fl.client)
+	}
+	fe.mu.Unlock()
+	fl.backend.Release()
+	f.m.activeUDP.Dec()
+	reason := closeReason(fl.reason.Load())
+	f.m.closes[reason].Inc()
+	rec.BytesIn, rec.BytesOut = fl.bytesIn.Load(), fl.bytesOut.Load()
+	f.m.bytesIn.Add(float64(rec.BytesIn))
+	f.m.bytesOut.Add(float64(rec.BytesOut))
+	rec.Duration = time.Since(fl.start)
+	rec.CloseReason = closeReasons[reason]
+	if f.cfg.ConnLog.Sampled(rec.ID) {
+		f.cfg.ConnLog.Log(&rec)
+	}
+}
