@@ -346,19 +346,27 @@ func (c *conn) ended(ev copyEnd, fromClient bool) {
 		_ = c.client.Close()
 		_ = c.upstream.Close()
 	case endError:
+		r := reasonBackendReset
 		if fromClient {
-			c.setReason(reasonClientReset)
-		} else {
-			c.setReason(reasonBackendReset)
+			r = reasonClientReset
 		}
-		_ = c.client.SetLinger(0)
-		_ = c.upstream.SetLinger(0)
+		if c.setReason(r) {
+			// This direction failed first: pass the reset on.
+			_ = c.client.SetLinger(0)
+			_ = c.upstream.SetLinger(0)
+		}
+		// Otherwise the pair is already ending (idle, drain, shutdown):
+		// this error is that close seen from here; close quietly.
 		_ = c.client.Close()
 		_ = c.upstream.Close()
 	}
 }
 
-func (c *conn) setReason(r closeReason) { c.reason.CompareAndSwap(uint32(reasonNone), uint32(r)) }
+// setReason records why the pair ends, if nothing has yet; it reports
+// whether r was the first.
+func (c *conn) setReason(r closeReason) bool {
+	return c.reason.CompareAndSwap(uint32(reasonNone), uint32(r))
+}
 
 // kill ends the connection of generation gen for reason (drain, shutdown).
 func (c *conn) kill(r closeReason, gen uint64) {

@@ -79,6 +79,11 @@ func query(t testing.TB, addr netip.AddrPort, msg []byte) ([]byte, error) {
 		return nil, err
 	}
 	defer c.Close()
+	return ask(c, msg)
+}
+
+// ask sends msg on c and returns the reply, retrying on timeout.
+func ask(c *net.UDPConn, msg []byte) ([]byte, error) {
 	buf := make([]byte, 1<<16)
 	var lastErr error
 	for try := 0; try < 5; try++ {
@@ -103,7 +108,14 @@ func TestUDPFlows(t *testing.T) {
 	h := newHarness(t, Config{}, udpService("dns", fe, a.addr, b.addr))
 	got := map[string]int{}
 	for i := 0; i < 200; i++ {
-		reply, err := query(t, fe, []byte("q"))
+		// Each query from its own socket, kept open so the kernel does
+		// not reuse its port (and so its flow) for the next.
+		c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(fe))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		reply, err := ask(c, []byte("q"))
 		if err != nil {
 			t.Fatalf("query %d: %v", i, err)
 		}
@@ -199,7 +211,12 @@ func TestUDPIdleFlowsExpire(t *testing.T) {
 	e := startUDPEcho(t, "a")
 	h := newHarness(t, Config{UDPIdleTimeout: 200 * time.Millisecond}, udpService("dns", fe, e.addr))
 	for i := 0; i < 10; i++ {
-		if _, err := query(t, fe, []byte("q")); err != nil {
+		c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(fe))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close() // open, so no port (and flow) is reused
+		if _, err := ask(c, []byte("q")); err != nil {
 			t.Fatal(err)
 		}
 	}
