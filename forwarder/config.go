@@ -31,6 +31,11 @@ type Config struct {
 	// (an address not on this host, a port in use) are logged and counted.
 	BindFrontends bool
 
+	// ClaimNodePorts holds every NodePort with a bound, unused socket, so no
+	// other program can take it while steering rules redirect its traffic.
+	// For use with Redirect; BindFrontends listens on NodePorts anyway.
+	ClaimNodePorts bool
+
 	// DialTimeouts are the per-attempt backend connect timeouts; their
 	// number bounds the attempts per connection, each to a different
 	// backend. Nil: 250ms, 500ms, 1s, 2s.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/svcproxy/svcproxy/lb"
 )
@@ -32,6 +33,7 @@ type Forwarder struct {
 	mu        sync.Mutex // guards listeners, closed and Apply's drain pass
 	listeners map[listenKey]*listenerGroup
 	udp       map[lb.Frontend]*udpFrontend
+	claims    map[claimKey]int // NodePort claim sockets
 	closed    bool
 
 	conns    connSet
@@ -65,6 +67,7 @@ func New(cfg Config) (*Forwarder, error) {
 		m:         cfg.Metrics,
 		listeners: map[listenKey]*listenerGroup{},
 		udp:       map[lb.Frontend]*udpFrontend{},
+		claims:    map[claimKey]int{},
 	}
 	f.dialer.KeepAliveConfig = keepAliveConfig(cfg.KeepAlive)
 	if cfg.Mark > 0 {
@@ -123,6 +126,7 @@ func (f *Forwarder) Apply(ctx context.Context, snap *lb.Snapshot) error {
 		errs = f.reconcileFrontends(snap)
 	}
 	errs = append(errs, f.reconcileUDP(snap)...)
+	errs = append(errs, f.reconcileClaims(snap)...)
 	if old != snap {
 		f.startDrains(snap)
 	}
@@ -218,6 +222,10 @@ func (f *Forwarder) closeListeners() {
 	for k, fe := range f.udp {
 		fe.close()
 		delete(f.udp, k)
+	}
+	for k, fd := range f.claims {
+		unix.Close(fd)
+		delete(f.claims, k)
 	}
 }
 
