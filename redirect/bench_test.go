@@ -1,0 +1,50 @@
+package redirect
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"go.uber.org/zap"
+
+	"github.com/svcproxy/svcproxy/lb"
+)
+
+// BenchmarkApply measures the Go side of one incremental Apply (a Service
+// added or removed, alternately) over the Fake, at each size.
+func BenchmarkApply(b *testing.B) {
+	for _, n := range []int{10, 100, 1000, 10000} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			f := NewFake()
+			r, err := New(Config{Mark: testMark, Exec: f, Logger: zap.NewNop()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			svcs := make([]lb.Service, n)
+			for i := range svcs {
+				svcs[i] = scaleService(i)
+			}
+			st := lb.NewStore(lb.StoreOptions{})
+			snap, _ := st.Replace(svcs)
+			ports := Ports{TCP: testTCPPort}
+			if err := r.Apply(context.Background(), snap, ports, true); err != nil {
+				b.Fatal(err)
+			}
+			extra := scaleService(n)
+			added, _ := st.Update([]lb.Service{extra}, nil)
+			removed, _ := st.Update(nil, []lb.ServicePortName{extra.Name})
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				s := added
+				if i%2 == 1 {
+					s = removed
+				}
+				i++
+				if err := r.Apply(context.Background(), s, ports, false); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

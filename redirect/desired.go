@@ -1,0 +1,286 @@
+package redirect
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/svcproxy/svcproxy/lb"
+)
+
+// The chains svcproxy owns, and the builtin chains that jump to them.
+const (
+	chainServices  = "SVCPROXY-SERVICES"
+	chainUDP       = "SVCPROXY-UDP"
+	chainNodePorts = "SVCPROXY-NODEPORTS"
+	chainNPUDP     = "SVCPROXY-NP-UDP"
+	chainReject    = "SVCPROXY-REJECT"
+)
+
+type chainKey struct{ table, chain string }
+
+// ourChains are the chains a sync writes, in the order it declares them.
+var ourChains = []chainKey{
+	{"nat", chainServices}, {"nat", chainUDP}, {"nat", chainNodePorts}, {"nat", chainNPUDP},
+	{"filter", chainReject},
+}
+
+// jump is a rule "-j to" at the top of a builtin chain.
+type jump struct{ table, from, to string }
+
+var ourJumps = []jump{
+	{"nat", "PREROUTING", chainServices},
+	{"nat", "OUTPUT", chainServices},
+	{"filter", "INPUT", chainReject},
+	{"filter", "FORWARD", chainReject},
+	{"filter", "OUTPUT", chainReject},
+}
+
+// udpRedirect steers one UDP frontend (or NodePort, when dst is not valid)
+// to its forwarder socket.
+type udpRedirect struct {
+	dst  netip.Addr // invalid for a NodePort
+	port uint16     // the frontend port or NodePort
+	to   uint16
+}
+
+// desired is everything one Apply should leave in the kernel.
+type desired struct {
+	members map[member]struct{}
+	// rules holds, per family, the rules of each of ourChains.
+	rules [2]map[chainKey][]string
+}
+
+// compute translates snap and ports into the desired state. A Service that
+// cannot be programmed (an unsupported protocol, a UDP frontend with
+// endpoints but no forwarder port) loses only the affected frontends; the
+// error names each.
+func (r *Redirector) compute(snap *lb.Snapshot, ports Ports, spare map[member]struct{}) (*desired, []error) {
+	d := &desired{members: spare}
+	if d.members == nil {
+		d.members = make(map[member]struct{}, snap.Len()+16)
+	}
+	var errs []error
+	var udp, npUDP [2][]udpRedirect
+	for _, bal := range snap.Balancers() {
+		if bal == nil || bal.Service == nil {
+			continue
+		}
+		svc := bal.Service
+		if svc.Protocol != lb.TCP && svc.Protocol != lb.UDP {
+			errs = append(errs, fmt.Errorf("service %v: unsupported protocol %v", svc.Name, svc.Protocol))
+			continue
+		}
+		frontend := func(ip netip.Addr, pool *lb.Pool) {
+			ip = ip.Unmap()
+			if !ip.IsValid() {
+				return
+			}
+			fam := familyOf(ip)
+			if fam == IPv6 && !r.cfg.IPv6 {
+				return
+			}
+			fe := lb.Frontend{Protocol: svc.Protocol, Addr: netip.AddrPortFrom(ip, svc.Port)}
+			if pool == nil || snap.Route(fe.Protocol, fe.Addr) != pool {
+				return // another Service owns this frontend
+			}
+			usable := len(pool.Backends()) > 0
+			if svc.Protocol == lb.UDP {
+				to, ok := ports.UDP[fe]
+				switch {
+				case ok && to != 0:
+					udp[fam] = append(udp[fam], udpRedirect{dst: ip, port: svc.Port, to: to})
+				case usable:
+					errs = append(errs, fmt.Errorf("service %v: frontend %v: no forwarder port for it", svc.Name, fe))
+					return
+				}
+			}
+			set := rejectSet(fam)
+			if usable {
+				set = svcSet(fam)
+			}
+			d.members[addrMember(set, ip, svc.Protocol, svc.Port)] = struct{}{}
+		}
+		for _, ip := range svc.ClusterIPs {
+			frontend(ip, bal.Internal)
+		}
+		for _, ip := range svc.ExternalIPs {
+			frontend(ip, bal.External)
+		}
+		for _, ip := range svc.LoadBalancerIPs {
+			frontend(ip, bal.External)
+		}
+		if svc.NodePort == 0 {
+			continue
+		}
+		pool := bal.External
+		if pool == nil || snap.Route(svc.Protocol, netip.AddrPortFrom(netip.IPv4Unspecified(), svc.NodePort)) != pool {
+			continue // another Service owns this NodePort
+		}
+		usable := len(pool.Backends()) > 0
+		if svc.Protocol == lb.UDP {
+			// The NodePort sets serve both families; a family without a
+			// forwarder port has no rule, so its packets are not steered.
+			for _, fam := range r.families {
+				fe := lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(unspecified(fam), svc.NodePort)}
+				to, ok := ports.UDP[fe]
+				switch {
+				case ok && to != 0:
+					npUDP[fam] = append(npUDP[fam], udpRedirect{port: svc.NodePort, to: to})
+				case usable:
+					errs = append(errs, fmt.Errorf("service %v: nodePort %v: no forwarder port for it", svc.Name, fe))
+				}
+			}
+		}
+		var set setID
+		switch {
+		case usable && svc.Protocol == lb.TCP:
+			set = setNPTCP
+		case usable:
+			set = setNPUDP
+		case svc.Protocol == lb.TCP:
+			set = setNPRejectTCP
+		default:
+			set = setNPRejectUDP
+		}
+		d.members[member{set: set, port: svc.NodePort}] = struct{}{}
+	}
+	for _, fam := range r.families {
+		if r.npRestricted[fam] {
+			for _, p := range r.npAddrs[fam] {
+				d.members[netMember(npAddrsSet(fam), p)] = struct{}{}
+			}
+		}
+		d.rules[fam] = r.chainRules(fam, ports.TCP, udp[fam], npUDP[fam])
+	}
+	return d, errs
+}
+
+func familyOf(a netip.Addr) Family {
+	if a.Unmap().Is4() {
+		return IPv4
+	}
+	return IPv6
+}
+
+func unspecified(f Family) netip.Addr {
+	if f == IPv6 {
+		return netip.IPv6Unspecified()
+	}
+	return netip.IPv4Unspecified()
+}
+
+// chainRules renders the rules of each of ourChains for one family, in
+// iptables-save's canonical form.
+func (r *Redirector) chainRules(fam Family, tcpPort uint16, udp, npUDP []udpRedirect) map[chainKey][]string {
+	mark := fmt.Sprintf("-m mark --mark %#x/%#x -j RETURN", r.cfg.Mark, r.cfg.Mark)
+	svc, reject := setDefs[svcSet(fam)].name, setDefs[rejectSet(fam)].name
+	to := strconv.Itoa(int(tcpPort))
+	local := "-m addrtype --dst-type LOCAL"
+	if r.npRestricted[fam] {
+		local += " -m set --match-set " + setDefs[npAddrsSet(fam)].name + " dst"
+	}
+	unreachable := "icmp-port-unreachable"
+	if fam == IPv6 {
+		unreachable = "icmp6-port-unreachable"
+	}
+	rules := map[chainKey][]string{
+		{"nat", chainServices}: {
+			mark,
+			"-p tcp -m set --match-set " + svc + " dst,dst -j REDIRECT --to-ports " + to,
+			"-p udp -m set --match-set " + svc + " dst,dst -j " + chainUDP,
+			"-m set --match-set " + reject + " dst,dst -j RETURN",
+			local + " -j " + chainNodePorts,
+		},
+		{"nat", chainNodePorts}: {
+			"-p tcp -m set --match-set " + setDefs[setNPTCP].name + " dst -j REDIRECT --to-ports " + to,
+			"-p udp -m set --match-set " + setDefs[setNPUDP].name + " dst -j " + chainNPUDP,
+		},
+		{"filter", chainReject}: {
+			mark,
+			"-m conntrack --ctstate DNAT -j RETURN",
+			"-p tcp -m set --match-set " + reject + " dst,dst -j REJECT --reject-with tcp-reset",
+			"-p udp -m set --match-set " + reject + " dst,dst -j REJECT --reject-with " + unreachable,
+			"-p tcp " + local + " -m set --match-set " + setDefs[setNPRejectTCP].name + " dst -j REJECT --reject-with tcp-reset",
+			"-p udp " + local + " -m set --match-set " + setDefs[setNPRejectUDP].name + " dst -j REJECT --reject-with " + unreachable,
+		},
+	}
+	sortUDP := func(u []udpRedirect) []udpRedirect {
+		slices.SortFunc(u, func(a, b udpRedirect) int {
+			return cmp.Or(a.dst.Compare(b.dst), cmp.Compare(a.port, b.port), cmp.Compare(a.to, b.to))
+		})
+		return slices.CompactFunc(u, func(a, b udpRedirect) bool { return a.dst == b.dst && a.port == b.port })
+	}
+	var u []string
+	for _, x := range sortUDP(udp) {
+		u = append(u, fmt.Sprintf("-d %v -p udp -m udp --dport %d -j REDIRECT --to-ports %d",
+			netip.PrefixFrom(x.dst, x.dst.BitLen()), x.port, x.to))
+	}
+	rules[chainKey{"nat", chainUDP}] = u
+	var n []string
+	for _, x := range sortUDP(npUDP) {
+		n = append(n, fmt.Sprintf("-p udp -m udp --dport %d -j REDIRECT --to-ports %d", x.port, x.to))
+	}
+	rules[chainKey{"nat", chainNPUDP}] = n
+	// Canonicalise through the parser, so what we compare with
+	// iptables-save output is what it prints.
+	for k, rs := range rules {
+		for i, s := range rs {
+			if p, err := parseRule(s); err == nil {
+				rs[i] = p.String()
+			}
+		}
+		rules[k] = rs
+	}
+	return rules
+}
+
+// ruleScript renders the iptables-restore input that declares (and so
+// flushes) each of ourChains and fills it. extra, when set, adds lines to a
+// table after the declarations (deletions, jumps) and tail after the rules
+// (chain removals).
+func ruleScript(rules map[chainKey][]string, extra, tail map[string][]string) []byte {
+	var b strings.Builder
+	for _, tbl := range []string{"nat", "filter"} {
+		fmt.Fprintf(&b, "*%s\n", tbl)
+		for _, k := range ourChains {
+			if k.table == tbl {
+				fmt.Fprintf(&b, ":%s - [0:0]\n", k.chain)
+			}
+		}
+		for _, line := range extra[tbl] {
+			b.WriteString(line)
+			b.WriteByte('\n')
+		}
+		for _, k := range ourChains {
+			if k.table != tbl {
+				continue
+			}
+			for _, rule := range rules[k] {
+				fmt.Fprintf(&b, "-A %s %s\n", k.chain, rule)
+			}
+		}
+		for _, line := range tail[tbl] {
+			b.WriteString(line)
+			b.WriteByte('\n')
+		}
+		b.WriteString("COMMIT\n")
+	}
+	return []byte(b.String())
+}
+
+func sameRules(a, b map[chainKey][]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, x := range a {
+		y, ok := b[k]
+		if !ok || !slices.Equal(x, y) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,55 @@
+// Package redirect owns the nat (and filter) rules and ipsets that steer
+// ClusterIP, ExternalIP, LoadBalancer and NodePort traffic into svcproxy's
+// userspace forwarder. It never imports forwarder: it takes the ports to
+// steer to as input (Ports).
+//
+// # Layout
+//
+// The number of iptables rules is fixed; Services live in ipset members, so
+// adding or removing a Service changes one or two set members and rewrites
+// no rule. Per address family (IPv4 shown; IPv6 mirrors it with -v6 sets):
+//
+//	ipsets
+//	  svcproxy-svc-v4         hash:ip,port  frontends (ClusterIP, ExternalIP, LB IP) whose pool has endpoints
+//	  svcproxy-reject-v4      hash:ip,port  frontends whose pool is empty: rejected at once
+//	  svcproxy-np-addrs-v4    hash:net      --nodeport-addresses (only when restricted)
+//	  svcproxy-np-tcp/-udp    bitmap:port   NodePorts with endpoints (both families)
+//	  svcproxy-np-reject-tcp/-udp bitmap:port NodePorts without endpoints
+//
+//	nat PREROUTING, OUTPUT -> SVCPROXY-SERVICES
+//	  -m mark --mark M/M                                  RETURN  (the forwarder's own dials)
+//	  -p tcp  svc-v4 dst,dst                              REDIRECT --to-ports TCP
+//	  -p udp  svc-v4 dst,dst                              SVCPROXY-UDP (one REDIRECT per UDP frontend)
+//	  reject-v4 dst,dst                                   RETURN  (a dead VIP is never a NodePort)
+//	  addrtype LOCAL [np-addrs-v4 dst]                    SVCPROXY-NODEPORTS (last, like KUBE-NODEPORTS)
+//	    -p tcp np-tcp dst                                 REDIRECT --to-ports TCP
+//	    -p udp np-udp dst                                 SVCPROXY-NP-UDP (one REDIRECT per UDP NodePort)
+//
+//	filter INPUT, FORWARD, OUTPUT -> SVCPROXY-REJECT
+//	  -m mark --mark M/M                                  RETURN
+//	  -m conntrack --ctstate DNAT                         RETURN  (steered by nat: never judged here)
+//	  -p tcp reject-v4 dst,dst                            REJECT tcp-reset
+//	  -p udp reject-v4 dst,dst                            REJECT icmp-port-unreachable
+//	  -p tcp addrtype LOCAL [np-addrs] np-reject-tcp dst  REJECT tcp-reset
+//	  -p udp addrtype LOCAL [np-addrs] np-reject-udp dst  REJECT icmp-port-unreachable
+//
+// UDP frontends get one rule each (their forwarder socket has its own port),
+// but whether a UDP frontend is steered or rejected is still decided by set
+// membership, so endpoints coming and going never rewrite a rule.
+//
+// # Syncing
+//
+// A full Apply reads the current rules (iptables-save) and sets, counts a
+// repair when they differ from what it last wrote, then writes the sets in
+// one `ipset restore` (each set filled as a temporary set and swapped in, so
+// packets never see a half-filled set) and every svcproxy chain, the jumps
+// into them and the removal of stray svcproxy chains in one
+// `iptables-restore --noflush` per family. An incremental Apply writes only
+// the set members that changed (one `ipset restore` of add/del lines) and
+// touches iptables only when the rules' text changed (UDP frontends or the
+// ports). Cleanup removes everything named SVCPROXY-* / svcproxy-*.
+//
+// Executor is the kernel boundary: Exec runs the real tools (optionally in a
+// network namespace), Fake keeps tables and sets in memory and traces
+// packets through them, so tests assert where a packet goes, not rule text.
+package redirect

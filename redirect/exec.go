@@ -1,0 +1,215 @@
+package redirect
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// Family is an IP address family.
+type Family uint8
+
+// The families. IPv4 is always programmed; IPv6 when Config.IPv6 is set.
+const (
+	IPv4 Family = iota
+	IPv6
+)
+
+func (f Family) String() string {
+	if f == IPv6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+// Executor runs the kernel tools. It is exactly what Redirector calls: Exec
+// is the real one, Fake the in-memory one tests use.
+type Executor interface {
+	// IPTablesRestore feeds data to iptables-restore (ip6tables-restore for
+	// IPv6) with --noflush --wait: only the chains data declares are
+	// flushed. data may hold several tables (*nat ... COMMIT *filter ...
+	// COMMIT), so one call writes a family's whole rule set.
+	IPTablesRestore(ctx context.Context, family Family, data []byte) error
+	// IPTablesSave returns `iptables-save -t table` (ip6tables-save for IPv6).
+	IPTablesSave(ctx context.Context, family Family, table string) ([]byte, error)
+	// IPTablesVersion returns `iptables --version`, e.g.
+	// "iptables v1.8.9 (nf_tables)".
+	IPTablesVersion(ctx context.Context) (string, error)
+	// IPSetRestore feeds data to `ipset restore -exist`: adding a member
+	// that is there, deleting one that is not, and creating a set that
+	// exists with the same parameters are no-ops. (The flag is global
+	// because ipset batches consecutive lines for one set and honours a
+	// line's own -exist only when it starts the batch.) Lines apply in
+	// order; the first failing line stops it, earlier lines stay applied.
+	IPSetRestore(ctx context.Context, data []byte) error
+	// IPSetList returns the members of the named set as ipset prints them.
+	// A missing set returns an error wrapping ErrNoSet.
+	IPSetList(ctx context.Context, name string) ([]string, error)
+	// IPSetNames returns the names of every set.
+	IPSetNames(ctx context.Context) ([]string, error)
+	// IPSetDestroy destroys the named set: ErrNoSet when it does not exist,
+	// ErrSetInUse when a rule still references it.
+	IPSetDestroy(ctx context.Context, name string) error
+}
+
+// Exec runs the real tools with exec.CommandContext. The zero value runs the
+// iptables on PATH in the caller's network namespace.
+type Exec struct {
+	// NetNS, when set, runs every tool as `ip netns exec NetNS tool ...`.
+	NetNS string
+	// Variant picks the iptables binaries: "" the iptables-restore etc. on
+	// PATH (whatever the node uses), "legacy" iptables-legacy-*, "nft"
+	// iptables-nft-*.
+	Variant string
+}
+
+// NewExec returns the real Executor, running the tools inside the named
+// network namespace when netns is not empty.
+func NewExec(netns string) *Exec { return &Exec{NetNS: netns} }
+
+var _ Executor = (*Exec)(nil)
+
+// iptables names the iptables binary tool ("", "-restore", "-save") for
+// family and e.Variant.
+func (e *Exec) iptables(family Family, tool string) string {
+	name := "iptables"
+	if family == IPv6 {
+		name = "ip6tables"
+	}
+	if e.Variant != "" {
+		name += "-" + e.Variant
+	}
+	return name + tool
+}
+
+func (e *Exec) run(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
+	if e.NetNS != "" {
+		args = append([]string{"netns", "exec", e.NetNS, name}, args...)
+		name = "ip"
+	}
+	cmd := exec.CommandContext(ctx, name, args...)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if len(msg) > 1000 {
+			msg = msg[:1000] + "..."
+		}
+		return stdout.Bytes(), &toolError{tool: cmd.Args[0:min(len(cmd.Args), 5)], err: err, stderr: msg}
+	}
+	return stdout.Bytes(), nil
+}
+
+type toolError struct {
+	tool   []string
+	err    error
+	stderr string
+}
+
+func (e *toolError) Error() string {
+	return fmt.Sprintf("running %s: %v: %s", strings.Join(e.tool, " "), e.err, e.stderr)
+}
+
+func (e *toolError) Unwrap() error { return e.err }
+
+var restoreFailedLine = regexp.MustCompile(`line:? (\d+)`)
+
+// withLine appends the input line a restore tool complained about, so the
+// error names the rule or member, not just a line number.
+func withLine(err error, data []byte) error {
+	var te *toolError
+	if !errors.As(err, &te) {
+		return err
+	}
+	m := restoreFailedLine.FindStringSubmatch(te.stderr)
+	if m == nil {
+		return err
+	}
+	n, _ := strconv.Atoi(m[1])
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(nil, 1<<20)
+	for i := 1; sc.Scan(); i++ {
+		if i == n {
+			return fmt.Errorf("%w (line %d: %q)", err, n, sc.Text())
+		}
+	}
+	return err
+}
+
+// IPTablesRestore implements Executor.
+func (e *Exec) IPTablesRestore(ctx context.Context, family Family, data []byte) error {
+	_, err := e.run(ctx, data, e.iptables(family, "-restore"), "--noflush", "--wait")
+	return withLine(err, data)
+}
+
+// IPTablesSave implements Executor.
+func (e *Exec) IPTablesSave(ctx context.Context, family Family, table string) ([]byte, error) {
+	return e.run(ctx, nil, e.iptables(family, "-save"), "-t", table)
+}
+
+// IPTablesVersion implements Executor.
+func (e *Exec) IPTablesVersion(ctx context.Context) (string, error) {
+	out, err := e.run(ctx, nil, e.iptables(IPv4, ""), "--version")
+	return strings.TrimSpace(string(out)), err
+}
+
+// IPSetRestore implements Executor.
+func (e *Exec) IPSetRestore(ctx context.Context, data []byte) error {
+	_, err := e.run(ctx, data, "ipset", "-exist", "restore")
+	return classifyIPSet(withLine(err, data))
+}
+
+// IPSetList implements Executor. It reads `ipset save NAME`.
+func (e *Exec) IPSetList(ctx context.Context, name string) ([]string, error) {
+	out, err := e.run(ctx, nil, "ipset", "save", name)
+	if err != nil {
+		return nil, classifyIPSet(err)
+	}
+	var members []string
+	prefix := "add " + name + " "
+	for line := range strings.Lines(string(out)) {
+		if m, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
+			members = append(members, m)
+		}
+	}
+	return members, nil
+}
+
+// IPSetNames implements Executor.
+func (e *Exec) IPSetNames(ctx context.Context) ([]string, error) {
+	out, err := e.run(ctx, nil, "ipset", "list", "-n")
+	if err != nil {
+		return nil, err
+	}
+	return strings.Fields(string(out)), nil
+}
+
+// IPSetDestroy implements Executor.
+func (e *Exec) IPSetDestroy(ctx context.Context, name string) error {
+	_, err := e.run(ctx, nil, "ipset", "destroy", name)
+	return classifyIPSet(err)
+}
+
+// classifyIPSet wraps the sentinel errors ipset's messages stand for.
+func classifyIPSet(err error) error {
+	var te *toolError
+	if err == nil || !errors.As(err, &te) {
+		return err
+	}
+	switch {
+	case strings.Contains(te.stderr, "does not exist"):
+		return fmt.Errorf("%w: %w", ErrNoSet, err)
+	case strings.Contains(te.stderr, "in use by a kernel component"):
+		return fmt.Errorf("%w: %w", ErrSetInUse, err)
+	}
+	return err
+}

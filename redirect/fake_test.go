@@ -1,0 +1,136 @@
+package redirect
+
+import (
+	"context"
+	"testing"
+
+	"github.com/svcproxy/svcproxy/lb"
+)
+
+// kernelCase is one input to the kernel tools, with whether they accept it.
+// The same table runs against the Fake here and against the real tools in
+// TestPrivilegedFakeParity, so the Fake refuses what the kernel refuses.
+type kernelCase struct {
+	name   string
+	ipset  string // ipset restore input (or else rules)
+	family Family // for rules
+	rules  string // iptables-restore input
+	ok     bool   // whether the tools accept the input
+}
+
+// base is applied before every case: a set and a chain to refer to.
+const (
+	baseSets  = "create svcproxy-t hash:ip,port family inet\ncreate svcproxy-t6 hash:ip,port family inet6\ncreate svcproxy-p bitmap:port range 0-65535\n"
+	baseRules = "*nat\n:SVCPROXY-T - [0:0]\n-A SVCPROXY-T -m set --match-set svcproxy-t dst,dst -j RETURN\nCOMMIT\n"
+)
+
+var kernelCases = []kernelCase{
+	{name: "redirect rule", rules: "*nat\n-A SVCPROXY-T -p tcp -m set --match-set svcproxy-t dst,dst -j REDIRECT --to-ports 15001\nCOMMIT\n", ok: true},
+	{name: "jump to a missing chain", rules: "*nat\n-A PREROUTING -j SVCPROXY-NOPE\nCOMMIT\n"},
+	{name: "missing set", rules: "*nat\n-A SVCPROXY-T -m set --match-set svcproxy-nope dst -j RETURN\nCOMMIT\n"},
+	{name: "REDIRECT in filter", rules: "*filter\n-A INPUT -p tcp -j REDIRECT --to-ports 1\nCOMMIT\n"},
+	{name: "REJECT in nat", rules: "*nat\n-A PREROUTING -p tcp -j REJECT\nCOMMIT\n"},
+	{name: "tcp-reset without -p tcp", rules: "*filter\n-A INPUT -j REJECT --reject-with tcp-reset\nCOMMIT\n"},
+	{name: "tcp-reset with -p tcp", rules: "*filter\n-A INPUT -p tcp -j REJECT --reject-with tcp-reset\nCOMMIT\n", ok: true},
+	{name: "delete a referenced chain", rules: "*nat\n-A PREROUTING -j SVCPROXY-T\nCOMMIT\n*nat\n:SVCPROXY-T - [0:0]\n-X SVCPROXY-T\nCOMMIT\n"},
+	{name: "delete a chain after its jump", rules: "*nat\n-A PREROUTING -j SVCPROXY-T\nCOMMIT\n*nat\n:SVCPROXY-T - [0:0]\n-D PREROUTING -j SVCPROXY-T\n-X SVCPROXY-T\nCOMMIT\n", ok: true},
+	{name: "delete a non-empty chain", rules: "*nat\n-X SVCPROXY-T\nCOMMIT\n"},
+	{name: "delete a missing rule", rules: "*nat\n-D PREROUTING -j SVCPROXY-T\nCOMMIT\n"},
+	{name: "insert at 1", rules: "*nat\n-I PREROUTING 1 -j SVCPROXY-T\nCOMMIT\n", ok: true},
+	{name: "IPv4 address in ip6tables", family: IPv6, rules: "*nat\n:SVCPROXY-T - [0:0]\n-A SVCPROXY-T -d 10.0.0.1/32 -j RETURN\nCOMMIT\n"},
+	{name: "IPv6 set in ip6tables", family: IPv6, rules: "*nat\n:SVCPROXY-T - [0:0]\n-A SVCPROXY-T -d fd00::1/128 -p udp -m udp --dport 53 -m set --match-set svcproxy-t6 dst,dst -j REDIRECT --to-ports 1\nCOMMIT\n", ok: true},
+	{name: "ipset add", ipset: "add svcproxy-t 10.0.0.1,tcp:80\nadd svcproxy-t 10.0.0.1,udp:80\nadd svcproxy-p 30000\n", ok: true},
+	{name: "ipset add twice (-exist)", ipset: "add svcproxy-t 10.0.0.1,tcp:80\nadd svcproxy-t 10.0.0.1,tcp:80\n", ok: true},
+	{name: "ipset del missing (-exist)", ipset: "add svcproxy-t 10.0.0.1,tcp:80\ndel svcproxy-t 10.0.0.2,tcp:80\ndel svcproxy-t 10.0.0.2,tcp:80\n", ok: true},
+	{name: "ipset add to a missing set", ipset: "add svcproxy-nope 10.0.0.1,tcp:80\n"},
+	{name: "ipset wrong family", ipset: "add svcproxy-t fd00::1,tcp:80\n"},
+	{name: "ipset create existing (-exist)", ipset: "create svcproxy-t hash:ip,port family inet\n", ok: true},
+	{name: "ipset create existing, other maxelem", ipset: "create svcproxy-t hash:ip,port family inet maxelem 5\n"},
+	{name: "ipset create existing, other type", ipset: "create svcproxy-t hash:net family inet\n"},
+	{name: "ipset swap", ipset: "create svcproxy-u hash:ip,port family inet maxelem 1048576\nadd svcproxy-u 10.0.0.2,tcp:1\nswap svcproxy-u svcproxy-t\ndestroy svcproxy-u\n", ok: true},
+	{name: "ipset swap incompatible", ipset: "swap svcproxy-t svcproxy-t6\n"},
+	{name: "ipset destroy in use", ipset: "destroy svcproxy-t\n"},
+	{name: "ipset destroy missing (-exist)", ipset: "destroy svcproxy-nope\n", ok: true},
+	{name: "hash:net /0", ipset: "create svcproxy-n hash:net family inet\nadd svcproxy-n 0.0.0.0/0\n"},
+	{name: "bitmap out of range", ipset: "create svcproxy-q bitmap:port range 30000-32767\nadd svcproxy-q 80\n"},
+}
+
+// runKernelCase applies the base and the case to e and reports whether the
+// case's input was accepted.
+func runKernelCase(t *testing.T, e Executor, tc kernelCase) bool {
+	t.Helper()
+	ctx := context.Background()
+	if err := e.IPSetRestore(ctx, []byte(baseSets)); err != nil {
+		t.Fatalf("base sets: %v", err)
+	}
+	for _, fam := range []Family{IPv4, IPv6} {
+		base := baseRules
+		if fam == IPv6 {
+			base = "*nat\n:SVCPROXY-T - [0:0]\n-A SVCPROXY-T -m set --match-set svcproxy-t6 dst,dst -j RETURN\nCOMMIT\n"
+		}
+		if err := e.IPTablesRestore(ctx, fam, []byte(base)); err != nil {
+			t.Fatalf("base %v rules: %v", fam, err)
+		}
+	}
+	var err error
+	if tc.ipset != "" {
+		err = e.IPSetRestore(ctx, []byte(tc.ipset))
+	} else {
+		err = e.IPTablesRestore(ctx, tc.family, []byte(tc.rules))
+	}
+	t.Logf("error: %v", err)
+	return err == nil
+}
+
+func TestFakeRefusesWhatTheKernelRefuses(t *testing.T) {
+	for _, tc := range kernelCases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := runKernelCase(t, NewFake(), tc); got != tc.ok {
+				t.Errorf("accepted = %v, want %v", got, tc.ok)
+			}
+		})
+	}
+}
+
+func TestRuleRoundTrip(t *testing.T) {
+	for _, spec := range []string{
+		"-m mark --mark 0x80000/0x80000 -j RETURN",
+		"-d 10.96.0.53/32 -p udp -m udp --dport 53 -j REDIRECT --to-ports 40053",
+		"-p tcp -m addrtype --dst-type LOCAL -m set --match-set a dst -m set --match-set b dst -j REJECT --reject-with tcp-reset",
+		"! -d 10.0.0.0/8 -m set ! --match-set a dst,dst -m comment --comment \"a \\\"quoted\\\" comment\" -j ACCEPT",
+		"-s 10.0.0.0/8 -i eth0 -j SVCPROXY-X",
+		"-m conntrack --ctstate NEW,DNAT -j RETURN",
+	} {
+		r, err := parseRule(spec)
+		if err != nil {
+			t.Errorf("parseRule(%q): %v", spec, err)
+			continue
+		}
+		again, err := parseRule(r.String())
+		if err != nil || again.String() != r.String() {
+			t.Errorf("round trip of %q: %q then %q (%v)", spec, r.String(), again, err)
+		}
+	}
+	// Spellings iptables-save may use mean the same rule.
+	a, _ := parseRule("-p udp --dport 53 -d 10.0.0.1 -j RETURN")
+	b, _ := parseRule("-d 10.0.0.1/32 -p udp -m udp --dport 53 -j RETURN")
+	if a.String() != b.String() {
+		t.Errorf("%q != %q", a, b)
+	}
+	if _, err := parseRule("-p tcp --dport"); err == nil {
+		t.Error("a dangling option parsed")
+	}
+}
+
+// TestTraceForeignRules checks the tracer's handling of rules it does not
+// understand and of foreign verdicts.
+func TestTraceForeignRules(t *testing.T) {
+	f := NewFake()
+	ctx := context.Background()
+	if err := f.IPTablesRestore(ctx, IPv4, []byte("*filter\n-A FORWARD -i eth0 -j DROP\n-A OUTPUT -d 192.0.2.1/32 -j DROP\n-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT\nCOMMIT\n")); err != nil {
+		t.Fatal(err)
+	}
+	checkTrace(t, f, pkt(lb.TCP, "10.0.0.1:80", Prerouting), accepted) // -i is not modelled: never matches
+	checkTrace(t, f, pkt(lb.TCP, "192.0.2.1:80", Output), Verdict{Action: Drop})
+	checkTrace(t, f, pkt(lb.TCP, "192.0.2.10:22", Prerouting), accepted)
+}

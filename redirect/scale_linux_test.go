@@ -1,0 +1,147 @@
+//go:build linux
+
+package redirect
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/svcproxy/svcproxy/lb"
+)
+
+type scaleFigures struct {
+	scratch, resync, add, remove time.Duration
+}
+
+// measureScale programs n Services from scratch into a new namespace, then
+// adds and removes one Service rounds times each, and returns the times
+// (medians for add and remove).
+func measureScale(t testing.TB, variant string, n, rounds int) scaleFigures {
+	ctx := context.Background()
+	ns := newNS(t)
+	r, err := New(Config{Mark: testMark, Exec: &Exec{NetNS: ns, Variant: variant}, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svcs := make([]lb.Service, n)
+	for i := range svcs {
+		svcs[i] = scaleService(i)
+	}
+	st := lb.NewStore(lb.StoreOptions{})
+	snap, err := st.Replace(svcs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports := Ports{TCP: testTCPPort}
+	var f scaleFigures
+	start := time.Now()
+	mustApply(t, r, snap, ports, true)
+	f.scratch = time.Since(start)
+	start = time.Now()
+	mustApply(t, r, snap, ports, true)
+	f.resync = time.Since(start)
+	if members, err := r.exec.IPSetList(ctx, "svcproxy-svc-v4"); err != nil || len(members) != n {
+		t.Fatalf("svcproxy-svc-v4 has %d members (%v), want %d", len(members), err, n)
+	}
+	var adds, removes []time.Duration
+	for i := range rounds {
+		extra := scaleService(n + i)
+		snap, err := st.Update([]lb.Service{extra}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		mustApply(t, r, snap, ports, false)
+		adds = append(adds, time.Since(start))
+		snap, err = st.Update(nil, []lb.ServicePortName{extra.Name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		start = time.Now()
+		mustApply(t, r, snap, ports, false)
+		removes = append(removes, time.Since(start))
+	}
+	f.add, f.remove = median(adds), median(removes)
+	if r.Repairs() != 0 {
+		t.Errorf("Repairs = %d", r.Repairs())
+	}
+	if err := r.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func median(d []time.Duration) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
+
+// TestPrivilegedScale logs how long programming 1,000 and 10,000 Services
+// takes, and one Service added or removed at that scale (median of 20).
+// Targets: under 1 s from scratch at 10,000, under 20 ms per change.
+func TestPrivilegedScale(t *testing.T) {
+	if testing.Short() {
+		t.Skip("scale test skipped in -short mode")
+	}
+	requirePrivileged(t)
+	for _, variant := range variants(t) {
+		for _, n := range []int{1000, 10000} {
+			t.Run(fmt.Sprintf("%s/services=%d", variantName(variant), n), func(t *testing.T) {
+				f := measureScale(t, variant, n, 20)
+				t.Logf("backend %s, %d Services x (1 ClusterIP, 10 endpoints): from scratch %s, full resync %s, "+
+					"add one %s, remove one %s (medians of 20; targets: scratch < 1 s at 10,000, change < 20 ms)",
+					variantName(variant), n, ms(f.scratch), ms(f.resync), ms(f.add), ms(f.remove))
+			})
+		}
+	}
+}
+
+// BenchmarkPrivilegedApply measures one Service added or removed
+// (alternately) at each size; from-scratch-ms reports the first full sync.
+func BenchmarkPrivilegedApply(b *testing.B) {
+	requirePrivileged(b)
+	for _, n := range []int{10, 100, 1000, 10000} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			ns := newNS(b)
+			r, err := New(Config{Mark: testMark, Exec: NewExec(ns), Logger: zap.NewNop()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			svcs := make([]lb.Service, n)
+			for i := range svcs {
+				svcs[i] = scaleService(i)
+			}
+			st := lb.NewStore(lb.StoreOptions{})
+			snap, _ := st.Replace(svcs)
+			ports := Ports{TCP: testTCPPort}
+			start := time.Now()
+			mustApply(b, r, snap, ports, true)
+			scratch := time.Since(start)
+			extra := scaleService(n)
+			added, _ := st.Update([]lb.Service{extra}, nil)
+			removed, _ := st.Update(nil, []lb.ServicePortName{extra.Name})
+			i := 0
+			for b.Loop() {
+				s := added
+				if i%2 == 1 {
+					s = removed
+				}
+				i++
+				mustApply(b, r, s, ports, false)
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(scratch.Microseconds())/1000, "from-scratch-ms")
+			if err := r.Cleanup(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}
