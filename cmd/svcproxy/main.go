@@ -6,8 +6,10 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"syscall"
@@ -23,12 +25,16 @@ import (
 	"github.com/svcproxy/svcproxy/forwarder"
 	"github.com/svcproxy/svcproxy/health"
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/redirect"
 	"github.com/svcproxy/svcproxy/runner"
 	"github.com/svcproxy/svcproxy/source/file"
 )
 
 func main() {
 	opts, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "svcproxy:", err)
 		os.Exit(2)
@@ -49,6 +55,10 @@ func run(o *options) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
+	if o.cleanup {
+		return cleanup(ctx, log)
+	}
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := newDaemonMetrics(reg)
@@ -67,9 +77,11 @@ func run(o *options) error {
 		defer clog.Close()
 	}
 
-	fwd, err := forwarder.New(forwarder.Config{
+	steer := o.steering == "redirect"
+	fcfg := forwarder.Config{
 		Workers:            o.workers,
-		BindFrontends:      true,
+		BindFrontends:      !steer,
+		ClaimNodePorts:     steer,
 		DialTimeouts:       o.dialTimeouts,
 		IdleTimeout:        o.idleTimeout,
 		DrainTimeout:       o.drainTimeout,
@@ -79,7 +91,21 @@ func run(o *options) error {
 		Logger:             log,
 		ConnLog:            clog,
 		Metrics:            forwarder.NewMetrics(reg),
-	})
+	}
+	var red *redirect.Redirector
+	if steer {
+		fcfg.Redirect = []netip.AddrPort{netip.AddrPortFrom(netip.IPv4Unspecified(), o.redirectPort)}
+		red, err = redirect.New(redirect.Config{Mark: uint32(o.mark), NodePortAddresses: o.nodePortAddresses, Logger: log})
+		if err != nil {
+			return err
+		}
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: "svcproxy", Subsystem: "redirect", Name: "repairs_total",
+			Help: "Full syncs that found svcproxy's rules or sets tampered with and repaired them.",
+		}, func() float64 { return float64(red.Repairs()) }))
+		log.Info("steering with iptables REDIRECT", zap.String("iptables", red.Backend()), zap.Uint16("redirectPort", o.redirectPort))
+	}
+	fwd, err := forwarder.New(fcfg)
 	if err != nil {
 		return err
 	}
@@ -89,6 +115,12 @@ func run(o *options) error {
 		snap := store.Snapshot()
 		if err := fwd.Apply(ctx, snap); err != nil {
 			log.Warn("applied snapshot with errors", zap.Uint64("version", snap.Version), zap.Error(err))
+		}
+		if red != nil {
+			ports := redirect.Ports{TCP: o.redirectPort, UDP: fwd.UDPPorts()}
+			if err := red.Apply(ctx, snap, ports, full); err != nil {
+				return fmt.Errorf("steering snapshot %d: %w", snap.Version, err)
+			}
 		}
 		m.networkProgramming.Observe(time.Since(snap.Time).Seconds())
 		tracker.Applied()
@@ -123,7 +155,7 @@ func run(o *options) error {
 		serve(log, "healthz", o.healthzAddr, health.Handler(tracker)),
 	}
 	go sync.Run(ctx)
-	log.Info("svcproxy running", zap.String("mode", "userspace"), zap.String("metrics", o.metricsAddr),
+	log.Info("svcproxy running", zap.String("mode", "userspace"), zap.String("steering", o.steering), zap.String("metrics", o.metricsAddr),
 		zap.String("healthz", o.healthzAddr), zap.String("connLog", o.connLog))
 
 	select {
@@ -140,7 +172,30 @@ func run(o *options) error {
 	for _, s := range servers {
 		_ = s.Shutdown(shutdownCtx)
 	}
-	return errors.Join(err, fwd.Shutdown(shutdownCtx))
+	err = errors.Join(err, fwd.Shutdown(shutdownCtx))
+	if red != nil {
+		// After the drain: meanwhile, new connections to Services are
+		// refused at once by the closed redirect port, not blackholed.
+		if cerr := red.Cleanup(shutdownCtx); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("removing steering rules: %w", cerr))
+		} else {
+			log.Info("removed steering rules")
+		}
+	}
+	return err
+}
+
+// cleanup removes everything svcproxy installs, whichever mode installed it.
+func cleanup(ctx context.Context, log *zap.Logger) error {
+	red, err := redirect.New(redirect.Config{Mark: forwarder.DefaultMark, Logger: log})
+	if err != nil {
+		return err
+	}
+	if err := red.Cleanup(ctx); err != nil {
+		return fmt.Errorf("removing redirect rules: %w", err)
+	}
+	log.Info("removed every svcproxy rule and set")
+	return nil
 }
 
 // serve starts an HTTP server for handler on addr; an empty addr disables it.

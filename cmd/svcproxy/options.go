@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -19,6 +20,11 @@ import (
 // options are svcproxy's command-line settings.
 type options struct {
 	services string
+
+	steering          string // "none" or "redirect"
+	redirectPort      uint16
+	nodePortAddresses []netip.Prefix
+	cleanup           bool
 
 	workers            int
 	dialTimeouts       []time.Duration
@@ -54,6 +60,10 @@ func parseFlags(args []string) (*options, error) {
 	}
 	host, _ := os.Hostname()
 	fs.StringVar(&o.services, "services", "", "static services file (YAML); empty: the embedded example (examples/services.yaml)")
+	fs.StringVar(&o.steering, "steering", "none", "how Service traffic reaches the forwarder: redirect (iptables REDIRECT of every ClusterIP, ExternalIP, LoadBalancer IP and NodePort; needs root or CAP_NET_ADMIN) or none (listen on each frontend directly: for loopback and static files)")
+	redirectPort := fs.Uint("redirect-port", 15001, "TCP port the redirect rules send connections to (with --steering=redirect)")
+	nodePortAddresses := fs.String("nodeport-addresses", "", "comma-separated CIDRs: NodePorts only on the node's addresses inside them; empty: all of them")
+	fs.BoolVar(&o.cleanup, "cleanup", false, "remove every rule and set svcproxy installs, in any mode, and exit")
 	fs.IntVar(&o.workers, "workers", 0, "listening sockets (and accept loops) per address, sharing it with SO_REUSEPORT; 0: GOMAXPROCS")
 	dialTimeouts := fs.String("dial-timeouts", "250ms,500ms,1s,2s", "per-attempt backend connect timeouts; their number bounds the attempts, each to a different backend")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", time.Hour, "close a connection idle this long in both directions; negative: never")
@@ -79,6 +89,23 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 
+	if o.steering != "none" && o.steering != "redirect" {
+		return nil, fmt.Errorf("--steering: want redirect or none, got %q", o.steering)
+	}
+	if *redirectPort == 0 || *redirectPort > 65535 {
+		return nil, fmt.Errorf("--redirect-port: want 1-65535, got %d", *redirectPort)
+	}
+	o.redirectPort = uint16(*redirectPort)
+	for _, s := range strings.Split(*nodePortAddresses, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("--nodeport-addresses: %w", err)
+		}
+		o.nodePortAddresses = append(o.nodePortAddresses, p.Masked())
+	}
 	var err error
 	if o.dialTimeouts, err = parseDurations(*dialTimeouts); err != nil {
 		return nil, fmt.Errorf("--dial-timeouts: %w", err)
@@ -89,6 +116,9 @@ func parseFlags(args []string) (*options, error) {
 	}
 	o.mark = int(m)
 	if m <= 0 {
+		if o.steering == "redirect" {
+			return nil, fmt.Errorf("--mark: --steering=redirect needs a mark, so the forwarder's own connections are not redirected")
+		}
 		o.mark = -1
 	}
 	if o.algorithm, err = lb.ParseAlgorithm(*algorithm); err != nil {

@@ -1,0 +1,360 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/svcproxy/svcproxy/internal/topology"
+)
+
+// bins holds the binaries TestMain builds: the real programs, run the way a
+// user runs them.
+var bins struct {
+	dir, svcproxy, backend string
+	err                    error
+}
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "svcproxy-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bins.dir = dir
+	bins.svcproxy = filepath.Join(dir, "svcproxy")
+	bins.backend = filepath.Join(dir, "svcproxy-backend")
+	for _, b := range []struct{ out, pkg string }{
+		{bins.svcproxy, "github.com/svcproxy/svcproxy/cmd/svcproxy"},
+		{bins.backend, "github.com/svcproxy/svcproxy/cmd/svcproxy-backend"},
+	} {
+		if out, err := exec.Command("go", "build", "-race", "-o", b.out, b.pkg).CombinedOutput(); err != nil {
+			bins.err = fmt.Errorf("building %s: %v\n%s", b.pkg, err, out)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// cluster is a node running svcproxy in userspace mode with REDIRECT
+// steering, real backends and a client, each in its own namespace.
+type cluster struct {
+	t        *testing.T
+	topo     *topology.Topology
+	dir      string
+	backends []*backendProc
+	proxy    *exec.Cmd
+	proxyOut *bytes.Buffer
+	saved    string // the node's iptables-save before svcproxy started
+}
+
+type backendProc struct {
+	host *topology.Host
+	name string
+	cmd  *exec.Cmd
+}
+
+// Service addresses: VIPs in topology.FreeRange, backends on their hosts.
+const (
+	webVIP     = "198.19.0.10"
+	webExtIP   = "198.19.1.10"
+	webLBIP    = "198.19.2.10"
+	webNode    = 30080
+	echoVIP    = "198.19.0.11"
+	dnsVIP     = "198.19.0.53"
+	udpVIP     = "198.19.0.12"
+	emptyVIP   = "198.19.0.99"
+	proxyDebug = false
+)
+
+// needTools skips unless every named program is installed.
+func needTools(t *testing.T, tools ...string) {
+	t.Helper()
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("skipping: %s is not installed (.ci/run installs it)", tool)
+		}
+	}
+}
+
+func newCluster(t *testing.T, backends int, extraServices string) *cluster {
+	t.Helper()
+	if bins.err != nil {
+		t.Fatal(bins.err)
+	}
+	needTools(t, "iptables", "iptables-save", "ipset")
+	topo := topology.NewT(t, topology.Options{Backends: backends, Clients: 1})
+	c := &cluster{t: t, topo: topo, dir: t.TempDir()}
+	// The node's own connections to a Service IP need a route before the
+	// nat OUTPUT hook sees them (on a real node the default route does it;
+	// these namespaces have none): send the VIP range to lo.
+	if out, err := topo.Node.Command(context.Background(), "ip", "route", "add", topology.FreeRange.String(), "dev", "lo").CombinedOutput(); err != nil {
+		t.Fatalf("adding the Service route: %v: %s", err, out)
+	}
+	c.saved = c.nodeRules()
+	for i, h := range topo.Backends {
+		c.startBackend(h, fmt.Sprintf("backend%d", i))
+	}
+	c.writeServices(extraServices)
+	c.startProxy()
+	return c
+}
+
+func (c *cluster) startBackend(h *topology.Host, name string) {
+	c.t.Helper()
+	cmd := h.Command(context.Background(), bins.backend, "--name", name, "--http", ":8080", "--echo", ":9000", "--udp", ":5300")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		c.t.Fatalf("starting backend %s: %v", name, err)
+	}
+	ready := make(chan struct{})
+	go func() {
+		r := bufio.NewReader(out)
+		if line, _ := r.ReadString('\n'); strings.Contains(line, "ready") {
+			close(ready)
+		}
+		_, _ = io.Copy(io.Discard, r)
+	}()
+	select {
+	case <-ready:
+	case <-time.After(10 * time.Second):
+		c.t.Fatalf("backend %s did not start", name)
+	}
+	bp := &backendProc{host: h, name: name, cmd: cmd}
+	c.backends = append(c.backends, bp)
+	c.t.Cleanup(func() { bp.kill() })
+}
+
+func (b *backendProc) kill() {
+	if b.cmd.Process != nil {
+		_ = b.cmd.Process.Kill()
+		_ = b.cmd.Wait()
+	}
+}
+
+// writeServices writes the services file every test shares.
+func (c *cluster) writeServices(extra string) {
+	c.t.Helper()
+	var eps strings.Builder
+	for _, b := range c.backends {
+		fmt.Fprintf(&eps, "      - ip: %s\n", b.host.Addr)
+	}
+	yaml := fmt.Sprintf(`services:
+  - name: web
+    namespace: e2e
+    clusterIPs: [%s]
+    externalIPs: [%s]
+    loadBalancerIPs: [%s]
+    ports:
+      - port: 80
+        targetPort: 8080
+        nodePort: %d
+    endpoints:
+%s
+  - name: echo
+    namespace: e2e
+    clusterIPs: [%s]
+    ports:
+      - port: 9000
+    endpoints:
+%s
+  - name: udp-echo
+    namespace: e2e
+    clusterIPs: [%s]
+    ports:
+      - port: 5300
+        protocol: UDP
+    endpoints:
+%s
+  - name: empty
+    namespace: e2e
+    clusterIPs: [%s]
+    ports:
+      - port: 80
+    endpoints: []
+%s`, webVIP, webExtIP, webLBIP, webNode, eps.String(), echoVIP, eps.String(), udpVIP, eps.String(), emptyVIP, extra)
+	if err := os.WriteFile(filepath.Join(c.dir, "services.yaml"), []byte(yaml), 0o644); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *cluster) startProxy() {
+	c.t.Helper()
+	c.proxyOut = &bytes.Buffer{}
+	cmd := c.topo.Node.Command(context.Background(), bins.svcproxy,
+		"--services", filepath.Join(c.dir, "services.yaml"),
+		"--steering=redirect",
+		"--hostname-override", "node",
+		"--conn-log", filepath.Join(c.dir, "connections.log"),
+		"--metrics-bind-address", "127.0.0.1:10249",
+		"--healthz-bind-address", "127.0.0.1:10256",
+		"--drain-timeout", "2s",
+		"--log-level", "debug")
+	cmd.Stdout = c.proxyOut
+	cmd.Stderr = c.proxyOut
+	if err := cmd.Start(); err != nil {
+		c.t.Fatalf("starting svcproxy: %v", err)
+	}
+	c.proxy = cmd
+	c.t.Cleanup(func() {
+		c.stopProxy()
+		if c.t.Failed() || proxyDebug {
+			c.t.Logf("svcproxy output:\n%s", c.proxyOut)
+		}
+	})
+	// Ready when a ClusterIP answers from the client.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := c.get(c.topo.Clients[0], webVIP+":80"); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("svcproxy did not start steering within 20s; output:\n%s", c.proxyOut)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// stopProxy stops svcproxy with SIGTERM and waits for it.
+func (c *cluster) stopProxy() {
+	if c.proxy == nil || c.proxy.ProcessState != nil {
+		return
+	}
+	_ = c.proxy.Process.Signal(os.Interrupt)
+	done := make(chan error, 1)
+	go func() { done <- c.proxy.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		_ = c.proxy.Process.Kill()
+		<-done
+		c.t.Error("svcproxy did not exit within 15s of SIGINT")
+	}
+}
+
+// get does GET / against addr from host and returns the backend's name.
+func (c *cluster) get(h *topology.Host, addr string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	conn, err := h.Dial(ctx, "tcp", addr)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := io.WriteString(conn, "GET / HTTP/1.0\r\nHost: svc\r\n\r\n"); err != nil {
+		return "", err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(body)), nil
+}
+
+// nodeRules is the node's nat and filter tables, counters and comments left
+// out, and the ipsets.
+func (c *cluster) nodeRules() string {
+	c.t.Helper()
+	var b strings.Builder
+	for _, table := range []string{"nat", "filter"} {
+		out, err := c.topo.Node.Command(context.Background(), "iptables-save", "-t", table).Output()
+		if err != nil {
+			c.t.Fatalf("iptables-save -t %s: %v", table, err)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.HasPrefix(line, "#") {
+				continue
+			}
+			if strings.HasPrefix(line, ":") { // ":CHAIN POLICY [p:b]": drop counters
+				if i := strings.LastIndex(line, " ["); i > 0 {
+					line = line[:i]
+				}
+			}
+			b.WriteString(line + "\n")
+		}
+	}
+	out, err := c.topo.Node.Command(context.Background(), "ipset", "list", "-n").Output()
+	if err != nil {
+		c.t.Fatalf("ipset list -n: %v", err)
+	}
+	b.WriteString("ipsets:\n" + string(out))
+	return b.String()
+}
+
+// spread asserts that n requests to addr from host all succeed and reach
+// every backend.
+func (c *cluster) spread(h *topology.Host, addr string, n int) {
+	c.t.Helper()
+	seen := map[string]int{}
+	for i := 0; i < n; i++ {
+		name, err := c.get(h, addr)
+		if err != nil {
+			c.t.Fatalf("request %d to %s from %s: %v", i, addr, h.Name, err)
+		}
+		seen[name]++
+	}
+	for _, b := range c.backends {
+		if seen[b.name] == 0 {
+			c.t.Errorf("%s from %s: backend %s got none of %d requests (%v)", addr, h.Name, b.name, n, seen)
+		}
+	}
+}
+
+// parallel runs fn n times over w workers and returns the failures.
+func parallel(n, w int, fn func(i int) error) []error {
+	var mu sync.Mutex
+	var errs []error
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for k := 0; k < w; k++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				if err := fn(i); err != nil {
+					mu.Lock()
+					errs = append(errs, fmt.Errorf("%d: %w", i, err))
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for i := 0; i < n; i++ {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return errs
+}
+
+// dialTimed connects from h to addr and returns the error and how long it
+// took.
+func dialTimed(h *topology.Host, network, addr string) (net.Conn, time.Duration, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	conn, err := h.Dial(ctx, network, addr)
+	return conn, time.Since(start), err
+}
