@@ -1,0 +1,52 @@
+# svcproxy — see README.md. `make run` and `make test` are the two set-up
+# commands; everything else is for developers.
+
+GO       ?= go
+BIN      := bin
+PKGS     := ./...
+
+.PHONY: all build run run-static test test-short bench-go fuzz deps clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/svcproxy ./cmd/svcproxy
+	$(GO) build -o $(BIN)/svcproxy-backend ./cmd/svcproxy-backend
+	$(GO) build -o $(BIN)/svcproxy-sandbox ./cmd/svcproxy-sandbox
+
+# The first command a newcomer runs (as root): a self-contained sandbox of
+# network namespaces with real backends and svcproxy steering a ClusterIP
+# and a NodePort. Ctrl-C removes everything.
+run: build
+	$(BIN)/svcproxy-sandbox --svcproxy $(BIN)/svcproxy --backend $(BIN)/svcproxy-backend
+
+# svcproxy alone on its embedded example services file (loopback, no rules).
+run-static: build
+	$(BIN)/svcproxy --conn-log=-
+
+# vet, then every test with the race detector. Tests that need root,
+# iptables, ipset or network namespaces skip with a message when those are
+# missing; `.ci/run` installs them so CI runs everything.
+test:
+	$(GO) vet $(PKGS)
+	$(GO) test -race -count=1 -timeout 30m $(PKGS)
+
+test-short:
+	$(GO) test -short -count=1 $(PKGS)
+
+# Go micro-benchmarks of the hot paths.
+bench-go:
+	$(GO) test -run=x -bench=. -benchmem $(PKGS)
+
+# Bounded fuzzing of every parser and converter.
+fuzz:
+	$(GO) test -run=x -fuzz=FuzzParse -fuzztime=30s ./source/file
+
+# Debian packages the tests need (run as root).
+deps:
+	apt-get update
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+		iproute2 iputils-ping iptables ipset conntrack dnsutils dnsmasq-base
+
+clean:
+	rm -rf $(BIN)
