@@ -9,7 +9,6 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/signal"
 	"syscall"
@@ -22,10 +21,9 @@ import (
 
 	"github.com/svcproxy/svcproxy/connlog"
 	"github.com/svcproxy/svcproxy/examples"
-	"github.com/svcproxy/svcproxy/forwarder"
 	"github.com/svcproxy/svcproxy/health"
 	"github.com/svcproxy/svcproxy/lb"
-	"github.com/svcproxy/svcproxy/redirect"
+	"github.com/svcproxy/svcproxy/proxymode"
 	"github.com/svcproxy/svcproxy/runner"
 	"github.com/svcproxy/svcproxy/source/file"
 )
@@ -77,35 +75,15 @@ func run(o *options) error {
 		defer clog.Close()
 	}
 
-	steer := o.steering == "redirect"
-	fcfg := forwarder.Config{
-		Workers:            o.workers,
-		BindFrontends:      !steer,
-		ClaimNodePorts:     steer,
-		DialTimeouts:       o.dialTimeouts,
-		IdleTimeout:        o.idleTimeout,
-		DrainTimeout:       o.drainTimeout,
-		Mark:               o.mark,
-		MaxConns:           o.maxConns,
-		MaxConnsPerService: o.maxConnsPerService,
-		Logger:             log,
-		ConnLog:            clog,
-		Metrics:            forwarder.NewMetrics(reg),
+	choice, err := proxymode.Choose(ctx, o.proxyMode, "", probes(o))
+	if err != nil {
+		return err
 	}
-	var red *redirect.Redirector
-	if steer {
-		fcfg.Redirect = []netip.AddrPort{netip.AddrPortFrom(netip.IPv4Unspecified(), o.redirectPort)}
-		red, err = redirect.New(redirect.Config{Mark: uint32(o.mark), NodePortAddresses: o.nodePortAddresses, Logger: log})
-		if err != nil {
-			return err
-		}
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Namespace: "svcproxy", Subsystem: "redirect", Name: "repairs_total",
-			Help: "Full syncs that found svcproxy's rules or sets tampered with and repaired them.",
-		}, func() float64 { return float64(red.Repairs()) }))
-		log.Info("steering with iptables REDIRECT", zap.String("iptables", red.Backend()), zap.Uint16("redirectPort", o.redirectPort))
+	m.mode.WithLabelValues(string(choice.Mode), string(choice.Requested)).Set(1)
+	if choice.Mode != choice.Requested {
+		log.Warn("proxy mode fell back", zap.Stringer("choice", choice))
 	}
-	fwd, err := forwarder.New(fcfg)
+	dp, err := newDataplane(ctx, choice.Mode, o, reg, log, clog)
 	if err != nil {
 		return err
 	}
@@ -113,14 +91,8 @@ func run(o *options) error {
 	tracker := health.NewTracker(2*o.syncPeriod, nil)
 	sync := runner.New(func(ctx context.Context, full bool) error {
 		snap := store.Snapshot()
-		if err := fwd.Apply(ctx, snap); err != nil {
-			log.Warn("applied snapshot with errors", zap.Uint64("version", snap.Version), zap.Error(err))
-		}
-		if red != nil {
-			ports := redirect.Ports{TCP: o.redirectPort, UDP: fwd.UDPPorts()}
-			if err := red.Apply(ctx, snap, ports, full); err != nil {
-				return fmt.Errorf("steering snapshot %d: %w", snap.Version, err)
-			}
+		if err := dp.Apply(ctx, snap, full); err != nil {
+			return fmt.Errorf("applying snapshot %d: %w", snap.Version, err)
 		}
 		m.networkProgramming.Observe(time.Since(snap.Time).Seconds())
 		tracker.Applied()
@@ -155,7 +127,7 @@ func run(o *options) error {
 		serve(log, "healthz", o.healthzAddr, health.Handler(tracker)),
 	}
 	go sync.Run(ctx)
-	log.Info("svcproxy running", zap.String("mode", "userspace"), zap.String("steering", o.steering), zap.String("metrics", o.metricsAddr),
+	log.Info("svcproxy running", zap.Stringer("mode", choice), zap.String("steering", o.steering), zap.String("metrics", o.metricsAddr),
 		zap.String("healthz", o.healthzAddr), zap.String("connLog", o.connLog))
 
 	select {
@@ -172,27 +144,13 @@ func run(o *options) error {
 	for _, s := range servers {
 		_ = s.Shutdown(shutdownCtx)
 	}
-	err = errors.Join(err, fwd.Shutdown(shutdownCtx))
-	if red != nil {
-		// After the drain: meanwhile, new connections to Services are
-		// refused at once by the closed redirect port, not blackholed.
-		if cerr := red.Cleanup(shutdownCtx); cerr != nil {
-			err = errors.Join(err, fmt.Errorf("removing steering rules: %w", cerr))
-		} else {
-			log.Info("removed steering rules")
-		}
-	}
-	return err
+	return errors.Join(err, dp.Shutdown(shutdownCtx))
 }
 
 // cleanup removes everything svcproxy installs, whichever mode installed it.
 func cleanup(ctx context.Context, log *zap.Logger) error {
-	red, err := redirect.New(redirect.Config{Mark: forwarder.DefaultMark, Logger: log})
-	if err != nil {
+	if err := cleanupModes(ctx, "", log); err != nil {
 		return err
-	}
-	if err := red.Cleanup(ctx); err != nil {
-		return fmt.Errorf("removing redirect rules: %w", err)
 	}
 	log.Info("removed every svcproxy rule and set")
 	return nil

@@ -11,6 +11,7 @@ type daemonMetrics struct {
 	lastSync           prometheus.Gauge
 	services           prometheus.Gauge
 	sourceErrors       prometheus.Counter
+	mode               *prometheus.GaugeVec
 }
 
 func newDaemonMetrics(reg prometheus.Registerer) *daemonMetrics {
@@ -37,7 +38,11 @@ func newDaemonMetrics(reg prometheus.Registerer) *daemonMetrics {
 			Namespace: "svcproxy", Subsystem: "source", Name: "load_errors_total",
 			Help: "Loads of the services source that rejected some or all of it.",
 		}),
+		mode: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "svcproxy", Name: "proxy_mode",
+			Help: "1 for the proxy mode running, with the mode asked for (they differ after a fallback).",
+		}, []string{"mode", "requested"}),
 	}
-	reg.MustRegister(m.syncDuration, m.networkProgramming, m.lastSync, m.services, m.sourceErrors)
+	reg.MustRegister(m.mode, m.syncDuration, m.networkProgramming, m.lastSync, m.services, m.sourceErrors)
 	return m
 }

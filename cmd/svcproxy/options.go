@@ -15,11 +15,13 @@ import (
 	"github.com/svcproxy/svcproxy/connlog"
 	"github.com/svcproxy/svcproxy/forwarder"
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/proxymode"
 )
 
 // options are svcproxy's command-line settings.
 type options struct {
-	services string
+	services  string
+	proxyMode proxymode.Mode
 
 	steering          string // "none" or "redirect"
 	redirectPort      uint16
@@ -60,6 +62,7 @@ func parseFlags(args []string) (*options, error) {
 	}
 	host, _ := os.Hostname()
 	fs.StringVar(&o.services, "services", "", "static services file (YAML); empty: the embedded example (examples/services.yaml)")
+	proxyMode := fs.String("proxy-mode", "", "userspace (the forwarder), iptables (kernel DNAT) or ipvs; empty: userspace. A mode the kernel cannot run falls back ipvs → iptables → userspace")
 	fs.StringVar(&o.steering, "steering", "none", "how Service traffic reaches the forwarder: redirect (iptables REDIRECT of every ClusterIP, ExternalIP, LoadBalancer IP and NodePort; needs root or CAP_NET_ADMIN) or none (listen on each frontend directly: for loopback and static files)")
 	redirectPort := fs.Uint("redirect-port", 15001, "TCP port the redirect rules send connections to (with --steering=redirect)")
 	nodePortAddresses := fs.String("nodeport-addresses", "", "comma-separated CIDRs: NodePorts only on the node's addresses inside them; empty: all of them")
@@ -89,6 +92,10 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 
+	var err error
+	if o.proxyMode, err = proxymode.Parse(*proxyMode); err != nil {
+		return nil, fmt.Errorf("--proxy-mode: %w", err)
+	}
 	if o.steering != "none" && o.steering != "redirect" {
 		return nil, fmt.Errorf("--steering: want redirect or none, got %q", o.steering)
 	}
@@ -106,7 +113,6 @@ func parseFlags(args []string) (*options, error) {
 		}
 		o.nodePortAddresses = append(o.nodePortAddresses, p.Masked())
 	}
-	var err error
 	if o.dialTimeouts, err = parseDurations(*dialTimeouts); err != nil {
 		return nil, fmt.Errorf("--dial-timeouts: %w", err)
 	}

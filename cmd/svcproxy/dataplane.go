@@ -1,0 +1,149 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os/exec"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/svcproxy/svcproxy/connlog"
+	"github.com/svcproxy/svcproxy/forwarder"
+	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/proxymode"
+	"github.com/svcproxy/svcproxy/redirect"
+)
+
+// dataplane is one proxy mode as the sync loop drives it.
+type dataplane interface {
+	// Apply makes the node serve snap; full also rewrites and prunes.
+	Apply(ctx context.Context, snap *lb.Snapshot, full bool) error
+	// Shutdown ends the mode on a clean exit.
+	Shutdown(ctx context.Context) error
+}
+
+// probes say, per mode, whether this node can run it.
+func probes(o *options) map[proxymode.Mode]proxymode.Probe {
+	return map[proxymode.Mode]proxymode.Probe{
+		proxymode.Userspace: func(ctx context.Context) error {
+			if o.steering != "redirect" {
+				return nil // listening on frontends needs nothing of the kernel
+			}
+			for _, tool := range []string{"iptables-restore", "ipset"} {
+				if _, err := exec.LookPath(tool); err != nil {
+					return fmt.Errorf("REDIRECT steering needs %s: %w", tool, err)
+				}
+			}
+			return nil
+		},
+	}
+}
+
+// newDataplane builds the chosen mode, after removing what other modes
+// may have left installed (switching modes must not leave two sets of
+// rules fighting over the same traffic).
+func newDataplane(ctx context.Context, mode proxymode.Mode, o *options, reg prometheus.Registerer, log *zap.Logger, clog *connlog.Log) (dataplane, error) {
+	if o.steering == "redirect" || mode != proxymode.Userspace {
+		if err := cleanupModes(ctx, mode, log); err != nil {
+			return nil, err
+		}
+	}
+	switch mode {
+	case proxymode.Userspace:
+		return newUserspace(o, reg, log, clog)
+	}
+	return nil, fmt.Errorf("proxy mode %s is not built into this svcproxy", mode)
+}
+
+// cleanupModes removes the rules of every mode but keep ("" removes all).
+func cleanupModes(ctx context.Context, keep proxymode.Mode, log *zap.Logger) error {
+	var errs []error
+	if keep != proxymode.Userspace {
+		if _, err := exec.LookPath("iptables-restore"); err == nil {
+			red, err := redirect.New(redirect.Config{Mark: forwarder.DefaultMark, Logger: log})
+			if err == nil {
+				err = red.Cleanup(ctx)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("removing userspace-mode steering rules: %w", err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// userspace is the forwarder, with REDIRECT steering unless --steering=none.
+type userspace struct {
+	fwd  *forwarder.Forwarder
+	red  *redirect.Redirector // nil without steering
+	port uint16
+	log  *zap.Logger
+}
+
+func newUserspace(o *options, reg prometheus.Registerer, log *zap.Logger, clog *connlog.Log) (*userspace, error) {
+	steer := o.steering == "redirect"
+	cfg := forwarder.Config{
+		Workers:            o.workers,
+		BindFrontends:      !steer,
+		ClaimNodePorts:     steer,
+		DialTimeouts:       o.dialTimeouts,
+		IdleTimeout:        o.idleTimeout,
+		DrainTimeout:       o.drainTimeout,
+		Mark:               o.mark,
+		MaxConns:           o.maxConns,
+		MaxConnsPerService: o.maxConnsPerService,
+		Logger:             log,
+		ConnLog:            clog,
+		Metrics:            forwarder.NewMetrics(reg),
+	}
+	u := &userspace{port: o.redirectPort, log: log}
+	if steer {
+		cfg.Redirect = []netip.AddrPort{netip.AddrPortFrom(netip.IPv4Unspecified(), o.redirectPort)}
+		red, err := redirect.New(redirect.Config{Mark: uint32(o.mark), NodePortAddresses: o.nodePortAddresses, Logger: log})
+		if err != nil {
+			return nil, err
+		}
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: "svcproxy", Subsystem: "redirect", Name: "repairs_total",
+			Help: "Full syncs that found svcproxy's rules or sets tampered with and repaired them.",
+		}, func() float64 { return float64(red.Repairs()) }))
+		log.Info("steering with iptables REDIRECT", zap.String("iptables", red.Backend()), zap.Uint16("redirectPort", o.redirectPort))
+		u.red = red
+	}
+	fwd, err := forwarder.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	u.fwd = fwd
+	return u, nil
+}
+
+func (u *userspace) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
+	if err := u.fwd.Apply(ctx, snap); err != nil {
+		// Frontends that cannot be bound are reported, not fatal: the
+		// rest of the snapshot is served.
+		u.log.Warn("applied snapshot with errors", zap.Uint64("version", snap.Version), zap.Error(err))
+	}
+	if u.red == nil {
+		return nil
+	}
+	return u.red.Apply(ctx, snap, redirect.Ports{TCP: u.port, UDP: u.fwd.UDPPorts()}, full)
+}
+
+// Shutdown drains the forwarder, then removes the steering rules: during
+// the drain, new connections to Services are refused at once by the closed
+// redirect port rather than blackholed.
+func (u *userspace) Shutdown(ctx context.Context) error {
+	err := u.fwd.Shutdown(ctx)
+	if u.red != nil {
+		if cerr := u.red.Cleanup(ctx); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("removing steering rules: %w", cerr))
+		} else {
+			u.log.Info("removed steering rules")
+		}
+	}
+	return err
+}
