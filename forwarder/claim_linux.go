@@ -3,6 +3,7 @@ package forwarder
 import (
 	"fmt"
 	"net/netip"
+	"os"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -44,9 +45,9 @@ func (f *Forwarder) reconcileClaims(snap *lb.Snapshot) []error {
 		return nil
 	}
 	want := nodePortClaims(snap)
-	for k, fd := range f.claims {
+	for k, file := range f.claims {
 		if !want[k] {
-			unix.Close(fd)
+			file.Close()
 			delete(f.claims, k)
 		}
 	}
@@ -55,20 +56,26 @@ func (f *Forwarder) reconcileClaims(snap *lb.Snapshot) []error {
 		if _, ok := f.claims[k]; ok {
 			continue
 		}
-		fd, err := claimPort(k)
+		file := f.inherit(k.socketName())
+		var err error
+		if file == nil {
+			file, err = claimPort(k)
+		}
 		if err != nil {
 			f.m.ListenErrors.Inc()
 			f.log.Warn("cannot claim NodePort; another program holds it", zap.Stringer("protocol", k.proto), zap.Uint16("port", k.port), zap.Error(err))
 			errs = append(errs, err)
 			continue
 		}
-		f.claims[k] = fd
+		f.claims[k] = file
 	}
 	return errs
 }
 
+func (k claimKey) socketName() string { return fmt.Sprintf("claim/%v/%d", k.proto, k.port) }
+
 // claimPort binds a socket to the unspecified address and port k.
-func claimPort(k claimKey) (int, error) {
+func claimPort(k claimKey) (*os.File, error) {
 	typ := unix.SOCK_STREAM
 	if k.proto == lb.UDP {
 		typ = unix.SOCK_DGRAM
@@ -91,9 +98,9 @@ func claimPort(k claimKey) (int, error) {
 		if fd >= 0 {
 			unix.Close(fd)
 		}
-		return -1, fmt.Errorf("claiming NodePort %v/%d: %w", k.proto, k.port, err)
+		return nil, fmt.Errorf("claiming NodePort %v/%d: %w", k.proto, k.port, err)
 	}
-	return fd, nil
+	return os.NewFile(uintptr(fd), k.socketName()), nil
 }
 
 // ClaimedNodePorts returns the NodePorts the forwarder holds, for tests and

@@ -3,6 +3,7 @@ package forwarder
 import (
 	"fmt"
 	"net/netip"
+	"os"
 	"runtime"
 	"time"
 
@@ -35,6 +36,12 @@ type Config struct {
 	// other program can take it while steering rules redirect its traffic.
 	// For use with Redirect; BindFrontends listens on NodePorts anyway.
 	ClaimNodePorts bool
+
+	// Inherited are sockets handed over by the previous svcproxy process,
+	// by the names Sockets gives them (see package handover). A socket the
+	// forwarder needs is taken from here before one is bound; the rest are
+	// closed after the first Apply.
+	Inherited map[string]*os.File
 
 	// DialTimeouts are the per-attempt backend connect timeouts; their
 	// number bounds the attempts per connection, each to a different

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -33,7 +35,8 @@ type Forwarder struct {
 	mu        sync.Mutex // guards listeners, closed and Apply's drain pass
 	listeners map[listenKey]*listenerGroup
 	udp       map[lb.Frontend]*udpFrontend
-	claims    map[claimKey]int // NodePort claim sockets
+	claims    map[claimKey]*os.File // NodePort claim sockets
+	inherited map[string]*os.File   // handed-over sockets not yet taken
 	closed    bool
 
 	conns    connSet
@@ -67,7 +70,8 @@ func New(cfg Config) (*Forwarder, error) {
 		m:         cfg.Metrics,
 		listeners: map[listenKey]*listenerGroup{},
 		udp:       map[lb.Frontend]*udpFrontend{},
-		claims:    map[claimKey]int{},
+		claims:    map[claimKey]*os.File{},
+		inherited: maps.Clone(cfg.Inherited),
 	}
 	f.dialer.KeepAliveConfig = keepAliveConfig(cfg.KeepAlive)
 	if cfg.Mark > 0 {
@@ -127,6 +131,10 @@ func (f *Forwarder) Apply(ctx context.Context, snap *lb.Snapshot) error {
 	}
 	errs = append(errs, f.reconcileUDP(snap)...)
 	errs = append(errs, f.reconcileClaims(snap)...)
+	for name, file := range f.inherited { // handed over, but no longer needed
+		file.Close()
+		delete(f.inherited, name)
+	}
 	if old != snap {
 		f.startDrains(snap)
 	}
@@ -185,7 +193,14 @@ func (f *Forwarder) listen(k listenKey) (*listenerGroup, error) {
 	g := &listenerGroup{key: k}
 	addr := k.addr
 	for i := 0; i < f.cfg.Workers; i++ {
-		ln, err := lc.Listen(context.Background(), "tcp", addr.String())
+		var ln net.Listener
+		var err error
+		if file := f.inherit(k.socketName(i)); file != nil {
+			ln, err = net.FileListener(file)
+			file.Close()
+		} else {
+			ln, err = lc.Listen(context.Background(), "tcp", addr.String())
+		}
 		if err != nil {
 			for _, l := range g.lns {
 				l.Close()
@@ -223,10 +238,63 @@ func (f *Forwarder) closeListeners() {
 		fe.close()
 		delete(f.udp, k)
 	}
-	for k, fd := range f.claims {
-		unix.Close(fd)
+	for k, file := range f.claims {
+		file.Close()
 		delete(f.claims, k)
 	}
+}
+
+// inherit takes the handed-over socket called name, if there is one.
+func (f *Forwarder) inherit(name string) *os.File {
+	file := f.inherited[name]
+	delete(f.inherited, name)
+	return file
+}
+
+// Sockets returns a duplicate of every socket the forwarder listens or
+// holds a port with, by a name that says what it is for, to hand over to a
+// successor process (Config.Inherited). The caller closes the files.
+func (f *Forwarder) Sockets() (map[string]*os.File, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string]*os.File{}
+	var errs []error
+	add := func(name string, file *os.File, err error) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("duplicating %s: %w", name, err))
+			return
+		}
+		out[name] = file
+	}
+	for k, g := range f.listeners {
+		for i, ln := range g.lns {
+			file, err := ln.File()
+			add(k.socketName(i), file, err)
+		}
+	}
+	for k, fe := range f.udp {
+		file, err := fe.conn.File()
+		add(udpSocketName(k), file, err)
+	}
+	for k, c := range f.claims {
+		fd, err := unix.FcntlInt(c.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+		add(k.socketName(), os.NewFile(uintptr(fd), k.socketName()), err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		for _, file := range out {
+			file.Close()
+		}
+		return nil, err
+	}
+	return out, nil
+}
+
+func (k listenKey) socketName(i int) string {
+	kind := "frontend"
+	if k.redirect {
+		kind = "redirect"
+	}
+	return fmt.Sprintf("tcp/%s/%s/%d", kind, k.addr, i)
 }
 
 // acceptLoop accepts until ln closes. On EMFILE and its kin it backs off

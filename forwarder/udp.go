@@ -105,6 +105,8 @@ func udpFrontendAddrs(snap *lb.Snapshot) map[lb.Frontend]bool {
 	return want
 }
 
+func udpSocketName(k lb.Frontend) string { return "udp/" + k.Addr.String() }
+
 // UDPPorts returns, for every UDP frontend, the local port of its socket:
 // what steering rules must redirect that frontend to.
 func (f *Forwarder) UDPPorts() map[lb.Frontend]uint16 {
@@ -162,7 +164,17 @@ func (f *Forwarder) openUDP(k lb.Frontend) (*udpFrontend, error) {
 	if v6 {
 		network = "udp6"
 	}
-	pc, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(bind))
+	var pc *net.UDPConn
+	var err error
+	if file := f.inherit(udpSocketName(k)); file != nil {
+		var c net.PacketConn
+		if c, err = net.FilePacketConn(file); err == nil {
+			pc = c.(*net.UDPConn)
+		}
+		file.Close()
+	} else {
+		pc, err = net.ListenUDP(network, net.UDPAddrFromAddrPort(bind))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("opening UDP socket for %v: %w", k, err)
 	}

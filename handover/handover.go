@@ -1,0 +1,272 @@
+// Package handover owns passing svcproxy's sockets from a running process
+// to its successor over a unix socket (SCM_RIGHTS), so a restart or an
+// upgrade drops no connection and refuses none.
+//
+// The running process (the predecessor) listens on a unix socket. A new
+// process (the successor) connects and says hello; the predecessor sends the
+// names of its sockets and then the sockets themselves. The successor starts
+// serving on them — they are the very same kernel sockets, so connections
+// waiting in their accept queues are not lost — and says ready. The
+// predecessor then stops accepting, closes its listener on the unix socket
+// and says done; it drains its open connections and exits, leaving its
+// steering rules in place for the successor. The successor then listens on
+// the unix socket itself, for the next restart.
+//
+// The unix socket lives on the node (a hostPath such as /run/svcproxy), so
+// the same exchange serves a binary replaced on disk (SIGUSR2: the process
+// starts its successor itself) and a DaemonSet rolling update (the new pod
+// finds the old one's socket).
+package handover
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrNoPredecessor means no running process answered at the path.
+var ErrNoPredecessor = errors.New("no svcproxy to take over from")
+
+const (
+	hello = "HELLO svcproxy-handover/1"
+	ready = "READY"
+	done  = "DONE"
+
+	// maxFDs per message, under the kernel's SCM_MAX_FD (253).
+	maxFDs = 200
+)
+
+// header precedes the file descriptors.
+type header struct {
+	Names []string `json:"names"`
+}
+
+// Take connects to the predecessor at path and receives its sockets by
+// name. It returns ErrNoPredecessor when nothing listens there. The caller
+// owns the files; it must call Ready once it serves on them.
+func Take(ctx context.Context, path string) (*Handover, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unixpacket", path)
+	if err != nil {
+		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, ErrNoPredecessor
+		}
+		return nil, fmt.Errorf("connecting to predecessor at %s: %w", path, err)
+	}
+	uc := c.(*net.UnixConn)
+	if dl, ok := ctx.Deadline(); ok {
+		_ = uc.SetDeadline(dl)
+	}
+	h := &Handover{conn: uc, Files: map[string]*os.File{}}
+	if err := h.take(); err != nil {
+		uc.Close()
+		for _, f := range h.Files {
+			f.Close()
+		}
+		return nil, fmt.Errorf("taking over from %s: %w", path, err)
+	}
+	_ = uc.SetDeadline(time.Time{})
+	return h, nil
+}
+
+// Handover is a successor's side of one exchange.
+type Handover struct {
+	Files map[string]*os.File // the predecessor's sockets by name
+
+	conn *net.UnixConn
+}
+
+func (h *Handover) take() error {
+	if err := send(h.conn, hello, nil); err != nil {
+		return err
+	}
+	msg, _, err := recv(h.conn, 0)
+	if err != nil {
+		return fmt.Errorf("reading header: %w", err)
+	}
+	var hdr header
+	if err := json.Unmarshal(msg, &hdr); err != nil {
+		return fmt.Errorf("decoding header: %w", err)
+	}
+	for start := 0; start < len(hdr.Names); start += maxFDs {
+		names := hdr.Names[start:min(start+maxFDs, len(hdr.Names))]
+		_, fds, err := recv(h.conn, len(names))
+		if err != nil {
+			return err
+		}
+		for i, fd := range fds {
+			h.Files[names[i]] = os.NewFile(uintptr(fd), names[i])
+		}
+	}
+	return nil
+}
+
+// Ready tells the predecessor the successor is serving, and waits until the
+// predecessor has stopped accepting and let go of the unix socket.
+func (h *Handover) Ready(ctx context.Context) error {
+	defer h.conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = h.conn.SetDeadline(dl)
+	}
+	if err := send(h.conn, ready, nil); err != nil {
+		return fmt.Errorf("telling predecessor we are ready: %w", err)
+	}
+	msg, _, err := recv(h.conn, 0)
+	if err != nil || string(msg) != done {
+		return fmt.Errorf("waiting for predecessor to let go: %q, %v", msg, err)
+	}
+	return nil
+}
+
+// Server is a predecessor's side: it offers its sockets to one successor.
+type Server struct {
+	path string
+	ln   *net.UnixListener
+}
+
+// Listen listens for a successor at path, replacing a stale socket file.
+// The socket is 0600: only root (the successor) may take the sockets.
+func Listen(path string) (*Server, error) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("removing stale handover socket %s: %w", path, err)
+	}
+	old := unix.Umask(0o177)
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	unix.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listening for a successor at %s: %w", path, err)
+	}
+	ln.SetUnlinkOnClose(false) // the successor binds the same path next
+	return &Server{path: path, ln: ln}, nil
+}
+
+// Close stops listening and removes the socket file.
+func (s *Server) Close() error {
+	err := s.ln.Close()
+	_ = os.Remove(s.path)
+	return err
+}
+
+// Serve waits for a successor, sends it the sockets sockets returns, and
+// when it says ready, calls stop (which must stop accepting on them), stops
+// listening and tells the successor. It returns nil once a successor has
+// taken over, or ctx's error. A successor that fails midway is dropped and
+// the next one is waited for; the predecessor keeps serving meanwhile.
+func (s *Server) Serve(ctx context.Context, sockets func() (map[string]*os.File, error), stop func()) error {
+	go func() { <-ctx.Done(); s.ln.Close() }()
+	for {
+		c, err := s.ln.AcceptUnix()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("accepting a successor: %w", err)
+		}
+		ok, err := s.serveOne(c, sockets, stop)
+		c.Close()
+		if ok {
+			return nil
+		}
+		_ = err // a failed successor is its own problem; keep serving
+	}
+}
+
+func (s *Server) serveOne(c *net.UnixConn, sockets func() (map[string]*os.File, error), stop func()) (bool, error) {
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	msg, _, err := recv(c, 0)
+	if err != nil || string(msg) != hello {
+		return false, fmt.Errorf("bad hello %q: %v", msg, err)
+	}
+	files, err := sockets()
+	if err != nil {
+		return false, err
+	}
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	names := make([]string, 0, len(files))
+	for name := range files {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	hdr, _ := json.Marshal(header{Names: names})
+	if err := send(c, string(hdr), nil); err != nil {
+		return false, err
+	}
+	for start := 0; start < len(names); start += maxFDs {
+		batch := names[start:min(start+maxFDs, len(names))]
+		fds := make([]int, len(batch))
+		for i, n := range batch {
+			fds[i] = int(files[n].Fd())
+		}
+		if err := send(c, "fds", fds); err != nil {
+			return false, err
+		}
+	}
+	// The successor may take a while to start serving (its first sync).
+	_ = c.SetDeadline(time.Now().Add(5 * time.Minute))
+	msg, _, err = recv(c, 0)
+	if err != nil || string(msg) != ready {
+		return false, fmt.Errorf("successor did not get ready: %q, %v", msg, err)
+	}
+	stop()
+	s.ln.Close()
+	return true, send(c, done, nil)
+}
+
+// send writes one message (SOCK_SEQPACKET keeps messages whole), with fds
+// attached when given.
+func send(c *net.UnixConn, msg string, fds []int) error {
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	if _, _, err := c.WriteMsgUnix([]byte(msg), oob, nil); err != nil {
+		return fmt.Errorf("sending %q with %d sockets: %w", msg, len(fds), err)
+	}
+	return nil
+}
+
+// recv reads one message and exactly nfds attached file descriptors.
+func recv(c *net.UnixConn, nfds int) ([]byte, []int, error) {
+	buf := make([]byte, 1<<20)
+	oob := make([]byte, unix.CmsgSpace(max(nfds, 1)*4))
+	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return nil, nil, fmt.Errorf("receiving: %w", err)
+	}
+	var fds []int
+	if oobn > 0 {
+		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err != nil {
+			return nil, nil, fmt.Errorf("parsing socket control message: %w", err)
+		}
+		for _, m := range msgs {
+			got, err := unix.ParseUnixRights(&m)
+			if err != nil {
+				return nil, nil, err
+			}
+			fds = append(fds, got...)
+		}
+	}
+	if len(fds) != nfds || flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return nil, nil, fmt.Errorf("received %d sockets (flags %#x), want %d", len(fds), flags, nfds)
+	}
+	if n == 0 {
+		return nil, nil, errors.New("connection closed")
+	}
+	return buf[:n], fds, nil
+}

@@ -1,0 +1,147 @@
+package handover
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+func TestHandover(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "handover.sock")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	// The predecessor's sockets: a TCP listener with a connection waiting
+	// in its accept queue, and a UDP socket.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	waiting, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer waiting.Close()
+
+	srv, err := Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("handover socket mode = %v, %v; want 0600", fi.Mode().Perm(), err)
+	}
+	stopped := make(chan struct{})
+	served := make(chan error, 1)
+	go func() {
+		served <- srv.Serve(ctx, func() (map[string]*os.File, error) {
+			lf, err := ln.(*net.TCPListener).File()
+			if err != nil {
+				return nil, err
+			}
+			uf, err := pc.(*net.UDPConn).File()
+			if err != nil {
+				return nil, err
+			}
+			return map[string]*os.File{"tcp/a": lf, "udp/b": uf}, nil
+		}, func() { ln.Close(); close(stopped) })
+	}()
+
+	h, err := Take(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Files) != 2 || h.Files["tcp/a"] == nil || h.Files["udp/b"] == nil {
+		t.Fatalf("took %v, want tcp/a and udp/b", h.Files)
+	}
+	// The successor serves on the very same socket: the waiting
+	// connection is accepted here, after the predecessor let go.
+	ln2, err := net.FileListener(h.Files["tcp/a"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln2.Close()
+	if err := h.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-stopped
+	if err := <-served; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+	c, err := ln2.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	go io.WriteString(waiting, "hi")
+	buf := make([]byte, 2)
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "hi" {
+		t.Fatalf("the connection queued before the handover: %q, %v", buf, err)
+	}
+
+	// The successor can now listen at the path for the next restart.
+	srv2, err := Listen(path)
+	if err != nil {
+		t.Fatalf("successor listening at the path: %v", err)
+	}
+	srv2.Close()
+}
+
+func TestTakeWithNoPredecessor(t *testing.T) {
+	_, err := Take(context.Background(), filepath.Join(t.TempDir(), "none.sock"))
+	if !errors.Is(err, ErrNoPredecessor) {
+		t.Fatalf("err = %v, want ErrNoPredecessor", err)
+	}
+	// A stale socket file nobody listens on is no predecessor either.
+	path := filepath.Join(t.TempDir(), "stale.sock")
+	srv, err := Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.ln.Close() // leaves the file, as a crashed process would
+	if _, err := Take(context.Background(), path); !errors.Is(err, ErrNoPredecessor) {
+		t.Fatalf("stale socket: err = %v, want ErrNoPredecessor", err)
+	}
+}
+
+func TestFailedSuccessorDoesNotStopPredecessor(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "handover.sock")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	srv, err := Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	served := make(chan error, 1)
+	go func() {
+		served <- srv.Serve(ctx, func() (map[string]*os.File, error) { return map[string]*os.File{}, nil }, func() { stopped = true })
+	}()
+	// A successor that takes the sockets and dies before ready.
+	h, err := Take(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.conn.Close()
+	// The next one succeeds.
+	h, err = Take(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-served; err != nil || !stopped {
+		t.Fatalf("Serve = %v, stopped = %v", err, stopped)
+	}
+}
