@@ -333,19 +333,27 @@ func (f *Forwarder) acceptLoop(ln *net.TCPListener, redirect bool) {
 	}
 }
 
-// Shutdown stops accepting, lets open connections finish until ctx ends or
-// DrainTimeout passes, then closes the rest. It waits for every goroutine
-// the forwarder started.
-func (f *Forwarder) Shutdown(ctx context.Context) error {
+// StopAccepting closes every listening socket (a successor that inherited
+// them keeps them open) and waits for the accept loops to end; open
+// connections go on. Later Applys fail. It reports whether this call did it.
+func (f *Forwarder) StopAccepting() bool {
 	f.mu.Lock()
 	if f.closed {
 		f.mu.Unlock()
-		return nil
+		return false
 	}
 	f.closed = true
 	f.closeListeners()
 	f.mu.Unlock()
 	f.accepts.Wait()
+	return true
+}
+
+// Shutdown stops accepting, lets open connections finish until ctx ends or
+// DrainTimeout passes, then closes the rest. It waits for every goroutine
+// the forwarder started.
+func (f *Forwarder) Shutdown(ctx context.Context) error {
+	f.StopAccepting()
 
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.DrainTimeout)
 	defer cancel()
