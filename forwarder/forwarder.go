@@ -37,6 +37,7 @@ type Forwarder struct {
 	udp       map[lb.Frontend]*udpFrontend
 	claims    map[claimKey]*os.File // NodePort claim sockets
 	inherited map[string]*os.File   // handed-over sockets not yet taken
+	applied   bool                  // a snapshot was applied: accept loops run
 	closed    bool
 
 	conns    connSet
@@ -57,8 +58,8 @@ type listenerGroup struct {
 	lns []*net.TCPListener
 }
 
-// New validates cfg and opens the redirect listeners. Frontend listeners
-// open on the first Apply.
+// New validates cfg and opens the redirect listeners; they accept from the
+// first Apply on. Frontend listeners open on the first Apply.
 func New(cfg Config) (*Forwarder, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -125,6 +126,15 @@ func (f *Forwarder) Apply(ctx context.Context, snap *lb.Snapshot) error {
 		return errors.New("applying snapshot: forwarder is shut down")
 	}
 	old := f.snap.Swap(snap)
+	if !f.applied {
+		// Accept only once there is something to route by: before, every
+		// connection would be reset, and a predecessor handing its sockets
+		// over is still serving them meanwhile.
+		f.applied = true
+		for _, g := range f.listeners {
+			f.startAccepting(g)
+		}
+	}
 	var errs []error
 	if f.cfg.BindFrontends {
 		errs = f.reconcileFrontends(snap)
@@ -215,11 +225,18 @@ func (f *Forwarder) listen(k listenKey) (*listenerGroup, error) {
 	}
 	f.listeners[k] = g
 	f.m.Listeners.Add(float64(len(g.lns)))
-	for _, ln := range g.lns {
-		f.accepts.Add(1)
-		go f.acceptLoop(ln, k.redirect)
+	if f.applied {
+		f.startAccepting(g)
 	}
 	return g, nil
+}
+
+// startAccepting starts g's accept loops.
+func (f *Forwarder) startAccepting(g *listenerGroup) {
+	for _, ln := range g.lns {
+		f.accepts.Add(1)
+		go f.acceptLoop(ln, g.key.redirect)
+	}
 }
 
 func (f *Forwarder) closeGroup(g *listenerGroup) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"os/exec"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,8 +22,16 @@ import (
 type dataplane interface {
 	// Apply makes the node serve snap; full also rewrites and prunes.
 	Apply(ctx context.Context, snap *lb.Snapshot, full bool) error
-	// Shutdown ends the mode on a clean exit.
-	Shutdown(ctx context.Context) error
+	// Shutdown ends the mode on a clean exit; handedOver means a successor
+	// process serves now, so the rules it relies on stay.
+	Shutdown(ctx context.Context, handedOver bool) error
+}
+
+// handoverable is a dataplane whose sockets a successor process can take
+// over (package handover).
+type handoverable interface {
+	Sockets() (map[string]*os.File, error)
+	StopAccepting()
 }
 
 // probes say, per mode, whether this node can run it.
@@ -45,7 +54,7 @@ func probes(o *options) map[proxymode.Mode]proxymode.Probe {
 // newDataplane builds the chosen mode, after removing what other modes
 // may have left installed (switching modes must not leave two sets of
 // rules fighting over the same traffic).
-func newDataplane(ctx context.Context, mode proxymode.Mode, o *options, reg prometheus.Registerer, log *zap.Logger, clog *connlog.Log) (dataplane, error) {
+func newDataplane(ctx context.Context, mode proxymode.Mode, o *options, reg prometheus.Registerer, log *zap.Logger, clog *connlog.Log, inherited map[string]*os.File) (dataplane, error) {
 	if o.steering == "redirect" || mode != proxymode.Userspace {
 		if err := cleanupModes(ctx, mode, log); err != nil {
 			return nil, err
@@ -53,7 +62,7 @@ func newDataplane(ctx context.Context, mode proxymode.Mode, o *options, reg prom
 	}
 	switch mode {
 	case proxymode.Userspace:
-		return newUserspace(o, reg, log, clog)
+		return newUserspace(o, reg, log, clog, inherited)
 	}
 	return nil, fmt.Errorf("proxy mode %s is not built into this svcproxy", mode)
 }
@@ -83,7 +92,7 @@ type userspace struct {
 	log  *zap.Logger
 }
 
-func newUserspace(o *options, reg prometheus.Registerer, log *zap.Logger, clog *connlog.Log) (*userspace, error) {
+func newUserspace(o *options, reg prometheus.Registerer, log *zap.Logger, clog *connlog.Log, inherited map[string]*os.File) (*userspace, error) {
 	steer := o.steering == "redirect"
 	cfg := forwarder.Config{
 		Workers:            o.workers,
@@ -98,6 +107,7 @@ func newUserspace(o *options, reg prometheus.Registerer, log *zap.Logger, clog *
 		Logger:             log,
 		ConnLog:            clog,
 		Metrics:            forwarder.NewMetrics(reg),
+		Inherited:          inherited,
 	}
 	u := &userspace{port: o.redirectPort, log: log}
 	if steer {
@@ -133,12 +143,18 @@ func (u *userspace) Apply(ctx context.Context, snap *lb.Snapshot, full bool) err
 	return u.red.Apply(ctx, snap, redirect.Ports{TCP: u.port, UDP: u.fwd.UDPPorts()}, full)
 }
 
-// Shutdown drains the forwarder, then removes the steering rules: during
-// the drain, new connections to Services are refused at once by the closed
-// redirect port rather than blackholed.
-func (u *userspace) Shutdown(ctx context.Context) error {
+// Sockets are the forwarder's, for a successor process.
+func (u *userspace) Sockets() (map[string]*os.File, error) { return u.fwd.Sockets() }
+
+// StopAccepting leaves new connections to the successor.
+func (u *userspace) StopAccepting() { u.fwd.StopAccepting() }
+
+// Shutdown drains the forwarder, then removes the steering rules unless a
+// successor relies on them: during the drain, new connections to Services
+// are refused at once by the closed redirect port rather than blackholed.
+func (u *userspace) Shutdown(ctx context.Context, handedOver bool) error {
 	err := u.fwd.Shutdown(ctx)
-	if u.red != nil {
+	if u.red != nil && !handedOver {
 		if cerr := u.red.Cleanup(ctx); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("removing steering rules: %w", cerr))
 		} else {

@@ -8,9 +8,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net/http"
 	"os"
 	"os/signal"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -83,34 +84,68 @@ func run(o *options) error {
 	if choice.Mode != choice.Requested {
 		log.Warn("proxy mode fell back", zap.Stringer("choice", choice))
 	}
-	dp, err := newDataplane(ctx, choice.Mode, o, reg, log, clog)
+	succ, inherited := takeOver(ctx, o.handoverSocket, log)
+	webInherited := map[string]*os.File{}
+	for name, f := range inherited {
+		if strings.HasPrefix(name, "http/") {
+			webInherited[name] = f
+			delete(inherited, name)
+		}
+	}
+	dp, err := newDataplane(ctx, choice.Mode, o, reg, log, clog, inherited)
 	if err != nil {
 		return err
 	}
+	if err := writePIDFile(o.pidFile); err != nil {
+		return err
+	}
+	startSuccessorOnSIGUSR2(ctx, log)
 
 	tracker := health.NewTracker(2*o.syncPeriod, nil)
-	sync := runner.New(func(ctx context.Context, full bool) error {
+	web := &httpServers{log: log, inherited: webInherited}
+	web.serve("metrics", o.metricsAddr, promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	web.serve("healthz", o.healthzAddr, health.Handler(tracker))
+	sockets := func() (map[string]*os.File, error) { return web.sockets(nil) }
+	stopAccepting := func() {}
+	if h, ok := dp.(handoverable); ok {
+		sockets = func() (map[string]*os.File, error) {
+			files, err := h.Sockets()
+			if err != nil {
+				return nil, err
+			}
+			return web.sockets(files)
+		}
+		stopAccepting = h.StopAccepting
+	}
+	syncer := runner.New(func(ctx context.Context, full bool) error {
 		snap := store.Snapshot()
 		if err := dp.Apply(ctx, snap, full); err != nil {
 			return fmt.Errorf("applying snapshot %d: %w", snap.Version, err)
 		}
 		m.networkProgramming.Observe(time.Since(snap.Time).Seconds())
 		tracker.Applied()
+		succ.serving(ctx, sockets, stopAccepting)
 		return nil
 	}, o.minSyncPeriod, o.syncPeriod)
-	sync.OnSync = func(full bool, took time.Duration, err error) {
+	syncer.OnSync = func(full bool, took time.Duration, err error) {
 		m.syncDuration.Observe(took.Seconds())
 		m.lastSync.SetToCurrentTime()
 	}
+	changes := store.Subscribe() // before any source can publish
 	go func() {
-		for range store.Subscribe() {
+		for range changes {
 			tracker.Queued()
-			sync.Trigger()
+			syncer.Trigger()
 		}
 	}()
 
+	// The first sync waits for the source's first load, as kube-proxy waits
+	// for its informers: an empty first sync would drop every Service (and
+	// tell a predecessor to stop while serving nothing).
+	loaded, loadedOnce := make(chan struct{}), sync.Once{}
 	watcher := &file.Watcher{Path: o.services, Data: examples.Services, Store: store, Logger: log,
 		OnReload: func(services int, err error) {
+			loadedOnce.Do(func() { close(loaded) })
 			m.services.Set(float64(services))
 			if err != nil {
 				m.sourceErrors.Inc()
@@ -122,15 +157,22 @@ func run(o *options) error {
 	watchErr := make(chan error, 1)
 	go func() { watchErr <- watcher.Run(ctx) }()
 
-	servers := []*http.Server{
-		serve(log, "metrics", o.metricsAddr, promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})),
-		serve(log, "healthz", o.healthzAddr, health.Handler(tracker)),
+	select {
+	case <-loaded:
+		go syncer.Run(ctx)
+	case err := <-watchErr:
+		return fmt.Errorf("loading services: %w", err)
+	case <-ctx.Done():
+		return nil
 	}
-	go sync.Run(ctx)
 	log.Info("svcproxy running", zap.Stringer("mode", choice), zap.String("steering", o.steering), zap.String("metrics", o.metricsAddr),
 		zap.String("healthz", o.healthzAddr), zap.String("connLog", o.connLog))
 
+	handedOver := false
 	select {
+	case <-succ.handedOver:
+		handedOver = true
+		log.Info("a successor took over: draining open connections, leaving the rules to it")
 	case <-ctx.Done():
 	case err = <-watchErr:
 		if err != nil {
@@ -141,10 +183,8 @@ func run(o *options) error {
 	log.Info("shutting down: no new connections; draining open ones", zap.Duration("drainTimeout", o.drainTimeout))
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), o.drainTimeout+5*time.Second)
 	defer cancel()
-	for _, s := range servers {
-		_ = s.Shutdown(shutdownCtx)
-	}
-	return errors.Join(err, dp.Shutdown(shutdownCtx))
+	web.shutdown(shutdownCtx)
+	return errors.Join(err, dp.Shutdown(shutdownCtx, handedOver))
 }
 
 // cleanup removes everything svcproxy installs, whichever mode installed it.
@@ -156,16 +196,14 @@ func cleanup(ctx context.Context, log *zap.Logger) error {
 	return nil
 }
 
-// serve starts an HTTP server for handler on addr; an empty addr disables it.
-func serve(log *zap.Logger, name, addr string, handler http.Handler) *http.Server {
-	s := &http.Server{Addr: addr, Handler: handler, ReadHeaderTimeout: 5 * time.Second}
-	if addr == "" {
-		return s
+// writePIDFile writes this process's PID to path, if set; a successor
+// overwrites it.
+func writePIDFile(path string) error {
+	if path == "" {
+		return nil
 	}
-	go func() {
-		if err := s.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("http server failed", zap.String("server", name), zap.String("address", addr), zap.Error(err))
-		}
-	}()
-	return s
+	if err := os.WriteFile(path, []byte(fmt.Sprintf("%d\n", os.Getpid())), 0o644); err != nil {
+		return fmt.Errorf("--pid-file: %w", err)
+	}
+	return nil
 }

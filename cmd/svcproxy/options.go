@@ -27,6 +27,8 @@ type options struct {
 	redirectPort      uint16
 	nodePortAddresses []netip.Prefix
 	cleanup           bool
+	handoverSocket    string
+	pidFile           string
 
 	workers            int
 	dialTimeouts       []time.Duration
@@ -66,6 +68,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.steering, "steering", "none", "how Service traffic reaches the forwarder: redirect (iptables REDIRECT of every ClusterIP, ExternalIP, LoadBalancer IP and NodePort; needs root or CAP_NET_ADMIN) or none (listen on each frontend directly: for loopback and static files)")
 	redirectPort := fs.Uint("redirect-port", 15001, "TCP port the redirect rules send connections to (with --steering=redirect)")
 	nodePortAddresses := fs.String("nodeport-addresses", "", "comma-separated CIDRs: NodePorts only on the node's addresses inside them; empty: all of them")
+	fs.StringVar(&o.handoverSocket, "handover-socket", "auto", "unix socket for zero-downtime restarts: a new svcproxy takes the running one's sockets through it (SIGUSR2 starts one from the binary on disk); auto: /run/svcproxy/handover-<network namespace inode>.sock, so svcproxys in different network namespaces never meet; empty: off")
+	fs.StringVar(&o.pidFile, "pid-file", "", "write the process ID here (a successor overwrites it)")
 	fs.BoolVar(&o.cleanup, "cleanup", false, "remove every rule and set svcproxy installs, in any mode, and exit")
 	fs.IntVar(&o.workers, "workers", 0, "listening sockets (and accept loops) per address, sharing it with SO_REUSEPORT; 0: GOMAXPROCS")
 	dialTimeouts := fs.String("dial-timeouts", "250ms,500ms,1s,2s", "per-attempt backend connect timeouts; their number bounds the attempts, each to a different backend")
@@ -95,6 +99,13 @@ func parseFlags(args []string) (*options, error) {
 	var err error
 	if o.proxyMode, err = proxymode.Parse(*proxyMode); err != nil {
 		return nil, fmt.Errorf("--proxy-mode: %w", err)
+	}
+	if o.handoverSocket == "auto" {
+		ns, err := os.Readlink("/proc/self/ns/net") // "net:[4026531840]"
+		if err != nil {
+			return nil, fmt.Errorf("--handover-socket=auto: reading the network namespace: %w", err)
+		}
+		o.handoverSocket = "/run/svcproxy/handover-" + strings.Trim(strings.TrimPrefix(ns, "net:"), "[]") + ".sock"
 	}
 	if o.steering != "none" && o.steering != "redirect" {
 		return nil, fmt.Errorf("--steering: want redirect or none, got %q", o.steering)

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -51,13 +52,14 @@ func TestMain(m *testing.M) {
 // cluster is a node running svcproxy in userspace mode with REDIRECT
 // steering, real backends and a client, each in its own namespace.
 type cluster struct {
-	t        *testing.T
-	topo     *topology.Topology
-	dir      string
-	backends []*backendProc
-	proxy    *exec.Cmd
-	proxyOut *bytes.Buffer
-	saved    string // the node's iptables-save before svcproxy started
+	t         *testing.T
+	topo      *topology.Topology
+	dir       string
+	backends  []*backendProc
+	proxy     *exec.Cmd
+	proxyOut  *syncBuffer
+	proxyArgs []string // extra svcproxy flags
+	saved     string   // the node's iptables-save before svcproxy started
 }
 
 type backendProc struct {
@@ -89,14 +91,14 @@ func needTools(t *testing.T, tools ...string) {
 	}
 }
 
-func newCluster(t *testing.T, backends int, extraServices string) *cluster {
+func newCluster(t *testing.T, backends int, extraServices string, proxyArgs ...string) *cluster {
 	t.Helper()
 	if bins.err != nil {
 		t.Fatal(bins.err)
 	}
 	needTools(t, "iptables", "iptables-save", "ipset")
 	topo := topology.NewT(t, topology.Options{Backends: backends, Clients: 1})
-	c := &cluster{t: t, topo: topo, dir: t.TempDir()}
+	c := &cluster{t: t, topo: topo, dir: t.TempDir(), proxyArgs: proxyArgs}
 	// The node's own connections to a Service IP need a route before the
 	// nat OUTPUT hook sees them (on a real node the default route does it;
 	// these namespaces have none): send the VIP range to lo.
@@ -196,16 +198,19 @@ func (c *cluster) writeServices(extra string) {
 
 func (c *cluster) startProxy() {
 	c.t.Helper()
-	c.proxyOut = &bytes.Buffer{}
-	cmd := c.topo.Node.Command(context.Background(), bins.svcproxy,
+	c.proxyOut = &syncBuffer{}
+	args := append([]string{
 		"--services", filepath.Join(c.dir, "services.yaml"),
 		"--steering=redirect",
 		"--hostname-override", "node",
 		"--conn-log", filepath.Join(c.dir, "connections.log"),
 		"--metrics-bind-address", "127.0.0.1:10249",
 		"--healthz-bind-address", "127.0.0.1:10256",
+		"--handover-socket", filepath.Join(c.dir, "handover.sock"),
+		"--pid-file", c.pidFile(),
 		"--drain-timeout", "2s",
-		"--log-level", "debug")
+		"--log-level", "debug"}, c.proxyArgs...)
+	cmd := c.topo.Node.Command(context.Background(), bins.svcproxy, args...)
 	cmd.Stdout = c.proxyOut
 	cmd.Stderr = c.proxyOut
 	if err := cmd.Start(); err != nil {
@@ -231,10 +236,30 @@ func (c *cluster) startProxy() {
 	}
 }
 
-// stopProxy stops svcproxy with SIGTERM and waits for it.
+func (c *cluster) pidFile() string { return filepath.Join(c.dir, "svcproxy.pid") }
+
+// pid is the PID of the newest svcproxy (a successor rewrites the file).
+func (c *cluster) pid() int {
+	data, err := os.ReadFile(c.pidFile())
+	if err != nil {
+		return 0
+	}
+	var pid int
+	fmt.Sscan(string(data), &pid)
+	return pid
+}
+
+// stopProxy stops svcproxy with SIGINT and waits for it; after restarts,
+// the newest one.
 func (c *cluster) stopProxy() {
 	if c.proxy == nil || c.proxy.ProcessState != nil {
 		return
+	}
+	if pid := c.pid(); pid != 0 && pid != c.proxy.Process.Pid {
+		_ = syscall.Kill(pid, syscall.SIGINT)
+		for i := 0; i < 150 && syscall.Kill(pid, 0) == nil; i++ {
+			time.Sleep(100 * time.Millisecond)
+		}
 	}
 	_ = c.proxy.Process.Signal(os.Interrupt)
 	done := make(chan error, 1)
@@ -320,6 +345,24 @@ func (c *cluster) spread(h *topology.Host, addr string, n int) {
 			c.t.Errorf("%s from %s: backend %s got none of %d requests (%v)", addr, h.Name, b.name, n, seen)
 		}
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the several processes writing.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // parallel runs fn n times over w workers and returns the failures.

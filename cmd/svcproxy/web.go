@@ -1,0 +1,80 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// httpServers are the metrics and health servers. Their listening sockets
+// are handed over on a restart like the data path's, so a successor serves
+// on the same ports without a gap.
+type httpServers struct {
+	log       *zap.Logger
+	inherited map[string]*os.File
+	servers   []*http.Server
+	lns       map[string]*net.TCPListener
+}
+
+// serve serves handler on addr (empty: off), on the inherited socket when a
+// predecessor handed one over.
+func (w *httpServers) serve(name, addr string, handler http.Handler) {
+	if addr == "" {
+		return
+	}
+	key := "http/" + name
+	var ln net.Listener
+	var err error
+	if file := w.inherited[key]; file != nil {
+		ln, err = net.FileListener(file)
+		file.Close()
+		delete(w.inherited, key)
+	} else {
+		ln, err = net.Listen("tcp", addr)
+	}
+	if err != nil {
+		w.log.Error("http server failed", zap.String("server", name), zap.String("address", addr), zap.Error(err))
+		return
+	}
+	if w.lns == nil {
+		w.lns = map[string]*net.TCPListener{}
+	}
+	w.lns[key] = ln.(*net.TCPListener)
+	s := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
+	w.servers = append(w.servers, s)
+	go func() {
+		if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			w.log.Error("http server failed", zap.String("server", name), zap.String("address", addr), zap.Error(err))
+		}
+	}()
+}
+
+// sockets adds duplicates of the servers' listening sockets to files.
+func (w *httpServers) sockets(files map[string]*os.File) (map[string]*os.File, error) {
+	if files == nil {
+		files = map[string]*os.File{}
+	}
+	for key, ln := range w.lns {
+		f, err := ln.File()
+		if err != nil {
+			for _, f := range files {
+				f.Close()
+			}
+			return nil, fmt.Errorf("duplicating %s: %w", key, err)
+		}
+		files[key] = f
+	}
+	return files, nil
+}
+
+func (w *httpServers) shutdown(ctx context.Context) {
+	for _, s := range w.servers {
+		_ = s.Shutdown(ctx)
+	}
+}

@@ -1,0 +1,139 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestPrivilegedRestartUnderLoad restarts svcproxy three times (SIGUSR2:
+// the binary on disk starts and takes the running one's sockets) under a
+// steady load of new connections and a few long-lived streams: no
+// connection fails, and every stream arrives byte-exact.
+func TestPrivilegedRestartUnderLoad(t *testing.T) {
+	c := newCluster(t, 3, "", "--drain-timeout", "60s")
+	client := c.topo.Clients[0]
+
+	// Long-lived streams through the echo Service, checked byte for byte.
+	type stream struct {
+		sent, got [32]byte
+		err       error
+	}
+	const streams = 3
+	results := make([]stream, streams)
+	stopStreams := make(chan struct{})
+	var sw sync.WaitGroup
+	for i := range results {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		conn, err := client.Dial(ctx, "tcp", echoVIP+":9000")
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := bufio.NewReader(conn)
+		if _, err := r.ReadString('\n'); err != nil { // the backend's name
+			t.Fatal(err)
+		}
+		sw.Add(2)
+		sent := sha256.New()
+		go func() { // writer
+			defer sw.Done()
+			rng := rand.NewChaCha8([32]byte{byte(i)})
+			buf := make([]byte, 4096)
+			for {
+				select {
+				case <-stopStreams:
+					copy(results[i].sent[:], sent.Sum(nil))
+					conn.(interface{ CloseWrite() error }).CloseWrite()
+					return
+				case <-time.After(5 * time.Millisecond):
+				}
+				_, _ = rng.Read(buf)
+				sent.Write(buf)
+				if _, err := conn.Write(buf); err != nil {
+					results[i].err = fmt.Errorf("writing: %w", err)
+					copy(results[i].sent[:], sent.Sum(nil))
+					return
+				}
+			}
+		}()
+		go func() { // reader
+			defer sw.Done()
+			defer conn.Close()
+			got := sha256.New()
+			if _, err := io.Copy(got, r); err != nil && results[i].err == nil {
+				results[i].err = fmt.Errorf("reading: %w", err)
+			}
+			copy(results[i].got[:], got.Sum(nil))
+		}()
+	}
+
+	// A steady stream of new connections.
+	var ok, failed atomic.Int64
+	var firstErr atomic.Value
+	stopLoad := make(chan struct{})
+	var lw sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		lw.Add(1)
+		go func() {
+			defer lw.Done()
+			for {
+				select {
+				case <-stopLoad:
+					return
+				default:
+				}
+				if _, err := c.get(client, webVIP+":80"); err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+				} else {
+					ok.Add(1)
+				}
+			}
+		}()
+	}
+
+	time.Sleep(time.Second)
+	for restart := 1; restart <= 3; restart++ {
+		old := c.pid()
+		before := ok.Load()
+		if err := syscall.Kill(old, syscall.SIGUSR2); err != nil {
+			t.Fatalf("restart %d: signalling svcproxy %d: %v", restart, old, err)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for c.pid() == old {
+			if time.Now().After(deadline) {
+				t.Fatalf("restart %d: no successor after 30s; output:\n%s", restart, c.proxyOut)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		time.Sleep(1500 * time.Millisecond) // the successor serves; the old one drains
+		t.Logf("restart %d: svcproxy %d → %d; %d requests meanwhile", restart, old, c.pid(), ok.Load()-before)
+	}
+	close(stopLoad)
+	lw.Wait()
+	close(stopStreams)
+	sw.Wait()
+
+	if n := failed.Load(); n > 0 {
+		t.Errorf("%d of %d connections failed across 3 restarts; first: %v", n, n+ok.Load(), firstErr.Load())
+	}
+	for i, s := range results {
+		if s.err != nil || !bytes.Equal(s.sent[:], s.got[:]) {
+			t.Errorf("stream %d: err %v, byte-exact %v", i, s.err, bytes.Equal(s.sent[:], s.got[:]))
+		}
+	}
+	if failed.Load() > 0 {
+		t.Logf("output:\n%s", c.proxyOut)
+	}
+	t.Logf("%d connections across 3 restarts, %d failed; %d long-lived streams byte-exact", ok.Load()+failed.Load(), failed.Load(), streams)
+}
