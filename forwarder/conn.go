@@ -60,7 +60,7 @@ type conn struct {
 	lastIn, lastOut atomic.Int64 // unix nanoseconds of the last bytes moved
 	bytesIn         int64        // client → backend; written by the serving goroutine
 	bytesOut        int64        // backend → client; written by the copy goroutine
-	outDone         chan struct{}
+	running         atomic.Int32 // copy goroutines still running
 
 	dialCancel context.CancelFunc
 	watchTimer *time.Timer
@@ -70,21 +70,31 @@ type conn struct {
 }
 
 var connPool = sync.Pool{New: func() any {
-	c := &conn{outDone: make(chan struct{}, 1), watchDone: make(chan struct{}, 1), in: newSplicer(), out: newSplicer()}
+	c := &conn{watchDone: make(chan struct{}, 1), in: newSplicer(), out: newSplicer()}
 	c.watchTimer = time.AfterFunc(time.Hour, c.watchClient)
 	c.watchTimer.Stop()
 	return c
 }}
 
-// serve forwards one accepted connection. It runs on its own goroutine.
+// serve handles one accepted connection on its own goroutine: it finds the
+// Service, dials a backend and starts the two copy goroutines, which finish
+// the connection; serve itself returns then, so the deep stack the dial
+// needed is not kept for the connection's life.
 func (f *Forwarder) serve(client *net.TCPConn, redirect bool) {
-	defer f.handlers.Done()
-	start := time.Now()
 	c := connPool.Get().(*conn)
 	c.f, c.client, c.id = f, client, f.nextID.Add(1)
-	c.rec = connlog.Record{Start: start, ID: c.id, Protocol: "TCP"}
-	defer c.release()
+	c.rec = connlog.Record{Start: time.Now(), ID: c.id, Protocol: "TCP"}
+	if c.open(redirect) {
+		return
+	}
+	c.release()
+	f.handlers.Done()
+}
 
+// open routes, admits and connects c and starts its copies; false means c
+// was rejected (and the client reset).
+func (c *conn) open(redirect bool) bool {
+	f, client := c.f, c.client
 	clientAddr := client.RemoteAddr().(*net.TCPAddr).AddrPort()
 	dst := client.LocalAddr().(*net.TCPAddr).AddrPort()
 	if redirect {
@@ -100,25 +110,23 @@ func (f *Forwarder) serve(client *net.TCPConn, redirect bool) {
 	if pool == nil {
 		f.m.connNoService.Inc()
 		c.reject("no_service")
-		return
+		return false
 	}
 	c.pool = pool
 	c.rec.Service = pool.Service.Name.String()
 	if len(pool.Backends()) == 0 {
 		f.m.connNoEndpoints.Inc()
 		c.reject("no_endpoints")
-		return
+		return false
 	}
 	if !f.admit(pool) {
 		f.m.connLimit.Inc()
 		c.reject("limit")
-		return
+		return false
 	}
-	defer f.active.Add(-1)
-	defer pool.Conns().Add(-1)
-
-	upstream, backend, gone := c.connect(clientAddr.Addr(), start)
+	upstream, backend, gone := c.connect(clientAddr.Addr(), c.rec.Start)
 	if upstream == nil {
+		f.unadmit(pool)
 		if gone {
 			f.m.connClientGone.Inc()
 			c.reject("client_gone")
@@ -126,33 +134,73 @@ func (f *Forwarder) serve(client *net.TCPConn, redirect bool) {
 			f.m.connDialFailed.Inc()
 			c.reject("dial_failed")
 		}
-		return
+		return false
 	}
 	f.m.connOK.Inc()
 	c.upstream, c.backend = upstream, backend
 	c.rec.Backend = backend.Addr
 	backend.Acquire()
-	defer backend.Release()
 	f.m.activeTCP.Inc()
-	defer f.m.activeTCP.Dec()
 
 	f.conns.add(c)
 	// A snapshot applied between Route and add has not seen c: check once.
 	if !f.snap.Load().HasEndpoint(pool.Service.Name, backend.Addr) {
 		c.kill(reasonDrain, c.gen)
 	}
-	c.pump()
+	now := time.Now().UnixNano()
+	c.lastIn.Store(now)
+	c.lastOut.Store(now)
+	c.running.Store(2)
+	go c.copyIn()
+	go c.copyOut()
+	return true
+}
+
+func (c *conn) copyIn() {
+	c.ended(c.copy(c.in, c.upstream, c.client, &c.lastIn, &c.lastOut, &c.bytesIn), true)
+	c.copied()
+}
+
+func (c *conn) copyOut() {
+	c.ended(c.copy(c.out, c.client, c.upstream, &c.lastOut, &c.lastIn, &c.bytesOut), false)
+	c.copied()
+}
+
+// copied is called as each direction ends; the last one finishes c.
+func (c *conn) copied() {
+	if c.running.Add(-1) != 0 {
+		return
+	}
+	f := c.f
+	c.mu.Lock()
+	c.finished = true
+	if c.drainTimer != nil {
+		c.drainTimer.Stop()
+		c.drainTimer = nil
+	}
+	c.mu.Unlock()
+	if c.draining.Load() {
+		f.m.Draining.Dec()
+	}
+	_ = c.client.Close()
+	_ = c.upstream.Close()
 	f.conns.remove(c)
 
+	reason := c.reason.Load()
 	c.rec.BytesIn, c.rec.BytesOut = c.bytesIn, c.bytesOut
-	c.rec.CloseReason = closeReasons[c.reason.Load()]
-	c.rec.Duration = time.Since(start)
+	c.rec.CloseReason = closeReasons[reason]
+	c.rec.Duration = time.Since(c.rec.Start)
 	f.m.bytesIn.Add(float64(c.bytesIn))
 	f.m.bytesOut.Add(float64(c.bytesOut))
-	f.m.closes[c.reason.Load()].Inc()
+	f.m.closes[reason].Inc()
 	if f.cfg.ConnLog.Sampled(c.id) {
 		f.cfg.ConnLog.Log(&c.rec)
 	}
+	f.m.activeTCP.Dec()
+	c.backend.Release()
+	f.unadmit(c.pool)
+	c.release()
+	f.handlers.Done()
 }
 
 // admit counts c against the global and per-service caps.
@@ -167,6 +215,12 @@ func (f *Forwarder) admit(pool *lb.Pool) bool {
 		return false
 	}
 	return true
+}
+
+// unadmit undoes admit.
+func (f *Forwarder) unadmit(pool *lb.Pool) {
+	pool.Conns().Add(-1)
+	f.active.Add(-1)
 }
 
 // reject resets the client connection: a prompt RST, never a hang.
@@ -254,33 +308,6 @@ func (c *conn) stopWatch() {
 
 var aLongTimeAgo = time.Unix(1, 0)
 
-// pump copies both directions until both end, then closes both sockets.
-func (c *conn) pump() {
-	now := time.Now().UnixNano()
-	c.lastIn.Store(now)
-	c.lastOut.Store(now)
-	go func() {
-		ev := c.copy(c.out, c.client, c.upstream, &c.lastOut, &c.lastIn, &c.bytesOut)
-		c.ended(ev, false)
-		c.outDone <- struct{}{}
-	}()
-	ev := c.copy(c.in, c.upstream, c.client, &c.lastIn, &c.lastOut, &c.bytesIn)
-	c.ended(ev, true)
-	<-c.outDone
-	c.mu.Lock()
-	c.finished = true
-	if c.drainTimer != nil {
-		c.drainTimer.Stop()
-		c.drainTimer = nil
-	}
-	c.mu.Unlock()
-	if c.draining.Load() {
-		c.f.m.Draining.Dec()
-	}
-	_ = c.client.Close()
-	_ = c.upstream.Close()
-}
-
 type copyEnd uint8
 
 const (
@@ -294,14 +321,16 @@ const (
 // have been idle for IdleTimeout, counting both directions; when it passes
 // with the other direction active, it is moved on rather than acted upon.
 func (c *conn) copy(s *splicer, dst, src *net.TCPConn, self, other *atomic.Int64, total *int64) copyEnd {
-	var err error
-	if s.src, err = src.SyscallConn(); err != nil {
+	srcRC, err := src.SyscallConn()
+	if err != nil {
 		return endError
 	}
-	if s.dst, err = dst.SyscallConn(); err != nil {
+	dstRC, err := dst.SyscallConn()
+	if err != nil {
 		return endError
 	}
-	defer func() { s.src, s.dst = nil, nil }()
+	s.reset(srcRC, dstRC)
+	defer s.reset(nil, nil)
 	idle := c.f.cfg.IdleTimeout
 	if idle > 0 {
 		_ = src.SetReadDeadline(time.Now().Add(idle))

@@ -28,9 +28,11 @@
 //
 // # The hot path
 //
-// Both sides stay raw TCP sockets and bytes move with splice(2) through a
-// pipe, never through user space; a pipe is borrowed from a pool only while
-// bytes are in flight, so idle connections hold none (see splice_linux.go).
+// Both sides stay raw TCP sockets. Bulk streams move with splice(2) through
+// a pipe, never through user space; small messages with read/write through
+// a pooled buffer; a direction switches between the two as its chunks grow
+// and shrink, and pipes and buffers are borrowed only while bytes are in
+// flight, so idle connections hold neither (see splice_linux.go).
 // Idle detection is one read deadline per direction, moved only when it
 // passes. The per-connection state comes from a sync.Pool; metrics children
 // are resolved once; the connection log takes a copy of a fixed-size record.

@@ -1,35 +1,61 @@
 package forwarder
 
 import (
-	"errors"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 )
 
-// Why not (*net.TCPConn).ReadFrom: it splices too, but holds a pipe (two
-// file descriptors, sized 1 MiB) for as long as the call lasts, which for a
-// proxy is the life of the connection. 10,000 idle connections would pin
-// 40,000 pipe descriptors. Here a pipe is taken from a pool only once the
-// source socket is readable and goes back as soon as it is empty again, so
-// idle connections hold none and the pool stays the size of the in-flight
-// transfers.
+// How bytes move
+//
+// Each direction of a connection moves a chunk at a time: wait until the
+// source is readable, take what it has, write all of it to the other side.
+// A chunk goes one of two ways:
+//
+//   - Spliced: socket → pipe → socket with splice(2), never copied through
+//     user space. Worth it for bulk transfers.
+//   - Buffered: read(2) into a pooled 64 KiB buffer, write(2) it out. For
+//     small messages (requests, responses) this costs the same two system
+//     calls as splicing, needs no pipe, and copies little.
+//
+// A direction starts buffered and switches to splicing when a chunk fills
+// the whole buffer (a bulk stream); it switches back after a few small
+// spliced chunks, the way HAProxy's splice-auto does. Pipes and buffers are
+// borrowed from pools only while a chunk is in flight, so idle connections
+// hold neither. (*net.TCPConn).ReadFrom would instead pin a pipe — two file
+// descriptors sized 1 MiB — for each direction of each connection for its
+// whole life: 40,000 descriptors for 10,000 idle connections.
+//
+// When no pipe can be had (the process is out of file descriptors, or
+// maxPipes are alive) a chunk is buffered, so open connections keep
+// flowing while accept backs off.
 
-// pipeSize is the capacity asked of each pipe: the most one splice moves.
-const pipeSize = 1 << 20
-
-var errNoPipe = errors.New("creating splice pipe")
+const (
+	pipeSize   = 1 << 20  // capacity asked of each pipe: the most one splice moves
+	bufferSize = 64 << 10 // buffered chunks; a full one means a bulk stream
+	smallChunk = 16 << 10 // a spliced chunk under this is small
+	smallRun   = 4        // small spliced chunks in a row before buffering again
+	maxPipes   = 1024     // pipes alive at once, at most
+)
 
 type pipe struct {
 	r, w int
 	data int // bytes in the pipe
 }
 
+var livePipes atomic.Int64
+
 var pipePool = sync.Pool{New: func() any {
+	if livePipes.Add(1) > maxPipes {
+		livePipes.Add(-1)
+		return nil
+	}
 	var fds [2]int
 	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		livePipes.Add(-1)
 		return nil
 	}
 	// A smaller pipe still works, with more system calls.
@@ -58,63 +84,71 @@ func putPipe(p *pipe) {
 func (p *pipe) close() {
 	unix.Close(p.r)
 	unix.Close(p.w)
+	livePipes.Add(-1)
 }
 
-// splicer moves bytes from one socket to another with splice(2). Its
-// callbacks are bound once, when the pooled conn is made, so a chunk costs no
-// allocation.
+var bufferPool = sync.Pool{New: func() any { b := make([]byte, bufferSize); return &b }}
+
+// splicer moves one direction's chunks. Its callbacks are bound once, when
+// the pooled conn is made, so a chunk costs no allocation.
 type splicer struct {
 	src, dst syscall.RawConn
 
-	p    *pipe
-	n    int   // bytes taken from src in this chunk
-	err  error // the syscall error inside a callback
-	read func(fd uintptr) bool
-	pump func(fd uintptr) bool
+	splicing bool // the direction looks like bulk: splice its chunks
+	small    int  // small spliced chunks in a row
+
+	p   *pipe   // a spliced chunk's pipe
+	buf *[]byte // a buffered chunk's buffer
+	n   int     // bytes taken from src in this chunk
+	off int     // bytes of buf written
+	err error   // the syscall error inside a callback
+
+	read, pump, write func(fd uintptr) bool
 }
 
 func newSplicer() *splicer {
 	s := &splicer{}
-	s.read, s.pump = s.readFn, s.pumpFn
+	s.read, s.pump, s.write = s.readFn, s.pumpFn, s.writeFn
 	return s
 }
 
+// reset readies s for a new connection.
+func (s *splicer) reset(src, dst syscall.RawConn) {
+	s.src, s.dst = src, dst
+	s.splicing, s.small = false, 0
+}
+
 // chunk waits until src has bytes (or EOF, or its read deadline), then
-// moves what it has, up to pipeSize, to dst through a pipe, without copying
-// through user space. It returns the bytes moved; 0 and a nil error mean
-// EOF. When it fails after taking bytes from src, those bytes are lost, so
-// the caller must end the connection on any error but a read deadline
-// (which can only strike before any byte is taken).
+// moves what it has to dst. It returns the bytes moved; 0 and a nil error
+// mean EOF. When it fails after taking bytes from src, those bytes are
+// lost, so the caller must end the connection on any error but a read
+// deadline (which can only strike before any byte is taken).
 func (s *splicer) chunk() (int, error) {
-	s.p, s.n, s.err = nil, 0, nil
+	s.p, s.buf, s.n, s.off, s.err = nil, nil, 0, 0, nil
 	err := s.src.Read(s.read)
 	if err == nil {
 		err = s.err
 	}
-	if err != nil || s.n <= 0 {
-		if s.p != nil {
-			putPipe(s.p)
-			s.p = nil
-		}
-		return 0, err
+	if s.p != nil {
+		return s.pumpPipe(err)
 	}
-	s.p.data = s.n
-	s.err = nil
-	err = s.dst.Write(s.pump)
-	if err == nil {
-		err = s.err
+	if s.buf != nil {
+		return s.writeBuffer(err)
 	}
-	moved := s.n - s.p.data
-	putPipe(s.p)
-	s.p = nil
-	return moved, err
+	return 0, err
 }
 
 func (s *splicer) readFn(fd uintptr) bool {
-	if s.p = getPipe(); s.p == nil {
-		s.err = errNoPipe
-		return true
+	if s.splicing {
+		if s.p = getPipe(); s.p != nil {
+			return s.spliceIn(fd)
+		}
 	}
+	return s.readIn(fd)
+}
+
+// spliceIn moves what the socket has into s.p.
+func (s *splicer) spliceIn(fd uintptr) bool {
 	for {
 		m, err := unix.Splice(int(fd), nil, s.p.w, nil, pipeSize, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
 		switch {
@@ -126,9 +160,47 @@ func (s *splicer) readFn(fd uintptr) bool {
 			s.p = nil
 			return false
 		}
-		s.n, s.err = int(m), err
+		s.n, s.err = max(int(m), 0), err
 		return true
 	}
+}
+
+// readIn reads what the socket has into a pooled buffer.
+func (s *splicer) readIn(fd uintptr) bool {
+	bp := bufferPool.Get().(*[]byte)
+	for {
+		n, err := unix.Read(int(fd), *bp)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			bufferPool.Put(bp)
+			return false
+		}
+		s.buf, s.n, s.err = bp, max(n, 0), err
+		return true
+	}
+}
+
+// pumpPipe finishes a spliced chunk and decides whether to keep splicing.
+func (s *splicer) pumpPipe(err error) (int, error) {
+	defer func() { putPipe(s.p); s.p = nil }()
+	if err != nil || s.n == 0 {
+		return 0, err
+	}
+	s.p.data = s.n
+	s.err = nil
+	if err = s.dst.Write(s.pump); err == nil {
+		err = s.err
+	}
+	if s.n < smallChunk {
+		if s.small++; s.small >= smallRun {
+			s.splicing, s.small = false, 0
+		}
+	} else {
+		s.small = 0
+	}
+	return s.n - s.p.data, err
 }
 
 func (s *splicer) pumpFn(fd uintptr) bool {
@@ -144,6 +216,39 @@ func (s *splicer) pumpFn(fd uintptr) bool {
 			return true
 		}
 		s.p.data -= int(m)
+	}
+	return true
+}
+
+// writeBuffer finishes a buffered chunk; a full buffer turns splicing on.
+func (s *splicer) writeBuffer(err error) (int, error) {
+	defer func() { bufferPool.Put(s.buf); s.buf = nil }()
+	if err != nil || s.n == 0 {
+		return 0, err
+	}
+	s.err = nil
+	if err = s.dst.Write(s.write); err == nil {
+		err = s.err
+	}
+	if s.n == len(*s.buf) {
+		s.splicing = true
+	}
+	return s.off, err
+}
+
+func (s *splicer) writeFn(fd uintptr) bool {
+	for s.off < s.n {
+		m, err := unix.Write(int(fd), (*s.buf)[s.off:s.n])
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return false // dst is full: wait until writable
+		case err != nil:
+			s.err = err
+			return true
+		}
+		s.off += m
 	}
 	return true
 }

@@ -24,6 +24,7 @@ import (
 // user runs them.
 var bins struct {
 	dir, svcproxy, backend string
+	svcproxyNoRace         string // for measuring memory: the race detector's shadow memory would swamp it
 	err                    error
 }
 
@@ -36,11 +37,20 @@ func TestMain(m *testing.M) {
 	bins.dir = dir
 	bins.svcproxy = filepath.Join(dir, "svcproxy")
 	bins.backend = filepath.Join(dir, "svcproxy-backend")
-	for _, b := range []struct{ out, pkg string }{
-		{bins.svcproxy, "github.com/svcproxy/svcproxy/cmd/svcproxy"},
-		{bins.backend, "github.com/svcproxy/svcproxy/cmd/svcproxy-backend"},
+	bins.svcproxyNoRace = filepath.Join(dir, "svcproxy-norace")
+	for _, b := range []struct {
+		out, pkg string
+		race     bool
+	}{
+		{bins.svcproxy, "github.com/svcproxy/svcproxy/cmd/svcproxy", true},
+		{bins.svcproxyNoRace, "github.com/svcproxy/svcproxy/cmd/svcproxy", false},
+		{bins.backend, "github.com/svcproxy/svcproxy/cmd/svcproxy-backend", false},
 	} {
-		if out, err := exec.Command("go", "build", "-race", "-o", b.out, b.pkg).CombinedOutput(); err != nil {
+		args := []string{"build", "-o", b.out, b.pkg}
+		if b.race {
+			args = []string{"build", "-race", "-o", b.out, b.pkg}
+		}
+		if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
 			bins.err = fmt.Errorf("building %s: %v\n%s", b.pkg, err, out)
 		}
 	}
@@ -59,6 +69,7 @@ type cluster struct {
 	proxy     *exec.Cmd
 	proxyOut  *syncBuffer
 	proxyArgs []string // extra svcproxy flags
+	proxyBin  string   // the svcproxy binary; empty: bins.svcproxy
 	saved     string   // the node's iptables-save before svcproxy started
 }
 
@@ -91,14 +102,25 @@ func needTools(t *testing.T, tools ...string) {
 	}
 }
 
+// newClusterWith is newCluster running the given svcproxy binary.
+func newClusterWith(t *testing.T, backends int, bin string) *cluster {
+	t.Helper()
+	return newClusterOpts(t, backends, "", bin)
+}
+
 func newCluster(t *testing.T, backends int, extraServices string, proxyArgs ...string) *cluster {
+	t.Helper()
+	return newClusterOpts(t, backends, extraServices, "", proxyArgs...)
+}
+
+func newClusterOpts(t *testing.T, backends int, extraServices, bin string, proxyArgs ...string) *cluster {
 	t.Helper()
 	if bins.err != nil {
 		t.Fatal(bins.err)
 	}
 	needTools(t, "iptables", "iptables-save", "ipset")
 	topo := topology.NewT(t, topology.Options{Backends: backends, Clients: 1})
-	c := &cluster{t: t, topo: topo, dir: t.TempDir(), proxyArgs: proxyArgs}
+	c := &cluster{t: t, topo: topo, dir: t.TempDir(), proxyArgs: proxyArgs, proxyBin: bin}
 	// The node's own connections to a Service IP need a route before the
 	// nat OUTPUT hook sees them (on a real node the default route does it;
 	// these namespaces have none): send the VIP range to lo.
@@ -210,7 +232,11 @@ func (c *cluster) startProxy() {
 		"--pid-file", c.pidFile(),
 		"--drain-timeout", "2s",
 		"--log-level", "debug"}, c.proxyArgs...)
-	cmd := c.topo.Node.Command(context.Background(), bins.svcproxy, args...)
+	bin := c.proxyBin
+	if bin == "" {
+		bin = bins.svcproxy
+	}
+	cmd := c.topo.Node.Command(context.Background(), bin, args...)
 	cmd.Stdout = c.proxyOut
 	cmd.Stderr = c.proxyOut
 	if err := cmd.Start(); err != nil {
