@@ -105,6 +105,7 @@ func run(o *options) error {
 	web := &httpServers{log: log, inherited: webInherited}
 	web.serve("metrics", o.metricsAddr, promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	web.serve("healthz", o.healthzAddr, health.Handler(tracker))
+	web.serve("profiling", o.profilingAddr, profilingHandler())
 	sockets := func() (map[string]*os.File, error) { return web.sockets(nil) }
 	stopAccepting := func() {}
 	if h, ok := dp.(handoverable); ok {

@@ -45,8 +45,9 @@ type options struct {
 	syncPeriod    time.Duration
 	minSyncPeriod time.Duration
 
-	metricsAddr string
-	healthzAddr string
+	metricsAddr   string
+	healthzAddr   string
+	profilingAddr string
 
 	connLog       string
 	connLogSample int
@@ -85,6 +86,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.DurationVar(&o.minSyncPeriod, "min-sync-period", 0, "shortest time between syncs; bursts of changes in it are applied together")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics; empty: off")
 	fs.StringVar(&o.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez; empty: off")
+	fs.StringVar(&o.profilingAddr, "profiling-bind-address", "", "serve Go's /debug/pprof/ here, on a loopback address only; empty: off")
 	fs.StringVar(&o.connLog, "conn-log", connlog.DefaultPath, "per-connection JSON log file; '-': stdout; empty: off")
 	fs.IntVar(&o.connLogSample, "conn-log-sample", 1, "log 1 of every N successful connections (failed ones always)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
@@ -146,6 +148,12 @@ func parseFlags(args []string) (*options, error) {
 	}
 	if o.logFormat != "console" && o.logFormat != "json" {
 		return nil, fmt.Errorf("--log-format: want console or json, got %q", o.logFormat)
+	}
+	if o.profilingAddr != "" {
+		ap, err := netip.ParseAddrPort(o.profilingAddr)
+		if err != nil || !ap.Addr().IsLoopback() {
+			return nil, fmt.Errorf("--profiling-bind-address: want a loopback address and port such as 127.0.0.1:6060, got %q", o.profilingAddr)
+		}
 	}
 	if o.connLogSample < 1 {
 		return nil, fmt.Errorf("--conn-log-sample: want 1 or more, got %d", o.connLogSample)

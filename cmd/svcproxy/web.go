@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"time"
 
@@ -71,6 +72,18 @@ func (w *httpServers) sockets(files map[string]*os.File) (map[string]*os.File, e
 		files[key] = f
 	}
 	return files, nil
+}
+
+// profilingHandler serves Go's profiles (only ever on loopback: the flag
+// refuses other addresses).
+func profilingHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
 }
 
 func (w *httpServers) shutdown(ctx context.Context) {
