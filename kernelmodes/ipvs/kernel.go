@@ -1,0 +1,117 @@
+package ipvs
+
+import (
+	"context"
+	"net/netip"
+
+	"github.com/moby/ipvs"
+)
+
+// The kernel boundaries. Each interface is exactly what Mode calls; the real
+// implementations are NewIPVS (moby/ipvs), NewLinks (vishvananda/netlink),
+// Exec (iptables-restore, ipset), NewConntrack (conntrack over netlink) and
+// ProcSysctls (/proc/sys); the in-memory fakes are in Fakes.
+
+// IPVS is the subset of *ipvs.Handle (github.com/moby/ipvs) Mode calls. The
+// kernel reports errors as syscall.Errno: EEXIST when creating what exists,
+// ESRCH for a missing virtual service, ENOENT for a missing real server or
+// an unknown scheduler.
+type IPVS interface {
+	GetServices() ([]*ipvs.Service, error)
+	NewService(*ipvs.Service) error
+	UpdateService(*ipvs.Service) error
+	DelService(*ipvs.Service) error
+	GetDestinations(*ipvs.Service) ([]*ipvs.Destination, error)
+	NewDestination(*ipvs.Service, *ipvs.Destination) error
+	UpdateDestination(*ipvs.Service, *ipvs.Destination) error
+	DelDestination(*ipvs.Service, *ipvs.Destination) error
+}
+
+var _ IPVS = (*ipvs.Handle)(nil)
+
+// Links manages the dummy interface that holds the virtual IPs and reads the
+// node's addresses.
+type Links interface {
+	// EnsureDummy creates the dummy interface name unless it exists. It is
+	// left down: the kernel still adds a local route for each address on
+	// it, which is all IPVS needs to see packets to them.
+	EnsureDummy(ctx context.Context, name string) error
+	// DeleteLink deletes interface name; a missing one is not an error.
+	DeleteLink(ctx context.Context, name string) error
+	// Addrs lists the addresses on interface name; ErrNoLink when it does
+	// not exist.
+	Addrs(ctx context.Context, name string) ([]netip.Addr, error)
+	// AddAddr adds addr as a host address (/32, /128) to interface name;
+	// adding one that is there is not an error.
+	AddAddr(ctx context.Context, name string, addr netip.Addr) error
+	// DelAddr removes addr from interface name; a missing one is not an
+	// error.
+	DelAddr(ctx context.Context, name string, addr netip.Addr) error
+	// NodeAddrs lists the node's global unicast addresses on every
+	// interface but loopback and exclude, each once.
+	NodeAddrs(ctx context.Context, exclude string) ([]netip.Addr, error)
+}
+
+// Rules runs iptables-restore/-save and ipset: the whole rule set of a
+// family in one iptables-restore, set contents in one ipset restore.
+type Rules interface {
+	// IPTablesRestore feeds data to iptables-restore (ip6tables-restore
+	// for IPv6) with --noflush --wait: only the chains data declares are
+	// flushed.
+	IPTablesRestore(ctx context.Context, family Family, data []byte) error
+	// IPTablesSave returns `iptables-save -t table` (ip6tables-save for
+	// IPv6).
+	IPTablesSave(ctx context.Context, family Family, table string) ([]byte, error)
+	// IPTablesVersion returns `iptables --version`, e.g.
+	// "iptables v1.8.9 (legacy)".
+	IPTablesVersion(ctx context.Context) (string, error)
+	// IPSetRestore feeds data to `ipset -exist restore`: creating a set
+	// that exists with the same type, adding a member that is there and
+	// deleting one that is not are no-ops. Lines apply in order; the first
+	// failing line stops it.
+	IPSetRestore(ctx context.Context, data []byte) error
+	// IPSetSave returns `ipset save`: create and add lines of every set.
+	IPSetSave(ctx context.Context) ([]byte, error)
+	// IPSetDestroy destroys the named set: ErrNoSet when it does not
+	// exist, ErrSetInUse when a rule still references it.
+	IPSetDestroy(ctx context.Context, name string) error
+}
+
+// Conntrack clears connection-tracking entries.
+type Conntrack interface {
+	// ClearUDP deletes the UDP entries of flows sent to vip:port and
+	// answered by backend, so the next datagram of such a flow is
+	// scheduled afresh instead of following a stale entry to a real
+	// server that is gone.
+	ClearUDP(ctx context.Context, vip netip.Addr, port uint16, backend netip.AddrPort) error
+}
+
+// Sysctls reads and writes kernel parameters, named as under /proc/sys
+// ("net/ipv4/vs/conntrack").
+type Sysctls interface {
+	Sysctl(name string) (string, error)
+	SetSysctl(name, value string) error
+}
+
+// Family is an IP address family.
+type Family uint8
+
+// The families. IPv4 is always programmed; IPv6 when Config.IPv6 is set.
+const (
+	IPv4 Family = iota
+	IPv6
+)
+
+func (f Family) String() string {
+	if f == IPv6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+func familyOf(a netip.Addr) Family {
+	if a.Unmap().Is4() {
+		return IPv4
+	}
+	return IPv6
+}

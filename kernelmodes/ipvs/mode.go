@@ -1,0 +1,629 @@
+package ipvs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netns"
+	"go.uber.org/zap"
+
+	"github.com/svcproxy/svcproxy/lb"
+)
+
+// DummyInterface holds every virtual IP. It is left down.
+const DummyInterface = "svcproxy-ipvs0"
+
+// DefaultMark is the masquerade mark when Config.Mark is zero (kube-proxy's
+// KUBE-MARK-MASQ bit).
+const DefaultMark = 0x4000
+
+// Schedulers are the IPVS schedulers Config.Scheduler accepts.
+var Schedulers = []string{"rr", "wrr", "lc", "wlc", "sh", "dh", "mh"}
+
+// Config configures a Mode. The zero value, with the real kernel, is usable.
+type Config struct {
+	// Scheduler is the IPVS scheduler of Services that name no algorithm
+	// (lb.AlgorithmDefault, or random, which IPVS lacks): rr, wrr, lc, wlc,
+	// sh, dh or mh. "": rr. A Service naming round-robin, least-conn or
+	// maglev gets rr, lc or mh.
+	Scheduler string
+	// Mark is the masquerade mark bit(s): packets that carry it are
+	// masqueraded on their way to a real server. Zero: DefaultMark.
+	Mark uint32
+	// NodeIPs are the addresses NodePorts are served on (one virtual
+	// server per node IP and NodePort). Empty: every node address
+	// (Links.NodeAddrs), found anew on each full sync.
+	NodeIPs []netip.Addr
+	// NodePortAddresses restricts the node IPs (given or found) to those
+	// inside these prefixes. Empty: no restriction.
+	NodePortAddresses []netip.Prefix
+	// MasqueradeAll masquerades all Service traffic, ClusterIP included.
+	// Otherwise traffic to NodePorts, ExternalIPs and LoadBalancer IPs of
+	// Services with the Cluster external traffic policy is masqueraded (and
+	// an endpoint reaching itself through its Service).
+	MasqueradeAll bool
+	// IPv6 also programs IPv6 frontends, ip6tables and the -v6 sets.
+	IPv6 bool
+	// DrainTimeout is the longest a removed TCP real server stays at
+	// weight 0 waiting for its connections to end. Zero: no limit.
+	DrainTimeout time.Duration
+	// SweepInterval is how often RunSweeper looks for drained real
+	// servers. Zero: 5s.
+	SweepInterval time.Duration
+
+	// The kernel boundaries. Nil: the real ones in this process's network
+	// namespace (NewIPVS, NewLinks, &Exec{}, NewConntrack, ProcSysctls{}).
+	IPVS      IPVS
+	Links     Links
+	Rules     Rules
+	Conntrack Conntrack
+	Sysctls   Sysctls
+
+	Logger *zap.Logger      // nil: no logging
+	Now    func() time.Time // nil: time.Now
+}
+
+// Mode is svcproxy's IPVS mode. Its methods are safe for concurrent use;
+// calls are serialised.
+type Mode struct {
+	cfg      Config
+	log      *zap.Logger
+	families []Family
+
+	mu          sync.Mutex
+	ipvs        IPVS
+	links       Links
+	rules       Rules
+	conntrack   Conntrack
+	sysctls     Sysctls
+	randomFully *bool // detected on the first full sync
+	// cur is what the kernel holds, as far as this Mode knows: what the last
+	// sync found and wrote. Nil before the first sync and after Cleanup.
+	cur *state
+	// needFull: a sync failed part-way; the next Apply reads the kernel.
+	needFull bool
+	repairs  atomic.Uint64
+	draining atomic.Int64
+}
+
+// state is the kernel state this Mode owns.
+type state struct {
+	nodeIPs []netip.Addr
+	vips    map[netip.Addr]struct{}
+	vs      map[vsKey]*vsState
+	members map[member]struct{}
+}
+
+type vsState struct {
+	attrs vsAttrs
+	dests map[netip.AddrPort]*destState
+}
+
+type destState struct {
+	weight int
+	// draining is when the real server was set to weight 0 to drain; zero
+	// for a live one.
+	draining time.Time
+	// active+inactive connections, as last read from the kernel.
+	conns int
+}
+
+func (s *vsState) hasDraining() bool {
+	for _, d := range s.dests {
+		if !d.draining.IsZero() {
+			return true
+		}
+	}
+	return false
+}
+
+// New validates cfg. It touches nothing in the kernel.
+func New(cfg Config) (*Mode, error) {
+	if cfg.Scheduler == "" {
+		cfg.Scheduler = "rr"
+	}
+	if !slices.Contains(Schedulers, cfg.Scheduler) {
+		return nil, fmt.Errorf("creating IPVS mode: unknown scheduler %q (want one of %s)", cfg.Scheduler, strings.Join(Schedulers, ", "))
+	}
+	if cfg.Mark == 0 {
+		cfg.Mark = DefaultMark
+	}
+	for i, p := range cfg.NodePortAddresses {
+		if !p.IsValid() {
+			return nil, fmt.Errorf("creating IPVS mode: nodePortAddresses[%d]: invalid prefix", i)
+		}
+		cfg.NodePortAddresses[i] = p.Masked()
+	}
+	for i, ip := range cfg.NodeIPs {
+		if !ip.IsValid() || ip.IsUnspecified() {
+			return nil, fmt.Errorf("creating IPVS mode: nodeIPs[%d]: invalid address %v", i, ip)
+		}
+	}
+	if cfg.DrainTimeout < 0 {
+		return nil, errors.New("creating IPVS mode: negative drain timeout")
+	}
+	if cfg.SweepInterval <= 0 {
+		cfg.SweepInterval = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	m := &Mode{
+		cfg: cfg, log: cfg.Logger.Named("ipvs"), families: []Family{IPv4},
+		ipvs: cfg.IPVS, links: cfg.Links, rules: cfg.Rules, conntrack: cfg.Conntrack, sysctls: cfg.Sysctls,
+	}
+	if cfg.IPv6 {
+		m.families = append(m.families, IPv6)
+	}
+	if m.rules == nil {
+		m.rules = &Exec{}
+	}
+	if m.sysctls == nil {
+		m.sysctls = ProcSysctls{}
+	}
+	return m, nil
+}
+
+// Repairs counts full syncs that found svcproxy's IPVS services, addresses,
+// sets or rules differing from what it last left (someone tampered with
+// them) and repaired them.
+func (m *Mode) Repairs() uint64 { return m.repairs.Load() }
+
+// Draining is the number of real servers at weight 0 waiting for their
+// connections to end.
+func (m *Mode) Draining() int { return int(m.draining.Load()) }
+
+// kernel returns the boundaries, creating the real ones on first use. The
+// real IPVS handle needs IPVS: without it, ErrUnavailable.
+func (m *Mode) kernel() error {
+	if m.links == nil {
+		l, err := NewLinks(netns.None())
+		if err != nil {
+			return err
+		}
+		m.links = l
+	}
+	if m.conntrack == nil {
+		m.conntrack = NewConntrack(netns.None())
+	}
+	if m.ipvs == nil {
+		h, err := NewIPVS()
+		if err != nil {
+			return err
+		}
+		m.ipvs = h
+	}
+	return nil
+}
+
+// Apply makes the kernel serve snap's Services through IPVS. It is
+// idempotent. Without full, it changes only what differs from what the last
+// sync left, and makes no kernel call at all when nothing did (but for
+// reading the connection counts of draining real servers). full (and the
+// first Apply, and any after a failed one) reads the kernel, prunes
+// whatever svcproxy owns but should not be there and repairs tampering.
+// A Service that cannot be programmed does not stop the others: the error
+// joins them all.
+func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
+	if snap == nil {
+		return errors.New("applying IPVS services: nil snapshot")
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.kernel(); err != nil {
+		return fmt.Errorf("applying IPVS services: %w", err)
+	}
+	start := m.cfg.Now()
+	full = full || m.cur == nil || m.needFull
+	var err error
+	var errs []error
+	if full {
+		var nodeIPs []netip.Addr
+		nodeIPs, err = m.nodeIPs(ctx)
+		if err == nil {
+			want, cerrs := m.compute(snap, nodeIPs)
+			errs = cerrs
+			err = m.fullSync(ctx, want, nodeIPs)
+		}
+	} else {
+		want, cerrs := m.compute(snap, m.cur.nodeIPs)
+		errs = cerrs
+		err = m.partialSync(ctx, want)
+	}
+	m.needFull = err != nil
+	m.countDraining()
+	took := m.cfg.Now().Sub(start)
+	level := zap.DebugLevel
+	if full && (took > time.Second || err != nil) {
+		level = zap.InfoLevel
+	}
+	m.log.Log(level, "applied", zap.Bool("full", full), zap.Uint64("version", snap.Version),
+		zap.Int("services", len(m.curVS())), zap.Duration("duration", took), zap.Error(err))
+	return errors.Join(append(errs, err)...)
+}
+
+func (m *Mode) curVS() map[vsKey]*vsState {
+	if m.cur == nil {
+		return nil
+	}
+	return m.cur.vs
+}
+
+func (m *Mode) countDraining() {
+	n := 0
+	for _, s := range m.curVS() {
+		for _, d := range s.dests {
+			if !d.draining.IsZero() {
+				n++
+			}
+		}
+	}
+	m.draining.Store(int64(n))
+}
+
+// nodeIPs are the addresses NodePorts are served on.
+func (m *Mode) nodeIPs(ctx context.Context) ([]netip.Addr, error) {
+	ips := m.cfg.NodeIPs
+	if len(ips) == 0 {
+		var err error
+		if ips, err = m.links.NodeAddrs(ctx, DummyInterface); err != nil {
+			return nil, fmt.Errorf("listing node addresses: %w", err)
+		}
+	}
+	out := make([]netip.Addr, 0, len(ips))
+	for _, ip := range ips {
+		ip = ip.Unmap()
+		if familyOf(ip) == IPv6 && !m.cfg.IPv6 {
+			continue
+		}
+		if len(m.cfg.NodePortAddresses) > 0 && !slices.ContainsFunc(m.cfg.NodePortAddresses, func(p netip.Prefix) bool { return p.Contains(ip) }) {
+			continue
+		}
+		if !slices.Contains(out, ip) {
+			out = append(out, ip)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out, nil
+}
+
+// partialSync writes what differs between m.cur and want.
+func (m *Mode) partialSync(ctx context.Context, want *desired) error {
+	cur := m.cur
+	var add, del strings.Builder
+	for mem := range want.members {
+		if _, ok := cur.members[mem]; !ok {
+			fmt.Fprintf(&add, "add %s %s\n", setDefs[mem.set].name, mem)
+		}
+	}
+	for mem := range cur.members {
+		if _, ok := want.members[mem]; !ok {
+			fmt.Fprintf(&del, "del %s %s\n", setDefs[mem.set].name, mem)
+		}
+	}
+	// New members first: a new frontend is marked (or rejected) from its
+	// first packet.
+	if add.Len() > 0 {
+		if err := m.rules.IPSetRestore(ctx, []byte(add.String())); err != nil {
+			return fmt.Errorf("adding ipset members: %w", err)
+		}
+	}
+	for _, vip := range sortedAddrs(want.vips) {
+		if _, ok := cur.vips[vip]; ok {
+			continue
+		}
+		if err := m.links.AddAddr(ctx, DummyInterface, vip); err != nil {
+			return fmt.Errorf("adding %v to %s: %w", vip, DummyInterface, err)
+		}
+		cur.vips[vip] = struct{}{}
+	}
+	errs := m.reconcile(ctx, cur.vs, want.vs)
+	errs = append(errs, m.reap(ctx, cur.vs, false))
+	inUse := addrsOf(cur.vs) // a virtual server that failed to go keeps its VIP: it stays ours
+	for _, vip := range sortedAddrs(cur.vips) {
+		if _, ok := want.vips[vip]; ok || inUse[vip] {
+			continue
+		}
+		if err := m.links.DelAddr(ctx, DummyInterface, vip); err != nil {
+			errs = append(errs, fmt.Errorf("removing %v from %s: %w", vip, DummyInterface, err))
+			continue
+		}
+		delete(cur.vips, vip)
+	}
+	if del.Len() > 0 {
+		if err := m.rules.IPSetRestore(ctx, []byte(del.String())); err != nil {
+			errs = append(errs, fmt.Errorf("deleting ipset members: %w", err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	cur.members = want.members
+	return nil
+}
+
+// reconcile makes the virtual servers in have (the kernel's, as known) what
+// want says, updating have as it goes. A real server that is no longer
+// wanted drains: TCP ones get weight 0 until their connections end (reap
+// deletes them), UDP ones are deleted at once and their conntrack entries
+// cleared.
+func (m *Mode) reconcile(ctx context.Context, have map[vsKey]*vsState, want map[vsKey]*vsWant) []error {
+	var errs []error
+	now := m.cfg.Now()
+	for _, k := range slices.SortedFunc(maps.Keys(want), vsKey.Compare) {
+		w := want[k]
+		s := have[k]
+		svc := toService(k, w.attrs)
+		switch {
+		case s == nil:
+			err := m.ipvs.NewService(svc)
+			if errors.Is(err, syscall.EEXIST) {
+				err = m.ipvs.UpdateService(svc)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("creating virtual server %v (%v): %w", k, w.service, err))
+				continue
+			}
+			m.log.Debug("virtual server created", zap.Stringer("service", w.service), zap.Stringer("frontend", k))
+			s = &vsState{attrs: w.attrs, dests: make(map[netip.AddrPort]*destState, len(w.dests))}
+			have[k] = s
+		case s.attrs != w.attrs:
+			err := m.ipvs.UpdateService(svc)
+			if errors.Is(err, syscall.ESRCH) {
+				err = m.ipvs.NewService(svc)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("updating virtual server %v (%v): %w", k, w.service, err))
+				continue
+			}
+			s.attrs = w.attrs
+		}
+		for _, a := range w.dests {
+			d := s.dests[a]
+			if d != nil && d.weight == 1 {
+				continue
+			}
+			dst := toDestination(a, 1)
+			var err error
+			if d == nil {
+				if err = m.ipvs.NewDestination(svc, dst); errors.Is(err, syscall.EEXIST) {
+					err = m.ipvs.UpdateDestination(svc, dst)
+				}
+			} else {
+				if err = m.ipvs.UpdateDestination(svc, dst); errors.Is(err, syscall.ENOENT) {
+					err = m.ipvs.NewDestination(svc, dst)
+				}
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("adding real server %v to %v (%v): %w", a, k, w.service, err))
+				continue
+			}
+			s.dests[a] = &destState{weight: 1}
+		}
+		for _, a := range sortedAddrPorts(s.dests) {
+			d := s.dests[a]
+			if slices.Contains(w.dests, a) || !d.draining.IsZero() {
+				continue
+			}
+			if k.proto == lb.UDP {
+				if err := m.delDest(ctx, k, s, a); err != nil {
+					errs = append(errs, fmt.Errorf("removing real server %v of %v (%v): %w", a, k, w.service, err))
+				}
+				continue
+			}
+			if d.weight != 0 {
+				err := m.ipvs.UpdateDestination(svc, toDestination(a, 0))
+				if errors.Is(err, syscall.ENOENT) {
+					delete(s.dests, a)
+					continue
+				}
+				if err != nil {
+					errs = append(errs, fmt.Errorf("draining real server %v of %v (%v): %w", a, k, w.service, err))
+					continue
+				}
+			}
+			d.weight, d.draining = 0, now
+			m.log.Debug("real server draining", zap.Stringer("service", w.service), zap.Stringer("frontend", k), zap.Stringer("backend", a))
+		}
+	}
+	for _, k := range slices.SortedFunc(maps.Keys(have), vsKey.Compare) {
+		if _, ok := want[k]; ok {
+			continue
+		}
+		s := have[k]
+		if err := m.ipvs.DelService(toService(k, s.attrs)); err != nil && !errors.Is(err, syscall.ESRCH) {
+			errs = append(errs, fmt.Errorf("deleting virtual server %v: %w", k, err))
+			continue
+		}
+		delete(have, k)
+		m.log.Debug("virtual server deleted", zap.Stringer("frontend", k))
+		if k.proto == lb.UDP {
+			for _, a := range sortedAddrPorts(s.dests) {
+				if err := m.conntrack.ClearUDP(ctx, k.addr.Addr(), k.addr.Port(), a); err != nil {
+					errs = append(errs, fmt.Errorf("clearing conntrack entries of %v via %v: %w", k, a, err))
+				}
+			}
+		}
+	}
+	return errs
+}
+
+// delDest deletes a real server and, for UDP, its conntrack entries.
+func (m *Mode) delDest(ctx context.Context, k vsKey, s *vsState, a netip.AddrPort) error {
+	err := m.ipvs.DelDestination(toService(k, s.attrs), toDestination(a, 0))
+	if err != nil && !errors.Is(err, syscall.ENOENT) {
+		return err
+	}
+	delete(s.dests, a)
+	if k.proto == lb.UDP {
+		if err := m.conntrack.ClearUDP(ctx, k.addr.Addr(), k.addr.Port(), a); err != nil {
+			return fmt.Errorf("clearing conntrack entries: %w", err)
+		}
+	}
+	return nil
+}
+
+// reap deletes the draining real servers whose connections have ended (or
+// whose DrainTimeout passed). It reads the connection counts of virtual
+// servers with draining real servers, unless fresh says a full sync just
+// read them all.
+func (m *Mode) reap(ctx context.Context, have map[vsKey]*vsState, fresh bool) error {
+	var errs []error
+	now := m.cfg.Now()
+	for _, k := range slices.SortedFunc(maps.Keys(have), vsKey.Compare) {
+		s := have[k]
+		if !s.hasDraining() {
+			continue
+		}
+		if !fresh {
+			got, err := m.ipvs.GetDestinations(toService(k, s.attrs))
+			if err != nil {
+				errs = append(errs, fmt.Errorf("reading real servers of %v: %w", k, err))
+				continue
+			}
+			seen := map[netip.AddrPort]bool{}
+			for _, g := range got {
+				if a, ok := destAddr(g); ok {
+					seen[a] = true
+					if d := s.dests[a]; d != nil {
+						d.conns = g.ActiveConnections + g.InactiveConnections
+					}
+				}
+			}
+			for a, d := range s.dests {
+				if !d.draining.IsZero() && !seen[a] {
+					delete(s.dests, a) // gone already
+				}
+			}
+		}
+		for _, a := range sortedAddrPorts(s.dests) {
+			d := s.dests[a]
+			conns := d.conns
+			if d.draining.IsZero() {
+				continue
+			}
+			expired := m.cfg.DrainTimeout > 0 && now.Sub(d.draining) >= m.cfg.DrainTimeout
+			if conns != 0 && !expired {
+				continue
+			}
+			if err := m.delDest(ctx, k, s, a); err != nil {
+				errs = append(errs, fmt.Errorf("deleting drained real server %v of %v: %w", a, k, err))
+				continue
+			}
+			m.log.Debug("drained real server deleted", zap.Stringer("frontend", k), zap.Stringer("backend", a),
+				zap.Int("connections", conns), zap.Duration("drained", now.Sub(d.draining)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Sweep deletes the draining real servers whose connections have ended. It
+// makes no kernel call when none is draining.
+func (m *Mode) Sweep(ctx context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.cur == nil || m.ipvs == nil {
+		return nil
+	}
+	err := m.reap(ctx, m.cur.vs, false)
+	m.countDraining()
+	if err != nil {
+		m.needFull = true
+	}
+	return err
+}
+
+// RunSweeper calls Sweep every Config.SweepInterval until ctx ends, logging
+// failures.
+func (m *Mode) RunSweeper(ctx context.Context) {
+	t := time.NewTicker(m.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := m.Sweep(ctx); err != nil {
+				m.log.Warn("sweeping drained real servers", zap.Error(err))
+			}
+		}
+	}
+}
+
+// sysctls are the IPVS parameters this mode needs (kube-proxy sets the
+// same): conntrack, so iptables can masquerade IPVS traffic and clear UDP
+// entries; expire_nodest_conn and expire_quiescent_template, so
+// connections to a deleted (or persistence to a weight-0) real server end
+// at their next packet instead of hanging.
+var sysctls = [][2]string{
+	{"net/ipv4/vs/conntrack", "1"},
+	{"net/ipv4/vs/expire_nodest_conn", "1"},
+	{"net/ipv4/vs/expire_quiescent_template", "1"},
+}
+
+func (m *Mode) ensureSysctls() error {
+	var errs []error
+	for _, s := range sysctls {
+		v, err := m.sysctls.Sysctl(s[0])
+		if err == nil && strings.TrimSpace(v) == s[1] {
+			continue
+		}
+		if err := m.sysctls.SetSysctl(s[0], s[1]); err != nil {
+			errs = append(errs, fmt.Errorf("setting %s=%s: %w", s[0], s[1], err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+var iptablesVersionRE = regexp.MustCompile(`v(\d+)\.(\d+)\.(\d+)`)
+
+// detectRandomFully reports whether iptables supports MASQUERADE
+// --random-fully (1.6.2 and later; the kernel has had it since 3.13).
+func (m *Mode) detectRandomFully(ctx context.Context) bool {
+	v, err := m.rules.IPTablesVersion(ctx)
+	if err != nil {
+		m.log.Warn("reading the iptables version; not using --random-fully", zap.Error(err))
+		return false
+	}
+	g := iptablesVersionRE.FindStringSubmatch(v)
+	if g == nil {
+		return false
+	}
+	n := [3]int{}
+	for i := range n {
+		n[i], _ = strconv.Atoi(g[i+1])
+	}
+	ok := n[0] > 1 || (n[0] == 1 && (n[1] > 6 || (n[1] == 6 && n[2] >= 2)))
+	m.log.Info("iptables detected", zap.String("version", v), zap.Bool("random_fully", ok))
+	return ok
+}
+
+func addrsOf(vs map[vsKey]*vsState) map[netip.Addr]bool {
+	out := make(map[netip.Addr]bool, len(vs))
+	for k := range vs {
+		out[k.addr.Addr()] = true
+	}
+	return out
+}
+
+func sortedAddrs(s map[netip.Addr]struct{}) []netip.Addr {
+	return slices.SortedFunc(maps.Keys(s), netip.Addr.Compare)
+}
+
+func sortedAddrPorts[V any](s map[netip.AddrPort]V) []netip.AddrPort {
+	return slices.SortedFunc(maps.Keys(s), netip.AddrPort.Compare)
+}

@@ -1,0 +1,709 @@
+package ipvs
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/internal/cases"
+	"github.com/svcproxy/svcproxy/lb"
+)
+
+// TestServiceSemantics runs the shared Service table (the one the VM test
+// runs against a real kernel) through the tracer, with incremental and with
+// full syncs.
+func TestServiceSemantics(t *testing.T) {
+	for _, full := range []bool{false, true} {
+		name := "incremental"
+		if full {
+			name = "full"
+		}
+		t.Run(name, func(t *testing.T) {
+			w := newWorld(t, Config{})
+			for _, step := range cases.Steps() {
+				t.Run(step.Name, func(t *testing.T) { w.runStep(t, step, full) })
+			}
+			if err := w.m.Cleanup(context.Background()); err != nil {
+				t.Fatalf("Cleanup: %v", err)
+			}
+			w.checkClean(t)
+			v := w.f.Trace(w.packet(cases.Pod, lb.TCP, cases.StickyIP))
+			if v.Action != Untouched {
+				t.Errorf("after Cleanup, pod -> %v: %v, want Untouched", cases.StickyIP, v)
+			}
+		})
+	}
+}
+
+func (w *world) runStep(t *testing.T, step cases.Step, full bool) {
+	var held *FakeConn
+	var heldPkt Packet
+	if h := step.Held; h != nil {
+		for range 10 {
+			heldPkt = w.packet(h.From, h.Proto, h.To)
+			c := w.f.Connect(heldPkt)
+			if c.Route.Action == Forwarded && c.Route.Backend.Addr() == cases.Backends[h.Backend] {
+				held = c
+				break
+			}
+			c.Close()
+		}
+		if held == nil {
+			t.Fatalf("could not open a connection to backend%d through %v", h.Backend, h.To)
+		}
+	}
+	if _, err := w.store.Replace(step.Services); err != nil {
+		t.Fatalf("Replace: %v", err)
+	}
+	if err := w.m.Apply(context.Background(), w.store.Snapshot(), full); err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	if h := step.Held; h != nil {
+		gone := netip.AddrPortFrom(cases.Backends[h.Backend], held.Route.Backend.Port())
+		rs := w.realServers(h.Proto, h.To)
+		if h.Proto == lb.UDP {
+			if slices.ContainsFunc(rs, func(s string) bool { return strings.HasPrefix(s, gone.String()+" ") }) {
+				t.Errorf("removed UDP real server %v is still there: %v", gone, rs)
+			}
+			v := w.f.Trace(heldPkt)
+			if v.Action != Forwarded || v.Backend == gone {
+				t.Errorf("the held flow's next datagram: %v, want it forwarded to another backend", v)
+			}
+		} else {
+			if !slices.Contains(rs, gone.String()+" w0") {
+				t.Errorf("real servers of %v: %v, want %v draining at weight 0", h.To, rs, gone)
+			}
+			if w.m.Draining() == 0 {
+				t.Errorf("Draining() = 0 with a held connection")
+			}
+		}
+	}
+	for _, p := range step.Probes {
+		if msg := cases.Check(p, w.probe(p)); msg != "" {
+			t.Errorf("%s (%v -> %s/%v): %s", p.Name, p.From, protoName(p.Proto), p.To, msg)
+		}
+	}
+	if h := step.Held; h != nil && h.Proto == lb.TCP {
+		held.Close()
+		if err := w.m.Sweep(context.Background()); err != nil {
+			t.Fatalf("Sweep: %v", err)
+		}
+		gone := be(h.Backend)
+		if rs := w.realServers(h.Proto, h.To); slices.ContainsFunc(rs, func(s string) bool { return strings.HasPrefix(s, gone.String()+" ") }) {
+			t.Errorf("after its connection ended and a sweep, real servers of %v: %v, want %v deleted", h.To, rs, gone)
+		}
+		if w.m.Draining() != 0 {
+			t.Errorf("Draining() = %d after the sweep", w.m.Draining())
+		}
+	}
+}
+
+// checkClean asserts nothing of svcproxy's is left in the fake kernel.
+func (w *world) checkClean(t *testing.T) {
+	t.Helper()
+	if vs := w.f.IPVS.Services(); len(vs) != 0 {
+		t.Errorf("virtual servers left: %v", vs)
+	}
+	if _, _, ok := w.f.Links.Link(DummyInterface); ok {
+		t.Errorf("%s left", DummyInterface)
+	}
+	if ok, left := w.f.Rules.Empty(); !ok {
+		t.Errorf("rules or sets left:\n%s", left)
+	}
+}
+
+func TestIdempotentApplyMakesNoCalls(t *testing.T) {
+	w := newWorld(t, Config{})
+	svcs := []lb.Service{cases.Web(0, 1), cases.DNS(0, 1), cases.Sticky()}
+	w.apply(false, svcs...)
+	w.f.ResetCalls()
+	w.apply(false, svcs...)
+	if calls := w.f.Calls(); len(calls) != 0 {
+		t.Errorf("second Apply made %d kernel calls, want none: %v", len(calls), calls)
+	}
+	// A full Apply of the same reads everything but changes nothing but
+	// the rewrite of its own chains.
+	w.apply(true, svcs...)
+	before := dump(w.f)
+	w.f.ResetCalls()
+	w.apply(true, svcs...)
+	for _, c := range w.f.Calls() {
+		op, _, _ := strings.Cut(c, " ")
+		switch op {
+		case "GetServices", "GetDestinations", "EnsureDummy", "Addrs", "NodeAddrs", "ipset-save", "iptables-save", "iptables-restore", "Sysctl":
+		default:
+			t.Errorf("an unchanged full Apply called %q", c)
+		}
+	}
+	if after := dump(w.f); after != before {
+		t.Errorf("an unchanged full Apply changed the kernel:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if w.m.Repairs() != 0 {
+		t.Errorf("Repairs() = %d, want 0", w.m.Repairs())
+	}
+}
+
+func TestVirtualServers(t *testing.T) {
+	w := newWorld(t, Config{})
+	w.f.Links.AddNodeAddr("eth1", netip.MustParseAddr("192.0.2.7"))
+	w.apply(false, cases.Web(0, 1), cases.Sticky())
+	var got []string
+	for _, v := range w.f.IPVS.Services() {
+		got = append(got, v.String())
+	}
+	want := []string{
+		"tcp 192.0.2.7:30080 rr -> 198.18.2.1:8080 w1 -> 198.18.2.2:8080 w1",
+		"tcp 198.18.0.1:30080 rr -> 198.18.2.1:8080 w1 -> 198.18.2.2:8080 w1",
+		"tcp 198.19.0.10:80 rr -> 198.18.2.1:8080 w1 -> 198.18.2.2:8080 w1",
+		"tcp 198.19.0.11:80 rr persistent 10800 -> 198.18.2.1:8080 w1 -> 198.18.2.2:8080 w1 -> 198.18.2.3:8080 w1",
+		"tcp 198.19.1.10:80 rr -> 198.18.2.1:8080 w1 -> 198.18.2.2:8080 w1",
+		"tcp 198.19.2.10:80 rr -> 198.18.2.1:8080 w1 -> 198.18.2.2:8080 w1",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("virtual servers:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	_, addrs, _ := w.f.Links.Link(DummyInterface)
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	if g, w := fmtAddrs(addrs), "198.19.0.10 198.19.0.11 198.19.1.10 198.19.2.10"; g != w {
+		t.Errorf("%s addresses: %s, want %s", DummyInterface, g, w)
+	}
+	vals := w.f.Sysctls.Values()
+	for _, s := range sysctls {
+		if vals[s[0]] != s[1] {
+			t.Errorf("sysctl %s = %q, want %q", s[0], vals[s[0]], s[1])
+		}
+	}
+	// The second node address serves the NodePort too.
+	v := w.f.Trace(Packet{Src: netip.MustParseAddrPort("203.0.113.9:5555"), Dst: netip.MustParseAddrPort("192.0.2.7:30080"), Proto: lb.TCP})
+	if v.Action != Forwarded || !v.Masquerade {
+		t.Errorf("external client -> second node IP NodePort: %v, want forwarded and masqueraded", v)
+	}
+}
+
+func TestSchedulers(t *testing.T) {
+	for _, sched := range Schedulers {
+		t.Run(sched, func(t *testing.T) {
+			w := newWorld(t, Config{Scheduler: sched})
+			w.apply(false, cases.Web(0, 1, 2))
+			for _, v := range w.f.IPVS.Services() {
+				if v.Scheduler != sched {
+					t.Errorf("%v: scheduler %q, want %q", v.Addr, v.Scheduler, sched)
+				}
+			}
+			// Source hashing keeps a client on one backend; round robin
+			// spreads it.
+			p := cases.Probe{From: cases.Pod, To: cases.WebClusterIP, N: 6, Backends: []int{0, 1, 2}}
+			switch sched {
+			case "sh", "mh", "dh":
+				p.Sticky = true
+			case "rr", "wrr":
+				p.Balanced = true
+			}
+			if msg := cases.Check(p, w.probe(p)); msg != "" {
+				t.Error(msg)
+			}
+		})
+	}
+	if _, err := New(Config{Scheduler: "random"}); err == nil {
+		t.Error("New accepted an unknown scheduler")
+	}
+	// A Service naming an algorithm gets the matching scheduler.
+	w := newWorld(t, Config{Scheduler: "wlc"})
+	named := func(name string, a lb.Algorithm, ip string) lb.Service {
+		s := cases.Web(0)
+		s.Name.Name, s.Algorithm, s.NodePort = name, a, 0
+		s.ClusterIPs, s.ExternalIPs, s.LoadBalancerIPs = []netip.Addr{netip.MustParseAddr(ip)}, nil, nil
+		return s
+	}
+	w.apply(false, named("a", lb.RoundRobin, "198.19.9.1"), named("b", lb.LeastConn, "198.19.9.2"),
+		named("c", lb.Maglev, "198.19.9.3"), named("d", lb.Random, "198.19.9.4"), named("e", lb.AlgorithmDefault, "198.19.9.5"))
+	var got []string
+	for _, v := range w.f.IPVS.Services() {
+		got = append(got, v.Addr.Addr().String()+" "+v.Scheduler)
+	}
+	want := []string{"198.19.9.1 rr", "198.19.9.2 lc", "198.19.9.3 mh", "198.19.9.4 wlc", "198.19.9.5 wlc"}
+	if !slices.Equal(got, want) {
+		t.Errorf("schedulers: %v, want %v", got, want)
+	}
+}
+
+func TestAffinityIsPersistence(t *testing.T) {
+	w := newWorld(t, Config{})
+	sticky := cases.Sticky()
+	sticky.AffinityTimeout = 90 * time.Second
+	w.apply(false, sticky)
+	vs := w.f.IPVS.Services()
+	if len(vs) != 1 || !vs[0].Persistent || vs[0].Timeout != 90 {
+		t.Fatalf("virtual servers %v, want one persistent with timeout 90", vs)
+	}
+	p := cases.Probe{From: cases.Pod, To: cases.StickyIP, N: 5, Backends: []int{0, 1, 2}, Sticky: true}
+	first := w.probe(p)
+	if msg := cases.Check(p, first); msg != "" {
+		t.Fatal(msg)
+	}
+	// Past the timeout, the client is scheduled afresh (round robin moves on).
+	w.clock.Advance(91 * time.Second)
+	p.N = 1
+	if r := w.probe(p); r[0].Backend == first[0].Backend {
+		t.Errorf("after the affinity timeout, still on backend%d", r[0].Backend)
+	}
+	// Turning affinity off updates the virtual server in place.
+	sticky.AffinityTimeout = 0
+	w.f.ResetCalls()
+	w.apply(false, sticky)
+	if calls := w.f.IPVS.Calls(); !slices.Equal(calls, []string{"UpdateService tcp/198.19.0.11:80"}) {
+		t.Errorf("calls %v, want one UpdateService", calls)
+	}
+	if vs := w.f.IPVS.Services(); vs[0].Persistent {
+		t.Errorf("still persistent: %v", vs[0])
+	}
+}
+
+func TestDrainTimeout(t *testing.T) {
+	w := newWorld(t, Config{DrainTimeout: 30 * time.Second})
+	w.apply(false, cases.Web(0, 1))
+	var held *FakeConn
+	for range 4 {
+		c := w.f.Connect(w.packet(cases.Pod, lb.TCP, cases.WebClusterIP))
+		if c.Route.Backend == be(1) {
+			held = c
+			break
+		}
+		c.Close()
+	}
+	if held == nil {
+		t.Fatal("no connection to backend1")
+	}
+	defer held.Close()
+	w.apply(false, cases.Web(0))
+	if err := w.m.Sweep(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if rs := w.realServers(lb.TCP, cases.WebClusterIP); !slices.Contains(rs, be(1).String()+" w0") {
+		t.Fatalf("real servers %v, want backend1 draining", rs)
+	}
+	w.clock.Advance(31 * time.Second)
+	if err := w.m.Sweep(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if rs := w.realServers(lb.TCP, cases.WebClusterIP); len(rs) != 1 {
+		t.Errorf("after the drain timeout, real servers %v, want backend1 deleted", rs)
+	}
+	// Sweeping with nothing draining touches nothing.
+	w.f.ResetCalls()
+	if err := w.m.Sweep(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if calls := w.f.Calls(); len(calls) != 0 {
+		t.Errorf("idle Sweep made calls: %v", calls)
+	}
+}
+
+func TestDrainingEndpointComesBack(t *testing.T) {
+	w := newWorld(t, Config{})
+	w.apply(false, cases.Web(0, 1))
+	if err := w.f.IPVS.SetConns(lb.TCP, cases.WebClusterIP, be(1), 0, 3); err != nil {
+		t.Fatal(err)
+	}
+	w.apply(false, cases.Web(0))
+	if rs := w.realServers(lb.TCP, cases.WebClusterIP); !slices.Contains(rs, be(1).String()+" w0") {
+		t.Fatalf("real servers %v, want backend1 draining (3 inactive connections)", rs)
+	}
+	w.apply(false, cases.Web(0, 1))
+	if rs := w.realServers(lb.TCP, cases.WebClusterIP); !slices.Contains(rs, be(1).String()+" w1") {
+		t.Errorf("real servers %v, want backend1 back at weight 1", rs)
+	}
+	if w.m.Draining() != 0 {
+		t.Errorf("Draining() = %d", w.m.Draining())
+	}
+}
+
+func TestMasquerade(t *testing.T) {
+	local := func() lb.Service {
+		s := cases.Web(0, 1)
+		s.ExternalTrafficPolicy = lb.PolicyLocal
+		for i := range s.Endpoints {
+			s.Endpoints[i].NodeName = nodeName
+		}
+		return s
+	}
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		svc  lb.Service
+		to   netip.AddrPort
+		want bool
+	}{
+		{"ClusterIP", Config{}, cases.Web(0, 1), cases.WebClusterIP, false},
+		{"ClusterIP, masquerade all", Config{MasqueradeAll: true}, cases.Web(0, 1), cases.WebClusterIP, true},
+		{"NodePort", Config{}, cases.Web(0, 1), cases.WebNodePort, true},
+		{"NodePort, Local policy", Config{}, local(), cases.WebNodePort, false},
+		{"ExternalIP, Local policy", Config{}, local(), cases.WebExternalIP, false},
+		{"LoadBalancer IP", Config{}, cases.Web(0, 1), cases.WebLBIP, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, tc.cfg)
+			w.apply(false, tc.svc)
+			v := w.f.Trace(w.packet(cases.Pod, lb.TCP, tc.to))
+			if v.Action != Forwarded || v.Masquerade != tc.want {
+				t.Errorf("pod -> %v: %v, want forwarded, masquerade %v", tc.to, v, tc.want)
+			}
+		})
+	}
+}
+
+func TestFullSyncRepairsTampering(t *testing.T) {
+	svcs := []lb.Service{cases.Web(0, 1), cases.DNS(0, 1), cases.Sticky()}
+	ref := newWorld(t, Config{})
+	ref.apply(true, svcs...)
+
+	w := newWorld(t, Config{})
+	w.apply(false, svcs...)
+	foreign := toService(vsKey{lb.TCP, netip.MustParseAddrPort("10.0.0.1:80")}, vsAttrs{sched: "rr"})
+	ctx := context.Background()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Someone else's virtual server, on an address that is not ours: kept.
+	must(w.f.IPVS.NewService(foreign))
+	// Ours, tampered with.
+	web := toService(vsKey{lb.TCP, cases.WebClusterIP}, vsAttrs{sched: "rr"})
+	must(w.f.IPVS.DelService(toService(vsKey{lb.TCP, cases.WebExternalIP}, vsAttrs{sched: "rr"})))
+	must(w.f.IPVS.UpdateDestination(web, toDestination(be(0), 5)))
+	must(w.f.IPVS.NewDestination(web, toDestination(be(2), 1)))
+	must(w.f.IPVS.UpdateService(toService(vsKey{lb.TCP, cases.StickyIP}, vsAttrs{sched: "lc"})))
+	stray := toService(vsKey{lb.TCP, netip.AddrPortFrom(cases.WebClusterIP.Addr(), 8443)}, vsAttrs{sched: "rr"})
+	must(w.f.IPVS.NewService(stray))
+	must(w.f.Links.DelAddr(ctx, DummyInterface, cases.WebLBIP.Addr()))
+	must(w.f.Links.AddAddr(ctx, DummyInterface, netip.MustParseAddr("198.19.7.7")))
+	must(w.f.Rules.IPSetRestore(ctx, []byte("del svcproxy-ipvs-vs-v4 198.19.0.10,tcp:80\nadd svcproxy-ipvs-reject-v4 198.19.0.11,tcp:80\ncreate svcproxy-ipvs-junk hash:ip\n")))
+	must(w.f.Rules.IPTablesRestore(ctx, IPv4, []byte("*nat\n:SVCPROXY-IPVS-JUNK - [0:0]\n-D PREROUTING -j SVCPROXY-IPVS-SERVICES\n-A OUTPUT -j SVCPROXY-IPVS-SERVICES\nCOMMIT\n*filter\n-F SVCPROXY-IPVS-FILTER\nCOMMIT\n")))
+
+	// An incremental Apply trusts its memory...
+	w.apply(false, svcs...)
+	if w.m.Repairs() != 0 {
+		t.Errorf("Repairs() = %d after an incremental Apply", w.m.Repairs())
+	}
+	// ... a full one repairs everything and prunes what is ours.
+	w.apply(true, svcs...)
+	if w.m.Repairs() != 1 {
+		t.Errorf("Repairs() = %d, want 1", w.m.Repairs())
+	}
+	must(w.f.IPVS.DelService(foreign))
+	if got, want := dump(w.f), dump(ref.f); got != want {
+		t.Errorf("after the repair:\n%s\nwant (a fresh Apply):\n%s", got, want)
+	}
+	// A second full sync finds nothing to repair.
+	w.apply(true, svcs...)
+	if w.m.Repairs() != 1 {
+		t.Errorf("Repairs() = %d after a clean full sync, want still 1", w.m.Repairs())
+	}
+}
+
+func TestCleanupLeavesOthersAlone(t *testing.T) {
+	w := newWorld(t, Config{})
+	ctx := context.Background()
+	foreignRules := "*nat\n:FOREIGN - [0:0]\n-A PREROUTING -j FOREIGN\n-A FOREIGN -p tcp --dport 8080 -j RETURN\nCOMMIT\n*filter\n-A INPUT -p tcp --dport 22 -j ACCEPT\nCOMMIT\n"
+	if err := w.f.Rules.IPSetRestore(ctx, []byte("create foreign hash:ip\nadd foreign 10.1.1.1\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.f.Rules.IPTablesRestore(ctx, IPv4, []byte(foreignRules)); err != nil {
+		t.Fatal(err)
+	}
+	foreign := toService(vsKey{lb.UDP, netip.MustParseAddrPort("10.0.0.1:53")}, vsAttrs{sched: "rr"})
+	if err := w.f.IPVS.NewService(foreign); err != nil {
+		t.Fatal(err)
+	}
+	before := dump(w.f)
+	w.apply(false, cases.Web(0, 1), cases.DNS(0, 1), cases.Sticky())
+	w.f.Conntrack.ResetCalls()
+	if err := w.m.Cleanup(ctx); err != nil {
+		t.Fatalf("Cleanup: %v", err)
+	}
+	if after := dump(w.f); after != before {
+		t.Errorf("after Cleanup:\n%s\nwant what was there before:\n%s", after, before)
+	}
+	if calls := w.f.Conntrack.Calls(); len(calls) != 2 {
+		t.Errorf("conntrack calls %v, want the UDP Service's two real servers cleared", calls)
+	}
+	// Cleanup twice is fine; Apply afterwards starts afresh.
+	if err := w.m.Cleanup(ctx); err != nil {
+		t.Fatalf("second Cleanup: %v", err)
+	}
+	w.apply(false, cases.Web(0, 1))
+	if v := w.f.Trace(w.packet(cases.Pod, lb.TCP, cases.WebClusterIP)); v.Action != Forwarded {
+		t.Errorf("after Cleanup and Apply: %v", v)
+	}
+	// A Mode that never applied cleans up what another left.
+	other := newWorldOn(t, w.f, w.clock, Config{})
+	if err := other.m.Cleanup(ctx); err != nil {
+		t.Fatalf("Cleanup by a new Mode: %v", err)
+	}
+	if after := dump(w.f); after != before {
+		t.Errorf("after Cleanup by a new Mode:\n%s\nwant:\n%s", after, before)
+	}
+}
+
+func TestRestartAdoptsState(t *testing.T) {
+	w := newWorld(t, Config{})
+	w.apply(false, cases.Web(0, 1), cases.DNS(0, 1))
+	if err := w.f.IPVS.SetConns(lb.TCP, cases.WebClusterIP, be(1), 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	// A new process: its first Apply is a full one against the kernel. The
+	// removed endpoint with a connection drains; the removed Service goes.
+	w2 := newWorldOn(t, w.f, w.clock, Config{})
+	w2.f.ResetCalls()
+	w2.apply(false, cases.Web(0))
+	if rs := w2.realServers(lb.TCP, cases.WebClusterIP); !slices.Equal(rs, []string{be(0).String() + " w1", be(1).String() + " w0"}) {
+		t.Errorf("real servers %v, want backend1 draining", rs)
+	}
+	if rs := w2.realServers(lb.TCP, cases.WebExternalIP); !slices.Equal(rs, []string{be(0).String() + " w1"}) {
+		t.Errorf("ExternalIP real servers %v, want backend1 (no connections) deleted", rs)
+	}
+	if rs := w2.realServers(lb.UDP, cases.DNSClusterIP); rs != nil {
+		t.Errorf("removed UDP Service still has a virtual server: %v", rs)
+	}
+	if err := w.f.IPVS.SetConns(lb.TCP, cases.WebClusterIP, be(1), 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := w2.m.Sweep(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if rs := w2.realServers(lb.TCP, cases.WebClusterIP); len(rs) != 1 {
+		t.Errorf("after the sweep: %v", rs)
+	}
+	if w2.m.Repairs() != 0 {
+		t.Errorf("a first full sync counted %d repairs", w2.m.Repairs())
+	}
+}
+
+func TestFailedApplyConverges(t *testing.T) {
+	for _, op := range []string{"NewService", "NewDestination", "UpdateDestination", "DelService", "ipset-restore", "AddAddr"} {
+		t.Run(op, func(t *testing.T) {
+			w := newWorld(t, Config{})
+			w.apply(false, cases.Web(0, 1), cases.DNS(0, 1))
+			boom := errors.New("boom")
+			switch op {
+			case "ipset-restore":
+				w.f.Rules.FailNext(op, boom)
+			case "AddAddr":
+				w.f.Links.FailNext(op, boom)
+			default:
+				w.f.IPVS.FailNext(op, boom)
+			}
+			next := []lb.Service{cases.Web(0, 2), cases.Sticky()} // touches every op
+			if err := w.tryApply(false, next...); !errors.Is(err, boom) {
+				t.Fatalf("Apply: %v, want the injected error", err)
+			}
+			w.apply(false, next...) // a full one, after the failure
+			ref := newWorld(t, Config{})
+			ref.apply(false, next...)
+			if got, want := dump(w.f), dump(ref.f); got != want {
+				t.Errorf("after recovery:\n%s\nwant:\n%s", got, want)
+			}
+		})
+	}
+}
+
+func TestIPv6(t *testing.T) {
+	w := newWorld(t, Config{IPv6: true})
+	w.f.Links.AddNodeAddr("eth0", netip.MustParseAddr("2001:db8::1"))
+	svc := cases.Web()
+	svc.ClusterIPs = []netip.Addr{netip.MustParseAddr("fd00::10")}
+	svc.ExternalIPs, svc.LoadBalancerIPs = nil, nil
+	svc.Endpoints = []lb.Endpoint{
+		{Addr: netip.MustParseAddrPort("[fd00:1::1]:8080"), Ready: true},
+		{Addr: netip.MustParseAddrPort("[fd00:1::2]:8080"), Ready: true},
+	}
+	w.apply(false, svc)
+	pod := netip.MustParseAddrPort("[fd00:2::5]:4000")
+	v := w.f.Trace(Packet{Src: pod, Dst: netip.MustParseAddrPort("[fd00::10]:80"), Proto: lb.TCP})
+	if v.Action != Forwarded || v.Masquerade {
+		t.Errorf("pod -> IPv6 ClusterIP: %v", v)
+	}
+	v = w.f.Trace(Packet{Src: pod, Dst: netip.MustParseAddrPort("[2001:db8::1]:30080"), Proto: lb.TCP})
+	if v.Action != Forwarded || !v.Masquerade {
+		t.Errorf("pod -> IPv6 NodePort: %v, want forwarded, masqueraded", v)
+	}
+	v = w.f.Trace(Packet{Src: pod, Dst: netip.MustParseAddrPort("[fd00::10]:81"), Proto: lb.TCP})
+	if v.Action != Rejected {
+		t.Errorf("pod -> another port of the IPv6 ClusterIP: %v, want Rejected", v)
+	}
+	// Without IPv6, IPv6 frontends and node IPs are skipped.
+	w4 := newWorld(t, Config{})
+	w4.f.Links.AddNodeAddr("eth0", netip.MustParseAddr("2001:db8::1"))
+	w4.apply(false, svc)
+	for _, vs := range w4.f.IPVS.Services() {
+		if vs.Addr.Addr().Is6() {
+			t.Errorf("IPv6 virtual server without IPv6: %v", vs)
+		}
+	}
+}
+
+func TestNodePortAddresses(t *testing.T) {
+	w := newWorld(t, Config{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/24")}})
+	w.f.Links.AddNodeAddr("eth1", netip.MustParseAddr("192.0.2.7"))
+	w.apply(false, cases.Web(0))
+	if rs := w.realServers(lb.TCP, netip.MustParseAddrPort("192.0.2.7:30080")); rs != nil {
+		t.Errorf("NodePort on an address outside --nodeport-addresses: %v", rs)
+	}
+	if rs := w.realServers(lb.TCP, cases.WebNodePort); rs == nil {
+		t.Errorf("no NodePort on %v", cases.WebNodePort)
+	}
+	w2 := newWorld(t, Config{NodeIPs: []netip.Addr{netip.MustParseAddr("192.0.2.8")}})
+	w2.apply(false, cases.Web(0))
+	var got []string
+	for _, v := range w2.f.IPVS.Services() {
+		if v.Addr.Port() == 30080 {
+			got = append(got, v.Addr.String())
+		}
+	}
+	if !slices.Equal(got, []string{"192.0.2.8:30080"}) {
+		t.Errorf("NodePorts with NodeIPs set: %v", got)
+	}
+}
+
+func TestConfig(t *testing.T) {
+	for _, cfg := range []Config{
+		{Scheduler: "fancy"},
+		{NodePortAddresses: []netip.Prefix{{}}},
+		{NodeIPs: []netip.Addr{netip.IPv4Unspecified()}},
+		{DrainTimeout: -time.Second},
+	} {
+		if _, err := New(cfg); err == nil {
+			t.Errorf("New(%+v) accepted it", cfg)
+		}
+	}
+	m, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.cfg.Mark != DefaultMark || m.cfg.Scheduler != "rr" {
+		t.Errorf("defaults: mark %#x scheduler %q", m.cfg.Mark, m.cfg.Scheduler)
+	}
+}
+
+func TestRandomFully(t *testing.T) {
+	for _, tc := range []struct {
+		version string
+		want    bool
+	}{
+		{"iptables v1.8.9 (nf_tables)", true},
+		{"iptables v1.6.2", true},
+		{"iptables v1.6.1", false},
+		{"iptables v1.4.21", false},
+		{"garbage", false},
+	} {
+		w := newWorld(t, Config{})
+		w.f.Rules.SetVersion(tc.version)
+		w.apply(false, cases.Web(0))
+		if got := strings.Contains(w.f.Rules.Dump(), "--random-fully"); got != tc.want {
+			t.Errorf("%q: --random-fully %v, want %v", tc.version, got, tc.want)
+		}
+	}
+}
+
+func TestFakeIPVSErrors(t *testing.T) {
+	f := NewFakeIPVS(nil)
+	s := toService(vsKey{lb.TCP, cases.WebClusterIP}, vsAttrs{sched: "rr"})
+	d := toDestination(be(0), 1)
+	for _, tc := range []struct {
+		name string
+		err  error
+		want error
+	}{
+		{"update missing service", f.UpdateService(s), syscall.ESRCH},
+		{"delete missing service", f.DelService(s), syscall.ESRCH},
+		{"unknown scheduler", f.NewService(toService(vsKey{lb.TCP, cases.WebClusterIP}, vsAttrs{sched: "nope"})), syscall.ENOENT},
+		{"create", f.NewService(s), nil},
+		{"create again", f.NewService(s), syscall.EEXIST},
+		{"update missing destination", f.UpdateDestination(s, d), syscall.ENOENT},
+		{"add destination", f.NewDestination(s, d), nil},
+		{"add it again", f.NewDestination(s, d), syscall.EEXIST},
+		{"delete destination", f.DelDestination(s, d), nil},
+		{"delete it again", f.DelDestination(s, d), syscall.ENOENT},
+	} {
+		if !errors.Is(tc.err, tc.want) && !(tc.err == nil && tc.want == nil) {
+			t.Errorf("%s: %v, want %v", tc.name, tc.err, tc.want)
+		}
+	}
+	got, _ := f.GetServices()
+	if len(got) != 1 || got[0].Flags&flagHashed == 0 {
+		t.Errorf("GetServices: %+v, want one with the hashed flag", got)
+	}
+}
+
+func TestFakeRulesRefusesWhatIptablesRefuses(t *testing.T) {
+	ctx := context.Background()
+	f := NewFakeRules()
+	for _, bad := range []string{
+		"*nat\n-A PREROUTING -j NOPE\nCOMMIT\n",
+		"*nat\n-A PREROUTING -m set --match-set nope dst -j RETURN\nCOMMIT\n",
+		"*nat\n-D PREROUTING -j RETURN\nCOMMIT\n",
+		"*nat\n-X PREROUTING\nCOMMIT\n",
+		"*nat\n:A - [0:0]\n-A PREROUTING -j A\n-X A\nCOMMIT\n",
+		"*nat\n-A PREROUTING -j RETURN\n",
+	} {
+		if err := f.IPTablesRestore(ctx, IPv4, []byte(bad)); err == nil {
+			t.Errorf("accepted %q", bad)
+		}
+	}
+	if out, _ := f.IPTablesSave(ctx, IPv4, "nat"); strings.Contains(string(out), "-A") {
+		t.Errorf("a failed restore left rules:\n%s", out)
+	}
+	for _, bad := range []string{
+		"add nope 1.2.3.4",
+		"create s hash:ip\nadd s 2001:db8::1",
+		"create p hash:ip,port\nadd p 1.2.3.4,sctp:80",
+		"create s hash:ip,port",
+		"create q bitmap:port range 0-65535\nswap q s",
+	} {
+		if err := f.IPSetRestore(ctx, []byte(bad)); err == nil {
+			t.Errorf("accepted %q", bad)
+		}
+	}
+	if err := f.IPTablesRestore(ctx, IPv4, []byte("*filter\n-A INPUT -m set --match-set s src -j DROP\nCOMMIT\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.IPSetDestroy(ctx, "s"); !errors.Is(err, ErrSetInUse) {
+		t.Errorf("destroying a set in use: %v", err)
+	}
+	if err := f.IPSetDestroy(ctx, "nope"); !errors.Is(err, ErrNoSet) {
+		t.Errorf("destroying a missing set: %v", err)
+	}
+}
+
+func TestAvailable(t *testing.T) {
+	err := Available()
+	if err == nil {
+		t.Log("this kernel has IPVS")
+		return
+	}
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Available() = %v, want an error wrapping ErrUnavailable", err)
+	}
+	t.Logf("Available() = %v", err)
+	// With the real kernel and no IPVS, Apply fails with it and touches
+	// nothing; Cleanup has no virtual servers to remove.
+	m, err := New(Config{Rules: NewFakeRules(), Links: NewFakeLinks(), Sysctls: NewFakeSysctls(), Conntrack: &FakeConntrack{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := lb.NewStore(lb.StoreOptions{})
+	snap, _ := st.Replace([]lb.Service{cases.Web(0)})
+	if err := m.Apply(context.Background(), snap, true); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("Apply without IPVS: %v, want ErrUnavailable", err)
+	}
+	if err := m.Cleanup(context.Background()); err != nil {
+		t.Errorf("Cleanup without IPVS: %v", err)
+	}
+}

@@ -1,0 +1,850 @@
+// Command guest is the /init of the IPVS VM test: inside a VM with a stock
+// Debian kernel it loads the IPVS, netfilter, dummy and veth modules, builds
+// a pod namespace and three backend namespaces around the node (the initial
+// namespace), runs real TCP and UDP servers in the backends, and runs the
+// Service table of kernelmodes/ipvs/internal/cases through the real IPVS
+// mode (moby/ipvs, rtnetlink, iptables-legacy and ipset when the initramfs
+// has them, ctnetlink), checking each probe with real sockets. Results go to
+// the serial console as VMTEST lines; then it reboots, which ends QEMU.
+//
+// It refuses to run unless it is PID 1.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	mobyipvs "github.com/moby/ipvs"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"golang.org/x/sys/unix"
+
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/internal/cases"
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/vmtest"
+	"github.com/svcproxy/svcproxy/lb"
+)
+
+func main() {
+	if os.Getpid() != 1 {
+		fmt.Fprintln(os.Stderr, "guest is the /init of the IPVS VM test and runs only as PID 1 inside the VM")
+		os.Exit(2)
+	}
+	r := vmtest.NewReporter(os.Stdout)
+	defer vmtest.PowerOff()
+	defer func() {
+		if p := recover(); p != nil {
+			r.Fail("guest", "panic: %v", p)
+		}
+		r.Done()
+	}()
+	os.Setenv("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+	if !r.Check("mount /proc, /sys", vmtest.MountBasics()) {
+		return
+	}
+	var uts unix.Utsname
+	_ = unix.Uname(&uts)
+	uptime, _ := os.ReadFile("/proc/uptime")
+	up, _, _ := strings.Cut(string(uptime), " ")
+	r.Note("kernel %s, /init started %ss after boot", unix.ByteSliceToString(uts.Release[:]), up)
+	start := time.Now()
+	mods, err := vmtest.LoadModules()
+	if !r.Check("load modules", err) {
+		return
+	}
+	r.Note("loaded %d modules in %v: %s", len(mods), time.Since(start).Round(time.Millisecond), strings.Join(mods, " "))
+	if err := run(r); err != nil {
+		r.Fail("setup", "%v", err)
+	}
+}
+
+// host is one network namespace of the topology.
+type host struct {
+	name string
+	ns   netns.NsHandle // the node's is the initial namespace
+	ip   netip.Addr
+}
+
+type topology struct {
+	node     host
+	pod      host
+	backends []host
+}
+
+func (t *topology) client(c cases.Client) host {
+	switch c {
+	case cases.Node:
+		return t.node
+	case cases.Backend0:
+		return t.backends[0]
+	}
+	return t.pod
+}
+
+func run(r *vmtest.Reporter) error {
+	ctx := context.Background()
+	if err := ipvs.Available(); err != nil {
+		return err
+	}
+	r.Pass("IPVS available")
+	topo, err := buildTopology()
+	if err != nil {
+		return fmt.Errorf("building the topology: %w", err)
+	}
+	for i, b := range topo.backends {
+		if err := serve(b, i); err != nil {
+			return fmt.Errorf("starting backend%d: %w", i, err)
+		}
+	}
+	var rules ipvs.Rules = &ipvs.Exec{Variant: "legacy"}
+	if _, err := os.Stat("/usr/sbin/iptables-legacy-restore"); err != nil {
+		rules = ipvs.NewFakeRules()
+		r.Note("no iptables-legacy in the initramfs: using the fake Rules (masquerade and reject checks will fail)")
+	} else if v, err := rules.IPTablesVersion(ctx); err == nil {
+		r.Note("rules: %s and ipset", v)
+	}
+	h, err := ipvs.NewIPVS()
+	if err != nil {
+		return err
+	}
+	counted := &countingIPVS{IPVS: h}
+	links, err := ipvs.NewLinks(netns.None())
+	if err != nil {
+		return err
+	}
+	logCfg := zap.NewDevelopmentConfig()
+	logCfg.Level = zap.NewAtomicLevelAt(zapcore.WarnLevel)
+	logCfg.OutputPaths = []string{"stdout"}
+	log, _ := logCfg.Build()
+	m, err := ipvs.New(ipvs.Config{
+		IPVS:      counted,
+		Links:     links,
+		Rules:     rules,
+		Conntrack: ipvs.NewConntrack(netns.None()),
+		Logger:    log,
+	})
+	if err != nil {
+		return err
+	}
+	g := &guest{r: r, topo: topo, m: m, ipvs: h, counted: counted, store: lb.NewStore(lb.StoreOptions{})}
+	for _, step := range cases.Steps() {
+		t0 := time.Now()
+		g.step(ctx, step)
+		r.Note("step %q took %v", step.Name, time.Since(t0).Round(time.Millisecond))
+	}
+	g.finish(ctx, rules)
+	return nil
+}
+
+type guest struct {
+	r       *vmtest.Reporter
+	topo    *topology
+	m       *ipvs.Mode
+	ipvs    *mobyipvs.Handle
+	counted *countingIPVS
+	store   *lb.Store
+}
+
+func (g *guest) apply(ctx context.Context, services []lb.Service, full bool) error {
+	if _, err := g.store.Replace(services); err != nil {
+		return err
+	}
+	return g.m.Apply(ctx, g.store.Snapshot(), full)
+}
+
+func (g *guest) step(ctx context.Context, step cases.Step) {
+	r := g.r
+	var held *heldConn
+	if h := step.Held; h != nil {
+		var err error
+		held, err = g.hold(*h)
+		if err != nil {
+			r.Fail(step.Name+": hold a connection", "%v", err)
+			return
+		}
+		defer held.close()
+	}
+	t0 := time.Now()
+	if !r.Check(step.Name+": apply", g.apply(ctx, step.Services, false)) {
+		return
+	}
+	r.Note("apply took %v", time.Since(t0).Round(time.Microsecond))
+	if h := step.Held; h != nil {
+		g.checkHeld(ctx, step.Name, *h, held)
+	}
+	for _, p := range step.Probes {
+		name := fmt.Sprintf("%s: %s", step.Name, p.Name)
+		if msg := cases.Check(p, g.probe(p)); msg != "" {
+			r.Fail(name, "%s", msg)
+		} else {
+			r.Pass(name)
+		}
+	}
+	if h := step.Held; h != nil && h.Proto == lb.TCP {
+		g.checkDrained(ctx, step.Name, *h, held)
+	}
+}
+
+// finish checks a full resync, idempotence and Cleanup.
+func (g *guest) finish(ctx context.Context, rules ipvs.Rules) {
+	r := g.r
+	svcs := cases.Steps()[len(cases.Steps())-1].Services
+	if r.Check("a full sync applies", g.apply(ctx, svcs, true)) {
+		if n := g.m.Repairs(); n != 0 {
+			r.Fail("a full sync of an unchanged kernel finds nothing to repair", "Repairs() = %d", n)
+		} else {
+			r.Pass("a full sync of an unchanged kernel finds nothing to repair")
+		}
+	}
+	g.counted.n.Store(0)
+	if r.Check("an unchanged incremental sync applies", g.apply(ctx, svcs, false)) {
+		if n := g.counted.n.Load(); n != 0 {
+			r.Fail("an unchanged incremental sync makes no IPVS calls", "%d calls", n)
+		} else {
+			r.Pass("an unchanged incremental sync makes no IPVS calls")
+		}
+	}
+	// Tamper, then a full sync repairs.
+	web := &mobyipvs.Service{Address: cases.StickyIP.Addr().AsSlice(), Protocol: syscall.IPPROTO_TCP, Port: cases.StickyIP.Port(), AddressFamily: syscall.AF_INET}
+	if err := g.ipvs.DelService(web); err == nil {
+		if r.Check("a full sync after tampering applies", g.apply(ctx, svcs, true)) {
+			if g.m.Repairs() != 1 {
+				r.Fail("a full sync repairs a deleted virtual server", "Repairs() = %d", g.m.Repairs())
+			}
+			p := cases.Probe{From: cases.Pod, To: cases.StickyIP, N: 2, Backends: []int{0, 1, 2}, Sticky: true}
+			if msg := cases.Check(p, g.probe(p)); msg != "" {
+				r.Fail("a full sync repairs a deleted virtual server", "%s", msg)
+			} else {
+				r.Pass("a full sync repairs a deleted virtual server")
+			}
+		}
+	}
+
+	if !r.Check("cleanup", g.m.Cleanup(ctx)) {
+		return
+	}
+	var left []string
+	svcList, err := g.ipvs.GetServices()
+	if err != nil {
+		left = append(left, err.Error())
+	}
+	for _, s := range svcList {
+		left = append(left, fmt.Sprintf("virtual server %v:%d", s.Address, s.Port))
+	}
+	if _, err := netlink.LinkByName(ipvs.DummyInterface); err == nil {
+		left = append(left, "interface "+ipvs.DummyInterface)
+	}
+	if out, err := rules.IPSetSave(ctx); err == nil && strings.Contains(string(out), "svcproxy-ipvs-") {
+		left = append(left, "ipsets: "+string(out))
+	}
+	for _, tbl := range []string{"nat", "filter"} {
+		if out, err := rules.IPTablesSave(ctx, ipvs.IPv4, tbl); err == nil && strings.Contains(string(out), "SVCPROXY-IPVS") {
+			left = append(left, tbl+": "+string(out))
+		}
+	}
+	if len(left) > 0 {
+		r.Fail("cleanup removes everything", "%s", strings.Join(left, "; "))
+	} else {
+		r.Pass("cleanup removes everything")
+	}
+	p := cases.Probe{From: cases.Pod, To: cases.StickyIP, Outcome: cases.Gone}
+	if msg := cases.Check(p, g.probe(p)); msg != "" {
+		r.Fail("after cleanup, a ClusterIP is gone", "%s", msg)
+	} else {
+		r.Pass("after cleanup, a ClusterIP is gone")
+	}
+	g.schedulers(ctx)
+}
+
+// schedulers checks each scheduler on the real kernel: the virtual server
+// gets it and new connections reach the endpoints. ClusterIP traffic from a
+// pod needs no iptables rule, so the fake Rules save the tool runs.
+func (g *guest) schedulers(ctx context.Context) {
+	rules := ipvs.NewFakeRules()
+	links, err := ipvs.NewLinks(netns.None())
+	if err != nil {
+		g.r.Fail("schedulers", "%v", err)
+		return
+	}
+	for _, sched := range ipvs.Schedulers {
+		name := "scheduler " + sched
+		m, err := ipvs.New(ipvs.Config{Scheduler: sched, IPVS: g.ipvs, Links: links, Rules: rules, Conntrack: ipvs.NewConntrack(netns.None())})
+		if err != nil {
+			g.r.Fail(name, "%v", err)
+			continue
+		}
+		st := lb.NewStore(lb.StoreOptions{})
+		if _, err := st.Replace([]lb.Service{cases.Web(0, 1, 2)}); err != nil {
+			g.r.Fail(name, "%v", err)
+			continue
+		}
+		if err := m.Apply(ctx, st.Snapshot(), true); err != nil {
+			g.r.Fail(name, "apply: %v", err)
+			m.Cleanup(ctx)
+			continue
+		}
+		got := ""
+		if svcs, err := g.ipvs.GetServices(); err == nil {
+			for _, s := range svcs {
+				if s.Port == cases.WebClusterIP.Port() && net.IP(s.Address).Equal(cases.WebClusterIP.Addr().AsSlice()) {
+					got = s.SchedName
+				}
+			}
+		}
+		p := cases.Probe{From: cases.Pod, To: cases.WebClusterIP, N: 3, Backends: []int{0, 1, 2}}
+		switch msg := cases.Check(p, g.probe(p)); {
+		case got != sched:
+			g.r.Fail(name, "the virtual server has scheduler %q", got)
+		case msg != "":
+			g.r.Fail(name, "%s", msg)
+		default:
+			g.r.Pass(name)
+		}
+		if err := m.Cleanup(ctx); err != nil {
+			g.r.Fail(name+": cleanup", "%v", err)
+		}
+	}
+}
+
+// --- probes over real sockets ---
+
+const (
+	dialTimeout = 2 * time.Second
+	readTimeout = 2 * time.Second
+)
+
+func (g *guest) probe(p cases.Probe) []cases.Result {
+	out := make([]cases.Result, 0, p.Count())
+	for range p.Count() {
+		var res cases.Result
+		if p.Proto == lb.UDP {
+			res = g.udpProbe(g.topo.client(p.From), p.To)
+		} else {
+			res = g.tcpProbe(g.topo.client(p.From), p.To)
+		}
+		// "Gone" is any failure that reached no backend but a timeout.
+		if p.Outcome == cases.Gone && (res.Outcome == cases.Refused || res.Outcome == outcomeUnreachable) {
+			res.Outcome = cases.Gone
+		}
+		out = append(out, res)
+	}
+	return out
+}
+
+// outcomeUnreachable is a client seeing host or network unreachable; it
+// matches no expectation but Gone.
+const (
+	outcomeUnreachable cases.Outcome = 100 + iota
+	outcomeTimeout
+	outcomeError
+)
+
+func classify(err error) (cases.Outcome, string) {
+	var ne net.Error
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET):
+		return cases.Refused, err.Error()
+	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
+		return outcomeUnreachable, err.Error()
+	case errors.As(err, &ne) && ne.Timeout():
+		return outcomeTimeout, err.Error()
+	}
+	return outcomeError, err.Error()
+}
+
+// greeting parses a backend's "b<index> <source addr:port>" line.
+func greeting(line string) (int, netip.Addr, error) {
+	f := strings.Fields(line)
+	if len(f) != 2 || !strings.HasPrefix(f[0], "b") {
+		return -1, netip.Addr{}, fmt.Errorf("unexpected greeting %q", line)
+	}
+	i, err := strconv.Atoi(f[0][1:])
+	if err != nil {
+		return -1, netip.Addr{}, fmt.Errorf("unexpected greeting %q", line)
+	}
+	src, err := netip.ParseAddrPort(f[1])
+	return i, src.Addr().Unmap(), err
+}
+
+func localAddr(c net.Conn) netip.Addr {
+	if a, err := netip.ParseAddrPort(c.LocalAddr().String()); err == nil {
+		return a.Addr().Unmap()
+	}
+	return netip.Addr{}
+}
+
+func (g *guest) tcpProbe(from host, to netip.AddrPort) cases.Result {
+	var conn net.Conn
+	err := inNS(from.ns, func() error {
+		var err error
+		conn, err = net.DialTimeout("tcp4", to.String(), dialTimeout)
+		return err
+	})
+	if err != nil {
+		o, d := classify(err)
+		return cases.Result{Outcome: o, Backend: -1, Detail: d}
+	}
+	defer resetClose(conn)
+	res := cases.Result{Client: localAddr(conn), Backend: -1}
+	conn.SetReadDeadline(time.Now().Add(readTimeout))
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		res.Outcome, res.Detail = classify(err)
+		return res
+	}
+	if res.Backend, res.Src, err = greeting(line); err != nil {
+		res.Outcome, res.Detail = outcomeError, err.Error()
+		return res
+	}
+	res.Outcome = cases.Reach
+	return res
+}
+
+// resetClose closes with a reset, so IPVS forgets the connection in
+// seconds (CLOSE state) rather than minutes (TIME_WAIT): the drain checks
+// wait for it.
+func resetClose(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	c.Close()
+}
+
+func udpDial(from host, to netip.AddrPort) (*net.UDPConn, error) {
+	var conn *net.UDPConn
+	err := inNS(from.ns, func() error {
+		var err error
+		conn, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(to))
+		return err
+	})
+	return conn, err
+}
+
+// udpExchange sends on conn until a reply comes, up to tries times.
+func udpExchange(conn *net.UDPConn, tries int) (string, error) {
+	buf := make([]byte, 512)
+	var err error
+	for range tries {
+		if _, err = conn.Write([]byte("hello\n")); err != nil {
+			continue
+		}
+		conn.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		var n int
+		if n, err = conn.Read(buf); err == nil {
+			return strings.TrimSpace(string(buf[:n])), nil
+		}
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			return "", err
+		}
+	}
+	return "", err
+}
+
+func (g *guest) udpProbe(from host, to netip.AddrPort) cases.Result {
+	conn, err := udpDial(from, to)
+	if err != nil {
+		o, d := classify(err)
+		return cases.Result{Outcome: o, Backend: -1, Detail: d}
+	}
+	defer conn.Close()
+	res := cases.Result{Client: localAddr(conn), Backend: -1}
+	line, err := udpExchange(conn, 3)
+	if err != nil {
+		res.Outcome, res.Detail = classify(err)
+		return res
+	}
+	if res.Backend, res.Src, err = greeting(line); err != nil {
+		res.Outcome, res.Detail = outcomeError, err.Error()
+		return res
+	}
+	res.Outcome = cases.Reach
+	return res
+}
+
+// --- held connections: drain and UDP flow moves ---
+
+type heldConn struct {
+	tcp *net.TCPConn
+	rd  *bufio.Reader
+	udp *net.UDPConn
+}
+
+func (h *heldConn) close() {
+	if h.tcp != nil {
+		resetClose(h.tcp)
+	}
+	if h.udp != nil {
+		h.udp.Close()
+	}
+}
+
+// hold opens connections (flows) until one lands on h.Backend.
+func (g *guest) hold(h cases.Held) (*heldConn, error) {
+	from := g.topo.client(h.From)
+	for range 10 {
+		if h.Proto == lb.UDP {
+			conn, err := udpDial(from, h.To)
+			if err != nil {
+				return nil, err
+			}
+			line, err := udpExchange(conn, 3)
+			if i, _, gerr := greeting(line); err == nil && gerr == nil && i == h.Backend {
+				return &heldConn{udp: conn}, nil
+			}
+			conn.Close()
+			continue
+		}
+		var conn net.Conn
+		if err := inNS(from.ns, func() error {
+			var err error
+			conn, err = net.DialTimeout("tcp4", h.To.String(), dialTimeout)
+			return err
+		}); err != nil {
+			return nil, err
+		}
+		rd := bufio.NewReader(conn)
+		conn.SetReadDeadline(time.Now().Add(readTimeout))
+		line, err := rd.ReadString('\n')
+		if i, _, gerr := greeting(line); err == nil && gerr == nil && i == h.Backend {
+			conn.SetReadDeadline(time.Time{})
+			return &heldConn{tcp: conn.(*net.TCPConn), rd: rd}, nil
+		}
+		resetClose(conn)
+	}
+	return nil, fmt.Errorf("no connection through %v landed on backend%d in 10 tries", h.To, h.Backend)
+}
+
+// realServers returns the real servers of a virtual server with weights.
+func (g *guest) realServers(proto lb.Protocol, vip netip.AddrPort) (map[netip.AddrPort]*mobyipvs.Destination, error) {
+	s := &mobyipvs.Service{Address: vip.Addr().AsSlice(), Protocol: syscall.IPPROTO_TCP, Port: vip.Port(), AddressFamily: syscall.AF_INET}
+	if proto == lb.UDP {
+		s.Protocol = syscall.IPPROTO_UDP
+	}
+	ds, err := g.ipvs.GetDestinations(s)
+	if err != nil {
+		return nil, err
+	}
+	out := map[netip.AddrPort]*mobyipvs.Destination{}
+	for _, d := range ds {
+		a, _ := netip.AddrFromSlice(d.Address)
+		out[netip.AddrPortFrom(a.Unmap(), d.Port)] = d
+	}
+	return out, nil
+}
+
+func (g *guest) checkHeld(ctx context.Context, step string, h cases.Held, held *heldConn) {
+	r := g.r
+	port := cases.TCPPort
+	if h.Proto == lb.UDP {
+		port = cases.UDPPort
+	}
+	gone := netip.AddrPortFrom(cases.Backends[h.Backend], port)
+	rs, err := g.realServers(h.Proto, h.To)
+	if err != nil {
+		r.Fail(step+": read real servers", "%v", err)
+		return
+	}
+	if h.Proto == lb.UDP {
+		if d := rs[gone]; d != nil {
+			r.Fail(step+": the removed UDP real server is deleted at once", "still there with weight %d", d.Weight)
+		} else {
+			r.Pass(step + ": the removed UDP real server is deleted at once")
+		}
+		// The flow's next datagram: the stale IPVS connection is expired
+		// (expire_nodest_conn) and conntrack was cleared, so it is
+		// scheduled afresh (the first datagram may be dropped doing so).
+		line, err := udpExchange(held.udp, 6)
+		i, _, gerr := greeting(line)
+		switch {
+		case err != nil:
+			r.Fail(step+": the held flow moves to another endpoint", "%v", err)
+		case gerr != nil || i == h.Backend:
+			r.Fail(step+": the held flow moves to another endpoint", "answered %q", line)
+		default:
+			r.Pass(step + ": the held flow moves to another endpoint")
+		}
+		return
+	}
+	d := rs[gone]
+	switch {
+	case d == nil:
+		r.Fail(step+": the removed real server drains at weight 0", "it was deleted with a connection open")
+	case d.Weight != 0:
+		r.Fail(step+": the removed real server drains at weight 0", "weight %d", d.Weight)
+	default:
+		r.Pass(fmt.Sprintf("%s: the removed real server drains at weight 0 (active %d, inactive %d)", step, d.ActiveConnections, d.InactiveConnections))
+	}
+	if g.m.Draining() == 0 {
+		r.Fail(step+": Draining() counts it", "0")
+	}
+	held.tcp.SetDeadline(time.Now().Add(readTimeout))
+	_, err = held.tcp.Write([]byte("ping\n"))
+	line := ""
+	if err == nil {
+		line, err = held.rd.ReadString('\n')
+	}
+	if err != nil || strings.TrimSpace(line) != "ping" {
+		r.Fail(step+": the held connection keeps working while draining", "got %q, %v", line, err)
+	} else {
+		r.Pass(step + ": the held connection keeps working while draining")
+	}
+}
+
+func (g *guest) checkDrained(ctx context.Context, step string, h cases.Held, held *heldConn) {
+	held.close()
+	gone := netip.AddrPortFrom(cases.Backends[h.Backend], cases.TCPPort)
+	start := time.Now()
+	for time.Since(start) < 45*time.Second {
+		if err := g.m.Sweep(ctx); err != nil {
+			g.r.Fail(step+": sweep", "%v", err)
+			return
+		}
+		rs, err := g.realServers(h.Proto, h.To)
+		if err != nil {
+			g.r.Fail(step+": read real servers", "%v", err)
+			return
+		}
+		if rs[gone] == nil {
+			g.r.Pass(fmt.Sprintf("%s: once its connections are gone the sweep deletes it (after %v)", step, time.Since(start).Round(100*time.Millisecond)))
+			return
+		}
+		time.Sleep(time.Second)
+	}
+	g.r.Fail(step+": once its connections are gone the sweep deletes it", "still there after %v", time.Since(start).Round(time.Second))
+}
+
+// --- topology ---
+
+// newNS creates a network namespace without entering it.
+func newNS() (netns.NsHandle, error) {
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return netns.None(), err
+	}
+	defer orig.Close()
+	ns, err := netns.New()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return netns.None(), err
+	}
+	if err := netns.Set(orig); err != nil {
+		panic(fmt.Sprintf("cannot return to the initial namespace: %v", err)) // the thread stays locked and dies
+	}
+	runtime.UnlockOSThread()
+	return ns, nil
+}
+
+// inNS runs fn on a thread in ns (netns.None(): this one): sockets fn
+// creates belong to ns.
+func inNS(ns netns.NsHandle, fn func() error) error {
+	if ns == netns.None() {
+		return fn()
+	}
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return err
+	}
+	defer orig.Close()
+	if err := netns.Set(ns); err != nil {
+		runtime.UnlockOSThread()
+		return err
+	}
+	ferr := fn()
+	if err := netns.Set(orig); err != nil {
+		panic(fmt.Sprintf("cannot return to the initial namespace: %v", err))
+	}
+	runtime.UnlockOSThread()
+	return ferr
+}
+
+func hostRoute(link netlink.Link, dst netip.Addr) *netlink.Route {
+	return &netlink.Route{LinkIndex: link.Attrs().Index, Dst: &net.IPNet{IP: dst.AsSlice(), Mask: net.CIDRMask(32, 32)}, Scope: netlink.SCOPE_LINK}
+}
+
+// buildTopology makes the pod and backend namespaces, each with a veth
+// pair to the node: /32 addresses on both ends, the node as every other
+// host's default gateway (the CNI ptp shape).
+func buildTopology() (*topology, error) {
+	t := &topology{node: host{name: "node", ns: netns.None(), ip: cases.NodeIP}}
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644); err != nil {
+		return nil, err
+	}
+	node, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, err
+	}
+	lo, err := node.LinkByName("lo")
+	if err != nil {
+		return nil, err
+	}
+	if err := node.LinkSetUp(lo); err != nil {
+		return nil, err
+	}
+	add := func(name string, ip netip.Addr) (host, error) {
+		ns, err := newNS()
+		if err != nil {
+			return host{}, err
+		}
+		h := host{name: name, ns: ns, ip: ip}
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "v-" + name}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(ns))}
+		if err := node.LinkAdd(veth); err != nil {
+			return h, fmt.Errorf("veth for %s: %w", name, err)
+		}
+		nl, err := node.LinkByName("v-" + name)
+		if err != nil {
+			return h, err
+		}
+		if err := node.AddrAdd(nl, &netlink.Addr{IPNet: &net.IPNet{IP: cases.NodeIP.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
+			return h, err
+		}
+		if err := node.LinkSetUp(nl); err != nil {
+			return h, err
+		}
+		if err := node.RouteAdd(hostRoute(nl, ip)); err != nil {
+			return h, err
+		}
+		in, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+		if err != nil {
+			return h, err
+		}
+		defer in.Close()
+		for _, n := range []string{"lo", "eth0"} {
+			l, err := in.LinkByName(n)
+			if err != nil {
+				return h, err
+			}
+			if err := in.LinkSetUp(l); err != nil {
+				return h, err
+			}
+		}
+		eth0, _ := in.LinkByName("eth0")
+		if err := in.AddrAdd(eth0, &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
+			return h, err
+		}
+		if err := in.RouteAdd(hostRoute(eth0, cases.NodeIP)); err != nil {
+			return h, err
+		}
+		if err := in.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: cases.NodeIP.AsSlice()}); err != nil {
+			return h, fmt.Errorf("default route of %s: %w", name, err)
+		}
+		return h, nil
+	}
+	if t.pod, err = add("pod", cases.PodIP); err != nil {
+		return nil, err
+	}
+	for i, ip := range cases.Backends {
+		b, err := add("b"+strconv.Itoa(i), ip)
+		if err != nil {
+			return nil, err
+		}
+		t.backends = append(t.backends, b)
+	}
+	return t, nil
+}
+
+// serve runs backend i's servers in its namespace: TCP greets with
+// "b<i> <client addr>" then echoes lines; UDP answers each datagram so.
+func serve(b host, i int) error {
+	var ln net.Listener
+	var pc net.PacketConn
+	if err := inNS(b.ns, func() error {
+		var err error
+		if ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", cases.TCPPort)); err != nil {
+			return err
+		}
+		pc, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", cases.UDPPort))
+		return err
+	}); err != nil {
+		return err
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				fmt.Fprintf(c, "b%d %s\n", i, c.RemoteAddr())
+				sc := bufio.NewScanner(c)
+				for sc.Scan() {
+					fmt.Fprintf(c, "%s\n", sc.Text())
+				}
+			}()
+		}
+	}()
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			_, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo([]byte(fmt.Sprintf("b%d %s\n", i, from)), from)
+		}
+	}()
+	return nil
+}
+
+// countingIPVS counts every IPVS call, for the idempotence check.
+type countingIPVS struct {
+	ipvs.IPVS
+	n atomic.Int64
+}
+
+func (c *countingIPVS) GetServices() ([]*mobyipvs.Service, error) {
+	c.n.Add(1)
+	return c.IPVS.GetServices()
+}
+
+func (c *countingIPVS) NewService(s *mobyipvs.Service) error {
+	c.n.Add(1)
+	return c.IPVS.NewService(s)
+}
+
+func (c *countingIPVS) UpdateService(s *mobyipvs.Service) error {
+	c.n.Add(1)
+	return c.IPVS.UpdateService(s)
+}
+
+func (c *countingIPVS) DelService(s *mobyipvs.Service) error {
+	c.n.Add(1)
+	return c.IPVS.DelService(s)
+}
+
+func (c *countingIPVS) GetDestinations(s *mobyipvs.Service) ([]*mobyipvs.Destination, error) {
+	c.n.Add(1)
+	return c.IPVS.GetDestinations(s)
+}
+
+func (c *countingIPVS) NewDestination(s *mobyipvs.Service, d *mobyipvs.Destination) error {
+	c.n.Add(1)
+	return c.IPVS.NewDestination(s, d)
+}
+
+func (c *countingIPVS) UpdateDestination(s *mobyipvs.Service, d *mobyipvs.Destination) error {
+	c.n.Add(1)
+	return c.IPVS.UpdateDestination(s, d)
+}
+
+func (c *countingIPVS) DelDestination(s *mobyipvs.Service, d *mobyipvs.Destination) error {
+	c.n.Add(1)
+	return c.IPVS.DelDestination(s, d)
+}

@@ -1,0 +1,142 @@
+package vmtest
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The guest side: what a test program running as /init calls.
+
+// ModuleOrder is the file in the initramfs listing the modules to load, one
+// "name path" a line, dependencies first.
+const ModuleOrder = "/modules/order"
+
+// AddModules puts mods into the initramfs under /modules with the
+// ModuleOrder file LoadModules reads.
+func (r *Initramfs) AddModules(mods []Module) {
+	var order strings.Builder
+	for _, m := range mods {
+		p := "/modules/" + m.Name + ".ko"
+		r.AddFileFrom(p, m.Path, 0o644)
+		fmt.Fprintf(&order, "%s %s\n", m.Name, p)
+	}
+	r.AddFile(ModuleOrder, []byte(order.String()), 0o644)
+}
+
+// MountBasics mounts /proc, /sys and tmpfs on /run and /tmp.
+func MountBasics() error {
+	for _, m := range []struct{ src, dst, fstype string }{
+		{"proc", "/proc", "proc"},
+		{"sysfs", "/sys", "sysfs"},
+		{"tmpfs", "/run", "tmpfs"},
+		{"tmpfs", "/tmp", "tmpfs"},
+	} {
+		if err := os.MkdirAll(m.dst, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(m.src, m.dst, m.fstype, 0, ""); err != nil {
+			return fmt.Errorf("mounting %s: %w", m.dst, err)
+		}
+	}
+	return nil
+}
+
+// LoadModules loads the modules ModuleOrder lists with finit_module, in
+// order; one already loaded is fine. It returns the names loaded.
+func LoadModules() ([]string, error) {
+	b, err := os.ReadFile(ModuleOrder)
+	if err != nil {
+		return nil, err
+	}
+	var loaded []string
+	for line := range strings.Lines(string(b)) {
+		name, p, ok := strings.Cut(strings.TrimSpace(line), " ")
+		if !ok {
+			continue
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return loaded, err
+		}
+		err = unix.FinitModule(int(f.Fd()), "", 0)
+		f.Close()
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			return loaded, fmt.Errorf("loading module %s: %w", name, err)
+		}
+		loaded = append(loaded, name)
+	}
+	return loaded, nil
+}
+
+// Reporter prints check results on the console in the form ParseResults
+// reads.
+type Reporter struct {
+	mu         sync.Mutex
+	w          io.Writer
+	start      time.Time
+	pass, fail int
+}
+
+// NewReporter reports to w (the console: os.Stdout of /init).
+func NewReporter(w io.Writer) *Reporter { return &Reporter{w: w, start: time.Now()} }
+
+func (r *Reporter) line(s string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	fmt.Fprintln(r.w, strings.ReplaceAll(s, "\n", " | "))
+}
+
+// Pass reports a passed check.
+func (r *Reporter) Pass(name string) {
+	r.mu.Lock()
+	r.pass++
+	r.mu.Unlock()
+	r.line(PrefixPass + name)
+}
+
+// Fail reports a failed check.
+func (r *Reporter) Fail(name, format string, args ...any) {
+	r.mu.Lock()
+	r.fail++
+	r.mu.Unlock()
+	r.line(PrefixFail + name + ": " + fmt.Sprintf(format, args...))
+}
+
+// Check reports name as passed when err is nil, else failed with err.
+func (r *Reporter) Check(name string, err error) bool {
+	if err != nil {
+		r.Fail(name, "%v", err)
+		return false
+	}
+	r.Pass(name)
+	return true
+}
+
+// Note prints information that is neither a pass nor a failure.
+func (r *Reporter) Note(format string, args ...any) {
+	r.line(PrefixNote + fmt.Sprintf(format, args...))
+}
+
+// Done prints the summary line; print nothing after it.
+func (r *Reporter) Done() {
+	r.mu.Lock()
+	p, f := r.pass, r.fail
+	r.mu.Unlock()
+	r.line(fmt.Sprintf("%s pass=%d fail=%d guest_seconds=%.1f", LineDone, p, f, time.Since(r.start).Seconds()))
+}
+
+// PowerOff ends the VM: with QEMU's -no-reboot, a reboot ends QEMU.
+func PowerOff() {
+	unix.Sync()
+	_ = unix.Reboot(unix.LINUX_REBOOT_CMD_RESTART)
+	// Still here (not PID 1?): exit, which panics the kernel, which
+	// reboots (panic=-1).
+	os.Exit(1)
+}
