@@ -8,14 +8,15 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 )
 
 // BenchmarkApply measures the Go side of one incremental Apply (a Service
-// added or removed, alternately) over the Fake, at each size.
+// added or removed, alternately) over the netfilter.Fake, at each size.
 func BenchmarkApply(b *testing.B) {
 	for _, n := range []int{10, 100, 1000, 10000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
-			f := NewFake()
+			f := netfilter.NewFake()
 			r, err := New(Config{Mark: testMark, Exec: f, Logger: zap.NewNop()})
 			if err != nil {
 				b.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 )
 
 // The chains svcproxy owns, and the builtin chains that jump to them.
@@ -80,7 +81,7 @@ func (r *Redirector) compute(snap *lb.Snapshot, ports Ports, spare map[member]st
 				return
 			}
 			fam := familyOf(ip)
-			if fam == IPv6 && !r.cfg.IPv6 {
+			if fam == netfilter.IPv6 && !r.cfg.IPv6 {
 				return
 			}
 			fe := lb.Frontend{Protocol: svc.Protocol, Addr: netip.AddrPortFrom(ip, svc.Port)}
@@ -159,15 +160,15 @@ func (r *Redirector) compute(snap *lb.Snapshot, ports Ports, spare map[member]st
 	return d, errs
 }
 
-func familyOf(a netip.Addr) Family {
+func familyOf(a netip.Addr) netfilter.Family {
 	if a.Unmap().Is4() {
-		return IPv4
+		return netfilter.IPv4
 	}
-	return IPv6
+	return netfilter.IPv6
 }
 
-func unspecified(f Family) netip.Addr {
-	if f == IPv6 {
+func unspecified(f netfilter.Family) netip.Addr {
+	if f == netfilter.IPv6 {
 		return netip.IPv6Unspecified()
 	}
 	return netip.IPv4Unspecified()
@@ -175,7 +176,7 @@ func unspecified(f Family) netip.Addr {
 
 // chainRules renders the rules of each of ourChains for one family, in
 // iptables-save's canonical form.
-func (r *Redirector) chainRules(fam Family, tcpPort uint16, udp, npUDP []udpRedirect) map[chainKey][]string {
+func (r *Redirector) chainRules(fam netfilter.Family, tcpPort uint16, udp, npUDP []udpRedirect) map[chainKey][]string {
 	mark := fmt.Sprintf("-m mark --mark %#x/%#x -j RETURN", r.cfg.Mark, r.cfg.Mark)
 	svc, reject := setDefs[svcSet(fam)].name, setDefs[rejectSet(fam)].name
 	to := strconv.Itoa(int(tcpPort))
@@ -184,7 +185,7 @@ func (r *Redirector) chainRules(fam Family, tcpPort uint16, udp, npUDP []udpRedi
 		local += " -m set --match-set " + setDefs[npAddrsSet(fam)].name + " dst"
 	}
 	unreachable := "icmp-port-unreachable"
-	if fam == IPv6 {
+	if fam == netfilter.IPv6 {
 		unreachable = "icmp6-port-unreachable"
 	}
 	rules := map[chainKey][]string{
@@ -229,8 +230,8 @@ func (r *Redirector) chainRules(fam Family, tcpPort uint16, udp, npUDP []udpRedi
 	// iptables-save output is what it prints.
 	for k, rs := range rules {
 		for i, s := range rs {
-			if p, err := parseRule(s); err == nil {
-				rs[i] = p.String()
+			if c, err := netfilter.Canonical(fam, s); err == nil {
+				rs[i] = c
 			}
 		}
 		rules[k] = rs

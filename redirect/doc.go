@@ -7,7 +7,7 @@
 //
 // The number of iptables rules is fixed; Services live in ipset members, so
 // adding or removing a Service changes one or two set members and rewrites
-// no rule. Per address family (IPv4 shown; IPv6 mirrors it with -v6 sets):
+// no rule. Per address family (netfilter.IPv4 shown; netfilter.IPv6 mirrors it with -v6 sets):
 //
 //	ipsets
 //	  svcproxy-svc-v4         hash:ip,port  frontends (ClusterIP, ExternalIP, LB IP) whose pool has endpoints
@@ -49,7 +49,8 @@
 // touches iptables only when the rules' text changed (UDP frontends or the
 // ports). Cleanup removes everything named SVCPROXY-* / svcproxy-*.
 //
-// Executor is the kernel boundary: Exec runs the real tools (optionally in a
-// network namespace), Fake keeps tables and sets in memory and traces
-// packets through them, so tests assert where a packet goes, not rule text.
+// The kernel boundary is package netfilter: netfilter.Exec runs the real
+// tools (optionally in a network namespace), netfilter.Fake keeps tables and
+// sets in memory and traces packets through them, so tests assert where a
+// packet goes, not rule text.
 package redirect

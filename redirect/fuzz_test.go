@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 )
 
 // byteReader hands out fuzz input; past the end it returns zeros.
@@ -113,16 +114,16 @@ func fuzzPortsFor(r *byteReader, services []lb.Service) Ports {
 }
 
 // expect computes, straight from the snapshot, where p should go.
-func expect(snap *lb.Snapshot, ports Ports, cfg Config, p Packet) Verdict {
+func expect(snap *lb.Snapshot, ports Ports, cfg Config, p netfilter.Packet) netfilter.Verdict {
 	if p.Mark&cfg.Mark == cfg.Mark {
 		return accepted
 	}
 	dst := p.Dst
 	fam := familyOf(dst.Addr())
-	if fam == IPv6 && !cfg.IPv6 {
+	if fam == netfilter.IPv6 && !cfg.IPv6 {
 		return accepted
 	}
-	steer := func(pool *lb.Pool, udpKey netip.AddrPort) (Verdict, bool) {
+	steer := func(pool *lb.Pool, udpKey netip.AddrPort) (netfilter.Verdict, bool) {
 		if len(pool.Backends()) == 0 {
 			return rejected, true
 		}
@@ -132,7 +133,7 @@ func expect(snap *lb.Snapshot, ports Ports, cfg Config, p Packet) Verdict {
 		if to := ports.UDP[lb.Frontend{Protocol: lb.UDP, Addr: udpKey}]; to != 0 {
 			return redirected(to), true
 		}
-		return Verdict{}, false // not programmed
+		return netfilter.Verdict{}, false // not programmed
 	}
 	isVIP := false
 	for _, b := range snap.Balancers() {
@@ -176,7 +177,7 @@ func expect(snap *lb.Snapshot, ports Ports, cfg Config, p Packet) Verdict {
 }
 
 // fuzzPackets are the packets worth tracing for services.
-func fuzzPackets(services []lb.Service) []Packet {
+func fuzzPackets(services []lb.Service) []netfilter.Packet {
 	dsts := map[netip.AddrPort]bool{ap("8.8.8.8:53"): true, ap("[2001:4860::8888]:80"): true}
 	for _, s := range services {
 		for _, a := range slices.Concat(s.ClusterIPs, s.ExternalIPs, s.LoadBalancerIPs) {
@@ -188,11 +189,11 @@ func fuzzPackets(services []lb.Service) []Packet {
 			}
 		}
 	}
-	var out []Packet
+	var out []netfilter.Packet
 	for d := range dsts {
 		for _, proto := range []lb.Protocol{lb.TCP, lb.UDP} {
-			for _, hook := range []Hook{Prerouting, Output} {
-				if d.Addr().IsLoopback() && hook == Prerouting {
+			for _, hook := range []netfilter.Hook{netfilter.Prerouting, netfilter.Output} {
+				if d.Addr().IsLoopback() && hook == netfilter.Prerouting {
 					continue
 				}
 				for _, mark := range []uint32{0, testMark} {
@@ -214,7 +215,7 @@ func FuzzApply(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		in := &byteReader{b: data}
 		cfg := Config{Mark: testMark, IPv6: in.next()&1 != 0, NodePortAddresses: fuzzPrefixes[in.pick(len(fuzzPrefixes))], Logger: zap.NewNop()}
-		fake := NewFake()
+		fake := netfilter.NewFake()
 		cfg.Exec = fake
 		r, err := New(cfg)
 		if err != nil {
@@ -239,7 +240,7 @@ func FuzzApply(f *testing.F) {
 		if err := r.Cleanup(context.Background()); err != nil {
 			t.Fatalf("Cleanup: %v", err)
 		}
-		if got, want := fake.Dump(), NewFake().Dump(); got != want {
+		if got, want := fake.Dump(), netfilter.NewFake().Dump(); got != want {
 			t.Fatalf("Cleanup left:\n%s", got)
 		}
 	})

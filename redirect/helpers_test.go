@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 )
 
 const (
@@ -106,10 +107,10 @@ func testPorts() Ports {
 	}}
 }
 
-// newFakeRedirector returns a Redirector over a new Fake.
-func newFakeRedirector(t testing.TB, cfg Config) (*Redirector, *Fake) {
+// newFakeRedirector returns a Redirector over a new netfilter.Fake.
+func newFakeRedirector(t testing.TB, cfg Config) (*Redirector, *netfilter.Fake) {
 	t.Helper()
-	f := NewFake()
+	f := netfilter.NewFake()
 	cfg.Exec = f
 	if cfg.Mark == 0 {
 		cfg.Mark = testMark
@@ -132,30 +133,32 @@ func mustApply(t testing.TB, r *Redirector, snap *lb.Snapshot, ports Ports, full
 }
 
 // pkt is a packet from a pod (PREROUTING) unless hook says otherwise.
-func pkt(proto lb.Protocol, dst string, hook Hook) Packet {
+func pkt(proto lb.Protocol, dst string, hook netfilter.Hook) netfilter.Packet {
 	src := clientIP
 	d := ap(dst)
-	if hook == Output {
+	if hook == netfilter.Output {
 		src = netip.AddrPortFrom(nodeIP, 40000)
 	}
 	if d.Addr().Is6() {
 		src = ap("[fd00:244::5]:40000")
-		if hook == Output {
+		if hook == netfilter.Output {
 			src = netip.AddrPortFrom(nodeIP6, 40000)
 		}
 	}
-	return Packet{Src: src, Dst: d, Proto: proto, Hook: hook, LocalAddrs: localAddrs}
+	return netfilter.Packet{Src: src, Dst: d, Proto: proto, Hook: hook, LocalAddrs: localAddrs}
 }
 
-func redirected(port uint16) Verdict { return Verdict{Action: Redirect, Port: port} }
+func redirected(port uint16) netfilter.Verdict {
+	return netfilter.Verdict{Action: netfilter.Redirect, Port: port}
+}
 
 var (
-	accepted = Verdict{Action: Accept}
-	rejected = Verdict{Action: Reject}
+	accepted = netfilter.Verdict{Action: netfilter.Accept}
+	rejected = netfilter.Verdict{Action: netfilter.Reject}
 )
 
 // checkTrace fails when f sends p anywhere but want (the Rule is ignored).
-func checkTrace(t *testing.T, f *Fake, p Packet, want Verdict) {
+func checkTrace(t *testing.T, f *netfilter.Fake, p netfilter.Packet, want netfilter.Verdict) {
 	t.Helper()
 	got := f.Trace(p)
 	if got.Action != want.Action || got.Port != want.Port {
@@ -164,8 +167,8 @@ func checkTrace(t *testing.T, f *Fake, p Packet, want Verdict) {
 	}
 }
 
-func hookName(h Hook) string {
-	if h == Output {
+func hookName(h netfilter.Hook) string {
+	if h == netfilter.Output {
 		return "OUTPUT"
 	}
 	return "PREROUTING"

@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/svcproxy/svcproxy/netfilter"
 )
 
 // Privileged tests touch only network namespaces they create
@@ -56,11 +58,11 @@ func requirePrivileged(t testing.TB) {
 			return
 		}
 		defer exec.Command("ip", "netns", "del", name).Run()
-		e := NewExec(name)
+		e := netfilter.NewExec(name)
 		ctx := context.Background()
 		err := errors.Join(
 			e.IPSetRestore(ctx, []byte("create svcproxy-probe hash:ip,port family inet\ncreate svcproxy-probe-p bitmap:port range 0-65535\n")),
-			e.IPTablesRestore(ctx, IPv4, []byte("*nat\n:SVCPROXY-PROBE - [0:0]\n"+
+			e.IPTablesRestore(ctx, netfilter.IPv4, []byte("*nat\n:SVCPROXY-PROBE - [0:0]\n"+
 				"-A SVCPROXY-PROBE -p tcp -m set --match-set svcproxy-probe dst,dst -j REDIRECT --to-ports 1\n"+
 				"-A SVCPROXY-PROBE -m addrtype --dst-type LOCAL -m set --match-set svcproxy-probe-p dst -j RETURN\nCOMMIT\n"+
 				"*filter\n:SVCPROXY-PROBE - [0:0]\n-A SVCPROXY-PROBE -p tcp -m conntrack --ctstate DNAT -j REJECT --reject-with tcp-reset\nCOMMIT\n")))
@@ -180,7 +182,7 @@ func inNS(t testing.TB, ns string, fn func()) {
 	fn()
 }
 
-// originalDst reads SO_ORIGINAL_DST (IP6T_SO_ORIGINAL_DST for IPv6) of an
+// originalDst reads SO_ORIGINAL_DST (IP6T_SO_ORIGINAL_DST for netfilter.IPv6) of an
 // accepted, redirected connection.
 func originalDst(c *net.TCPConn) (netip.AddrPort, error) {
 	rc, err := c.SyscallConn()
@@ -251,10 +253,10 @@ func pktinfoServer(t testing.TB, conn *net.UDPConn) {
 // counters and comments stripped.
 func iptablesState(t testing.TB, ns, variant string) string {
 	t.Helper()
-	e := &Exec{NetNS: ns, Variant: variant}
+	e := &netfilter.Exec{NetNS: ns, Variant: variant}
 	var b strings.Builder
 	counters := regexp.MustCompile(`\[\d+:\d+\]`)
-	for _, fam := range []Family{IPv4, IPv6} {
+	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
 		for _, tbl := range []string{"nat", "filter"} {
 			out, err := e.IPTablesSave(context.Background(), fam, tbl)
 			if err != nil {

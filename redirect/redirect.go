@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 )
 
 // Ports are the forwarder ports traffic is steered to.
@@ -48,11 +49,11 @@ type Config struct {
 	// family lifts the restriction for that family; a family with no prefix
 	// gets no NodePorts.
 	NodePortAddresses []netip.Prefix
-	// IPv6 also programs ip6tables and the -v6 sets.
+	// netfilter.IPv6 also programs ip6tables and the -v6 sets.
 	IPv6 bool
-	// Exec runs the kernel tools. Nil: NewExec("") (the real tools, in this
-	// process's network namespace).
-	Exec Executor
+	// Exec runs the kernel tools. Nil: netfilter.NewExec("") (the real
+	// tools, in this process's network namespace).
+	Exec netfilter.Executor
 	// Logger; nil: no logging.
 	Logger *zap.Logger
 }
@@ -61,10 +62,10 @@ type Config struct {
 // for concurrent use; calls are serialised.
 type Redirector struct {
 	cfg          Config
-	exec         Executor
+	exec         netfilter.Executor
 	log          *zap.Logger
 	backend      string
-	families     []Family
+	families     []netfilter.Family
 	npRestricted [2]bool
 	npAddrs      [2][]netip.Prefix
 
@@ -83,14 +84,14 @@ func New(cfg Config) (*Redirector, error) {
 		return nil, errors.New("creating redirector: mark must not be zero")
 	}
 	if cfg.Exec == nil {
-		cfg.Exec = NewExec("")
+		cfg.Exec = netfilter.NewExec("")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	r := &Redirector{cfg: cfg, exec: cfg.Exec, log: cfg.Logger.Named("redirect"), families: []Family{IPv4}}
+	r := &Redirector{cfg: cfg, exec: cfg.Exec, log: cfg.Logger.Named("redirect"), families: []netfilter.Family{netfilter.IPv4}}
 	if cfg.IPv6 {
-		r.families = append(r.families, IPv6)
+		r.families = append(r.families, netfilter.IPv6)
 	}
 	if len(cfg.NodePortAddresses) > 0 {
 		r.npRestricted = [2]bool{true, true}
@@ -146,12 +147,12 @@ func (r *Redirector) Repairs() uint64 { return r.repairs.Load() }
 // wantedSets are the sets this configuration uses.
 func (r *Redirector) wantedSets() []setID {
 	ids := []setID{setSvc4, setReject4}
-	if r.npRestricted[IPv4] {
+	if r.npRestricted[netfilter.IPv4] {
 		ids = append(ids, setNPAddrs4)
 	}
 	if r.cfg.IPv6 {
 		ids = append(ids, setSvc6, setReject6)
-		if r.npRestricted[IPv6] {
+		if r.npRestricted[netfilter.IPv6] {
 			ids = append(ids, setNPAddrs6)
 		}
 	}
@@ -271,17 +272,16 @@ func (r *Redirector) observe(ctx context.Context) (*observed, error) {
 			continue
 		}
 		raw, err := r.exec.IPSetList(ctx, d.name)
-		if errors.Is(err, ErrNoSet) {
+		if errors.Is(err, netfilter.ErrNoSet) {
 			delete(o.sets, d.name)
 			continue
 		}
 		if err != nil {
 			return nil, fmt.Errorf("listing ipset %s: %w", d.name, err)
 		}
-		model := &ipset{typ: d.typ, family: inetName(d.family), lo: 0, hi: 65535}
 		ms := make([]string, 0, len(raw))
 		for _, m := range raw {
-			c, err := model.canon(m)
+			c, err := netfilter.CanonicalMembers(d.typ, d.family, m)
 			if err != nil {
 				c = []string{"unparsable:" + m}
 			}
@@ -292,8 +292,8 @@ func (r *Redirector) observe(ctx context.Context) (*observed, error) {
 	return o, nil
 }
 
-// isV6Set reports whether name is (the temporary of) an IPv6-only set, which
-// a full sync without IPv6 leaves alone: ip6tables rules may still use it
+// isV6Set reports whether name is (the temporary of) an netfilter.IPv6-only set, which
+// a full sync without netfilter.IPv6 leaves alone: ip6tables rules may still use it
 // until Cleanup.
 func isV6Set(name string) bool {
 	for _, id := range []setID{setSvc6, setReject6, setNPAddrs6} {
@@ -306,7 +306,7 @@ func isV6Set(name string) bool {
 
 // readRules parses iptables-save of nat and filter for fam and returns
 // svcproxy's chains and every rule elsewhere that jumps into one.
-func (r *Redirector) readRules(ctx context.Context, fam Family) (map[chainKey][]string, []jumpRule, error) {
+func (r *Redirector) readRules(ctx context.Context, fam netfilter.Family) (map[chainKey][]string, []jumpRule, error) {
 	chains := map[chainKey][]string{}
 	var jumps []jumpRule
 	for _, tbl := range []string{"nat", "filter"} {
@@ -314,30 +314,15 @@ func (r *Redirector) readRules(ctx context.Context, fam Family) (map[chainKey][]
 		if err != nil {
 			return nil, nil, fmt.Errorf("reading %v %s table: %w", fam, tbl, err)
 		}
-		tables := map[string]*table{}
-		err = restore(tables, out, restoreEnv{family: fam, newTable: newTable, lenient: true})
+		owned, err := netfilter.ReadOwned(fam, tbl, out, chainPrefix)
 		if err != nil {
 			return nil, nil, fmt.Errorf("parsing %v %s table: %w", fam, tbl, err)
 		}
-		t := tables[tbl]
-		if t == nil {
-			continue // nf_tables: the table does not exist yet
+		for name, rs := range owned.Chains {
+			chains[chainKey{tbl, name}] = rs
 		}
-		for name, c := range t.chains {
-			if strings.HasPrefix(name, chainPrefix) {
-				rs := make([]string, len(c.rules))
-				for i, x := range c.rules {
-					rs[i] = x.String()
-				}
-				chains[chainKey{tbl, name}] = rs
-				continue
-			}
-			for _, x := range c.rules {
-				if strings.HasPrefix(x.target, chainPrefix) {
-					plain := x.String() == "-j "+x.target
-					jumps = append(jumps, jumpRule{table: tbl, chain: name, spec: x.text, target: x.target, plain: plain})
-				}
-			}
+		for _, j := range owned.Jumps {
+			jumps = append(jumps, jumpRule{table: tbl, chain: j.Chain, spec: j.Spec, target: j.Target, plain: j.Plain})
 		}
 	}
 	return chains, jumps, nil
@@ -519,38 +504,23 @@ func sortDecl(extra map[string][]string) map[string][]string {
 // destroySet destroys a set, waiting out references the nf_tables backend
 // releases asynchronously after their rule is deleted.
 func (r *Redirector) destroySet(ctx context.Context, name string) error {
-	delay := 20 * time.Millisecond
-	for attempt := 0; ; attempt++ {
-		err := r.exec.IPSetDestroy(ctx, name)
-		if err == nil || errors.Is(err, ErrNoSet) {
-			return nil
-		}
-		if !errors.Is(err, ErrSetInUse) || attempt == 6 {
-			return fmt.Errorf("destroying ipset %s: %w", name, err)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("destroying ipset %s: %w", name, ctx.Err())
-		case <-time.After(delay):
-			delay *= 2
-		}
-	}
+	return netfilter.DestroySet(ctx, r.exec, name)
 }
 
 // Cleanup removes every rule, chain and set svcproxy installs, found by name
 // (SVCPROXY-* chains and every rule jumping to one, svcproxy-* sets) in
 // both families, also when another process installed them. Everything else
-// in the tables stays as it was. IPv6 errors are ignored when Config.IPv6 is
+// in the tables stays as it was. netfilter.IPv6 errors are ignored when Config.IPv6 is
 // off (the node may have no ip6tables).
 func (r *Redirector) Cleanup(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.cur = nil
 	var errs []error
-	for _, fam := range []Family{IPv4, IPv6} {
+	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
 		err := r.cleanupRules(ctx, fam)
-		if err != nil && fam == IPv6 && !r.cfg.IPv6 {
-			r.log.Debug("cleaning up IPv6 rules", zap.Error(err))
+		if err != nil && fam == netfilter.IPv6 && !r.cfg.IPv6 {
+			r.log.Debug("cleaning up netfilter.IPv6 rules", zap.Error(err))
 			continue
 		}
 		if err != nil {
@@ -571,7 +541,7 @@ func (r *Redirector) Cleanup(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-func (r *Redirector) cleanupRules(ctx context.Context, fam Family) error {
+func (r *Redirector) cleanupRules(ctx context.Context, fam netfilter.Family) error {
 	chains, jumps, err := r.readRules(ctx, fam)
 	if err != nil {
 		return err

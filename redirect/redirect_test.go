@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 )
 
 func TestSteering(t *testing.T) {
@@ -15,56 +16,56 @@ func TestSteering(t *testing.T) {
 	snap := store(t, testServices()...).Snapshot()
 	mustApply(t, r, snap, testPorts(), true)
 
-	marked := func(p Packet) Packet { p.Mark = testMark | 0x1; return p }
+	marked := func(p netfilter.Packet) netfilter.Packet { p.Mark = testMark | 0x1; return p }
 	for _, tc := range []struct {
 		name string
-		p    Packet
-		want Verdict
+		p    netfilter.Packet
+		want netfilter.Verdict
 	}{
-		{"ClusterIP TCP from a pod", pkt(lb.TCP, "10.96.0.10:80", Prerouting), redirected(testTCPPort)},
-		{"ClusterIP TCP from the node", pkt(lb.TCP, "10.96.0.10:80", Output), redirected(testTCPPort)},
-		{"IPv6 ClusterIP from a pod", pkt(lb.TCP, "[fd00::10]:80", Prerouting), redirected(testTCPPort)},
-		{"IPv6 ClusterIP from the node", pkt(lb.TCP, "[fd00::10]:80", Output), redirected(testTCPPort)},
-		{"ExternalIP", pkt(lb.TCP, "203.0.113.10:80", Prerouting), redirected(testTCPPort)},
-		{"ExternalIP from the node", pkt(lb.TCP, "203.0.113.10:80", Output), redirected(testTCPPort)},
-		{"LoadBalancer IP", pkt(lb.TCP, "203.0.113.20:80", Prerouting), redirected(testTCPPort)},
-		{"NodePort on a node address", pkt(lb.TCP, "192.0.2.10:30080", Prerouting), redirected(testTCPPort)},
-		{"NodePort on the other node address", pkt(lb.TCP, "198.51.100.10:30080", Prerouting), redirected(testTCPPort)},
-		{"NodePort on the node's IPv6 address", pkt(lb.TCP, "[2001:db8::10]:30080", Prerouting), redirected(testTCPPort)},
-		{"NodePort on localhost from the node", pkt(lb.TCP, "127.0.0.1:30080", Output), redirected(testTCPPort)},
-		{"NodePort on an address not the node's", pkt(lb.TCP, "192.0.2.99:30080", Prerouting), accepted},
-		{"NodePort of the wrong protocol", pkt(lb.UDP, "192.0.2.10:30080", Prerouting), accepted},
+		{"ClusterIP TCP from a pod", pkt(lb.TCP, "10.96.0.10:80", netfilter.Prerouting), redirected(testTCPPort)},
+		{"ClusterIP TCP from the node", pkt(lb.TCP, "10.96.0.10:80", netfilter.Output), redirected(testTCPPort)},
+		{"netfilter.IPv6 ClusterIP from a pod", pkt(lb.TCP, "[fd00::10]:80", netfilter.Prerouting), redirected(testTCPPort)},
+		{"netfilter.IPv6 ClusterIP from the node", pkt(lb.TCP, "[fd00::10]:80", netfilter.Output), redirected(testTCPPort)},
+		{"ExternalIP", pkt(lb.TCP, "203.0.113.10:80", netfilter.Prerouting), redirected(testTCPPort)},
+		{"ExternalIP from the node", pkt(lb.TCP, "203.0.113.10:80", netfilter.Output), redirected(testTCPPort)},
+		{"LoadBalancer IP", pkt(lb.TCP, "203.0.113.20:80", netfilter.Prerouting), redirected(testTCPPort)},
+		{"NodePort on a node address", pkt(lb.TCP, "192.0.2.10:30080", netfilter.Prerouting), redirected(testTCPPort)},
+		{"NodePort on the other node address", pkt(lb.TCP, "198.51.100.10:30080", netfilter.Prerouting), redirected(testTCPPort)},
+		{"NodePort on the node's netfilter.IPv6 address", pkt(lb.TCP, "[2001:db8::10]:30080", netfilter.Prerouting), redirected(testTCPPort)},
+		{"NodePort on localhost from the node", pkt(lb.TCP, "127.0.0.1:30080", netfilter.Output), redirected(testTCPPort)},
+		{"NodePort on an address not the node's", pkt(lb.TCP, "192.0.2.99:30080", netfilter.Prerouting), accepted},
+		{"NodePort of the wrong protocol", pkt(lb.UDP, "192.0.2.10:30080", netfilter.Prerouting), accepted},
 
-		{"Local policy without local endpoints: ClusterIP still served", pkt(lb.TCP, "10.96.0.11:80", Prerouting), redirected(testTCPPort)},
-		{"Local policy without local endpoints: LB IP rejected", pkt(lb.TCP, "203.0.113.21:80", Prerouting), rejected},
-		{"Local policy without local endpoints: NodePort rejected", pkt(lb.TCP, "192.0.2.10:30081", Prerouting), rejected},
-		{"Local policy without local endpoints: NodePort from the node rejected", pkt(lb.TCP, "127.0.0.1:30081", Output), rejected},
+		{"Local policy without local endpoints: ClusterIP still served", pkt(lb.TCP, "10.96.0.11:80", netfilter.Prerouting), redirected(testTCPPort)},
+		{"Local policy without local endpoints: LB IP rejected", pkt(lb.TCP, "203.0.113.21:80", netfilter.Prerouting), rejected},
+		{"Local policy without local endpoints: NodePort rejected", pkt(lb.TCP, "192.0.2.10:30081", netfilter.Prerouting), rejected},
+		{"Local policy without local endpoints: NodePort from the node rejected", pkt(lb.TCP, "127.0.0.1:30081", netfilter.Output), rejected},
 
-		{"UDP ClusterIP to its own socket", pkt(lb.UDP, "10.96.0.53:53", Prerouting), redirected(40053)},
-		{"UDP ClusterIP from the node", pkt(lb.UDP, "10.96.0.53:53", Output), redirected(40053)},
-		{"UDP NodePort", pkt(lb.UDP, "192.0.2.10:30053", Prerouting), redirected(40054)},
-		{"UDP NodePort over IPv6", pkt(lb.UDP, "[2001:db8::10]:30053", Prerouting), redirected(40055)},
-		{"TCP to a UDP frontend", pkt(lb.TCP, "10.96.0.53:53", Prerouting), accepted},
+		{"UDP ClusterIP to its own socket", pkt(lb.UDP, "10.96.0.53:53", netfilter.Prerouting), redirected(40053)},
+		{"UDP ClusterIP from the node", pkt(lb.UDP, "10.96.0.53:53", netfilter.Output), redirected(40053)},
+		{"UDP NodePort", pkt(lb.UDP, "192.0.2.10:30053", netfilter.Prerouting), redirected(40054)},
+		{"UDP NodePort over netfilter.IPv6", pkt(lb.UDP, "[2001:db8::10]:30053", netfilter.Prerouting), redirected(40055)},
+		{"TCP to a UDP frontend", pkt(lb.TCP, "10.96.0.53:53", netfilter.Prerouting), accepted},
 
-		{"no endpoints TCP from a pod", pkt(lb.TCP, "10.96.0.12:80", Prerouting), rejected},
-		{"no endpoints TCP from the node", pkt(lb.TCP, "10.96.0.12:80", Output), rejected},
-		{"no endpoints UDP", pkt(lb.UDP, "10.96.0.13:53", Prerouting), rejected},
-		{"no endpoints UDP from the node", pkt(lb.UDP, "10.96.0.13:53", Output), rejected},
-		{"no endpoints NodePort", pkt(lb.TCP, "192.0.2.10:30082", Prerouting), rejected},
+		{"no endpoints TCP from a pod", pkt(lb.TCP, "10.96.0.12:80", netfilter.Prerouting), rejected},
+		{"no endpoints TCP from the node", pkt(lb.TCP, "10.96.0.12:80", netfilter.Output), rejected},
+		{"no endpoints UDP", pkt(lb.UDP, "10.96.0.13:53", netfilter.Prerouting), rejected},
+		{"no endpoints UDP from the node", pkt(lb.UDP, "10.96.0.13:53", netfilter.Output), rejected},
+		{"no endpoints NodePort", pkt(lb.TCP, "192.0.2.10:30082", netfilter.Prerouting), rejected},
 
-		{"forwarder's own dial to a ClusterIP", marked(pkt(lb.TCP, "10.96.0.10:80", Output)), accepted},
-		{"forwarder's own dial to a dead ClusterIP", marked(pkt(lb.TCP, "10.96.0.12:80", Output)), accepted},
-		{"forwarder's own dial to a NodePort", marked(pkt(lb.TCP, "127.0.0.1:30080", Output)), accepted},
-		{"forwarder's own dial to a dead NodePort", marked(pkt(lb.TCP, "192.0.2.10:30082", Output)), accepted},
+		{"forwarder's own dial to a ClusterIP", marked(pkt(lb.TCP, "10.96.0.10:80", netfilter.Output)), accepted},
+		{"forwarder's own dial to a dead ClusterIP", marked(pkt(lb.TCP, "10.96.0.12:80", netfilter.Output)), accepted},
+		{"forwarder's own dial to a NodePort", marked(pkt(lb.TCP, "127.0.0.1:30080", netfilter.Output)), accepted},
+		{"forwarder's own dial to a dead NodePort", marked(pkt(lb.TCP, "192.0.2.10:30082", netfilter.Output)), accepted},
 
-		{"unrelated port on a ClusterIP", pkt(lb.TCP, "10.96.0.10:81", Prerouting), accepted},
-		{"unrelated address", pkt(lb.TCP, "8.8.8.8:443", Output), accepted},
-		{"unrelated IPv6", pkt(lb.UDP, "[2001:4860::8888]:53", Output), accepted},
-		{"unrelated local port", pkt(lb.TCP, "192.0.2.10:22", Prerouting), accepted},
+		{"unrelated port on a ClusterIP", pkt(lb.TCP, "10.96.0.10:81", netfilter.Prerouting), accepted},
+		{"unrelated address", pkt(lb.TCP, "8.8.8.8:443", netfilter.Output), accepted},
+		{"unrelated netfilter.IPv6", pkt(lb.UDP, "[2001:4860::8888]:53", netfilter.Output), accepted},
+		{"unrelated local port", pkt(lb.TCP, "192.0.2.10:22", netfilter.Prerouting), accepted},
 	} {
 		t.Run(tc.name, func(t *testing.T) { checkTrace(t, f, tc.p, tc.want) })
 	}
-	if got := f.Trace(pkt(lb.TCP, "10.96.0.10:80", Prerouting)).Rule; !strings.Contains(got, "REDIRECT") {
+	if got := f.Trace(pkt(lb.TCP, "10.96.0.10:80", netfilter.Prerouting)).Rule; !strings.Contains(got, "REDIRECT") {
 		t.Errorf("Verdict.Rule = %q, want the REDIRECT rule", got)
 	}
 }
@@ -74,21 +75,21 @@ func TestNodePortAddresses(t *testing.T) {
 		name     string
 		prefixes []netip.Prefix
 		dst      string
-		hook     Hook
-		want     Verdict
+		hook     netfilter.Hook
+		want     netfilter.Verdict
 	}{
-		{"inside", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "192.0.2.10:30080", Prerouting, redirected(testTCPPort)},
-		{"local but outside", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "198.51.100.10:30080", Prerouting, accepted},
-		{"localhost outside", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "127.0.0.1:30080", Output, accepted},
-		{"localhost inside", []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, "127.0.0.1:30080", Output, redirected(testTCPPort)},
-		{"inside but not local", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "192.0.2.99:30080", Prerouting, accepted},
-		{"host prefix", []netip.Prefix{netip.MustParsePrefix("198.51.100.10/32")}, "198.51.100.10:30080", Prerouting, redirected(testTCPPort)},
-		{"dead NodePort inside", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "192.0.2.10:30082", Prerouting, rejected},
-		{"dead NodePort outside", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "198.51.100.10:30082", Prerouting, accepted},
-		{"no IPv6 prefix: no IPv6 NodePorts", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "[2001:db8::10]:30080", Prerouting, accepted},
-		{"IPv6 prefix", []netip.Prefix{netip.MustParsePrefix("2001:db8::/64")}, "[2001:db8::10]:30080", Prerouting, redirected(testTCPPort)},
-		{"IPv4 /0 lifts the IPv4 restriction", []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("2001:db8::/64")}, "198.51.100.10:30080", Prerouting, redirected(testTCPPort)},
-		{"ClusterIPs are not restricted", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "10.96.0.10:80", Prerouting, redirected(testTCPPort)},
+		{"inside", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "192.0.2.10:30080", netfilter.Prerouting, redirected(testTCPPort)},
+		{"local but outside", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "198.51.100.10:30080", netfilter.Prerouting, accepted},
+		{"localhost outside", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "127.0.0.1:30080", netfilter.Output, accepted},
+		{"localhost inside", []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, "127.0.0.1:30080", netfilter.Output, redirected(testTCPPort)},
+		{"inside but not local", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "192.0.2.99:30080", netfilter.Prerouting, accepted},
+		{"host prefix", []netip.Prefix{netip.MustParsePrefix("198.51.100.10/32")}, "198.51.100.10:30080", netfilter.Prerouting, redirected(testTCPPort)},
+		{"dead NodePort inside", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "192.0.2.10:30082", netfilter.Prerouting, rejected},
+		{"dead NodePort outside", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "198.51.100.10:30082", netfilter.Prerouting, accepted},
+		{"no netfilter.IPv6 prefix: no netfilter.IPv6 NodePorts", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "[2001:db8::10]:30080", netfilter.Prerouting, accepted},
+		{"netfilter.IPv6 prefix", []netip.Prefix{netip.MustParsePrefix("2001:db8::/64")}, "[2001:db8::10]:30080", netfilter.Prerouting, redirected(testTCPPort)},
+		{"netfilter.IPv4 /0 lifts the netfilter.IPv4 restriction", []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("2001:db8::/64")}, "198.51.100.10:30080", netfilter.Prerouting, redirected(testTCPPort)},
+		{"ClusterIPs are not restricted", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "10.96.0.10:80", netfilter.Prerouting, redirected(testTCPPort)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, f := newFakeRedirector(t, Config{IPv6: true, NodePortAddresses: tc.prefixes})
@@ -101,12 +102,12 @@ func TestNodePortAddresses(t *testing.T) {
 func TestIPv6Off(t *testing.T) {
 	r, f := newFakeRedirector(t, Config{})
 	mustApply(t, r, store(t, testServices()...).Snapshot(), testPorts(), true)
-	checkTrace(t, f, pkt(lb.TCP, "10.96.0.10:80", Prerouting), redirected(testTCPPort))
-	checkTrace(t, f, pkt(lb.TCP, "[fd00::10]:80", Prerouting), accepted)
-	checkTrace(t, f, pkt(lb.TCP, "[2001:db8::10]:30080", Prerouting), accepted)
+	checkTrace(t, f, pkt(lb.TCP, "10.96.0.10:80", netfilter.Prerouting), redirected(testTCPPort))
+	checkTrace(t, f, pkt(lb.TCP, "[fd00::10]:80", netfilter.Prerouting), accepted)
+	checkTrace(t, f, pkt(lb.TCP, "[2001:db8::10]:30080", netfilter.Prerouting), accepted)
 	for _, c := range f.Calls() {
-		if c.Family == IPv6 && strings.HasPrefix(c.Op, "iptables-") && c.Op != "iptables-version" {
-			t.Errorf("IPv6 off, but called %s for IPv6", c.Op)
+		if c.Family == netfilter.IPv6 && strings.HasPrefix(c.Op, "iptables-") && c.Op != "iptables-version" {
+			t.Errorf("netfilter.IPv6 off, but called %s for netfilter.IPv6", c.Op)
 		}
 	}
 }
@@ -156,37 +157,37 @@ func TestIncremental(t *testing.T) {
 	empty := svcs[3]
 	empty.Endpoints = eps(1, "node-b")
 	step("endpoints appear", calls{0, 1}, []lb.Service{empty})
-	checkTrace(t, f, pkt(lb.TCP, "10.96.0.12:80", Prerouting), redirected(testTCPPort))
-	checkTrace(t, f, pkt(lb.TCP, "192.0.2.10:30082", Prerouting), redirected(testTCPPort))
+	checkTrace(t, f, pkt(lb.TCP, "10.96.0.12:80", netfilter.Prerouting), redirected(testTCPPort))
+	checkTrace(t, f, pkt(lb.TCP, "192.0.2.10:30082", netfilter.Prerouting), redirected(testTCPPort))
 
 	dns := svcs[2]
 	dns.Endpoints = nil
 	step("UDP endpoints go", calls{0, 1}, []lb.Service{dns})
-	checkTrace(t, f, pkt(lb.UDP, "10.96.0.53:53", Prerouting), rejected)
-	checkTrace(t, f, pkt(lb.UDP, "192.0.2.10:30053", Prerouting), rejected)
+	checkTrace(t, f, pkt(lb.UDP, "10.96.0.53:53", netfilter.Prerouting), rejected)
+	checkTrace(t, f, pkt(lb.UDP, "192.0.2.10:30053", netfilter.Prerouting), rejected)
 
 	step("UDP endpoints come back", calls{0, 1}, []lb.Service{svcs[2]})
-	checkTrace(t, f, pkt(lb.UDP, "10.96.0.53:53", Prerouting), redirected(40053))
+	checkTrace(t, f, pkt(lb.UDP, "10.96.0.53:53", netfilter.Prerouting), redirected(40053))
 
 	added := lb.Service{Name: svcName("added"), Port: 443, ClusterIPs: []netip.Addr{ip("10.96.1.1")}, Endpoints: eps(3, "")}
 	step("TCP Service added", calls{0, 1}, []lb.Service{added})
-	checkTrace(t, f, pkt(lb.TCP, "10.96.1.1:443", Prerouting), redirected(testTCPPort))
+	checkTrace(t, f, pkt(lb.TCP, "10.96.1.1:443", netfilter.Prerouting), redirected(testTCPPort))
 
 	step("TCP Service removed", calls{0, 1}, nil, "added")
-	checkTrace(t, f, pkt(lb.TCP, "10.96.1.1:443", Prerouting), accepted)
+	checkTrace(t, f, pkt(lb.TCP, "10.96.1.1:443", netfilter.Prerouting), accepted)
 
 	step("Service with a NodePort removed", calls{0, 1}, nil, "web")
 	for _, dst := range []string{"10.96.0.10:80", "203.0.113.10:80", "203.0.113.20:80", "192.0.2.10:30080", "[fd00::10]:80"} {
-		checkTrace(t, f, pkt(lb.TCP, dst, Prerouting), accepted)
+		checkTrace(t, f, pkt(lb.TCP, dst, netfilter.Prerouting), accepted)
 	}
 
 	udp := lb.Service{Name: svcName("dns2"), Protocol: lb.UDP, Port: 53, ClusterIPs: []netip.Addr{ip("10.96.0.99")}, Endpoints: eps(1, "")}
 	step("UDP Service added: one restore for the family whose rules changed", calls{1, 1}, []lb.Service{udp})
-	checkTrace(t, f, pkt(lb.UDP, "10.96.0.99:53", Prerouting), redirected(40057))
+	checkTrace(t, f, pkt(lb.UDP, "10.96.0.99:53", netfilter.Prerouting), redirected(40057))
 
 	ports.TCP = 15002
 	step("TCP port changed", calls{2, 0}, nil)
-	checkTrace(t, f, pkt(lb.TCP, "10.96.0.11:80", Output), redirected(15002))
+	checkTrace(t, f, pkt(lb.TCP, "10.96.0.11:80", netfilter.Output), redirected(15002))
 	if r.Repairs() != 0 {
 		t.Errorf("Repairs = %d without tampering", r.Repairs())
 	}
@@ -203,38 +204,38 @@ func TestRepair(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name   string
-		tamper func(f *Fake) error
-		broken Packet // a packet the tampering misroutes
+		tamper func(f *netfilter.Fake) error
+		broken netfilter.Packet // a packet the tampering misroutes
 	}{
-		{"chain flushed", func(f *Fake) error {
-			return f.IPTablesRestore(ctx, IPv4, []byte("*nat\n-F SVCPROXY-SERVICES\nCOMMIT\n"))
-		}, pkt(lb.TCP, "10.96.0.10:80", Prerouting)},
-		{"rule deleted", func(f *Fake) error {
-			return f.IPTablesRestore(ctx, IPv4, []byte("*filter\n-D SVCPROXY-REJECT -p tcp -m set --match-set svcproxy-reject-v4 dst,dst -j REJECT --reject-with tcp-reset\nCOMMIT\n"))
-		}, pkt(lb.TCP, "10.96.0.12:80", Prerouting)},
-		{"jump deleted", func(f *Fake) error {
-			return f.IPTablesRestore(ctx, IPv6, []byte("*nat\n-D OUTPUT -j SVCPROXY-SERVICES\nCOMMIT\n"))
-		}, pkt(lb.TCP, "[fd00::10]:80", Output)},
-		{"rule inserted before ours", func(f *Fake) error {
-			return f.IPTablesRestore(ctx, IPv4, []byte("*nat\n-I SVCPROXY-SERVICES 1 -j RETURN\nCOMMIT\n"))
-		}, pkt(lb.TCP, "10.96.0.10:80", Output)},
-		{"set member deleted", func(f *Fake) error {
+		{"chain flushed", func(f *netfilter.Fake) error {
+			return f.IPTablesRestore(ctx, netfilter.IPv4, []byte("*nat\n-F SVCPROXY-SERVICES\nCOMMIT\n"))
+		}, pkt(lb.TCP, "10.96.0.10:80", netfilter.Prerouting)},
+		{"rule deleted", func(f *netfilter.Fake) error {
+			return f.IPTablesRestore(ctx, netfilter.IPv4, []byte("*filter\n-D SVCPROXY-REJECT -p tcp -m set --match-set svcproxy-reject-v4 dst,dst -j REJECT --reject-with tcp-reset\nCOMMIT\n"))
+		}, pkt(lb.TCP, "10.96.0.12:80", netfilter.Prerouting)},
+		{"jump deleted", func(f *netfilter.Fake) error {
+			return f.IPTablesRestore(ctx, netfilter.IPv6, []byte("*nat\n-D OUTPUT -j SVCPROXY-SERVICES\nCOMMIT\n"))
+		}, pkt(lb.TCP, "[fd00::10]:80", netfilter.Output)},
+		{"rule inserted before ours", func(f *netfilter.Fake) error {
+			return f.IPTablesRestore(ctx, netfilter.IPv4, []byte("*nat\n-I SVCPROXY-SERVICES 1 -j RETURN\nCOMMIT\n"))
+		}, pkt(lb.TCP, "10.96.0.10:80", netfilter.Output)},
+		{"set member deleted", func(f *netfilter.Fake) error {
 			return f.IPSetRestore(ctx, []byte("del svcproxy-svc-v4 10.96.0.10,tcp:80\n"))
-		}, pkt(lb.TCP, "10.96.0.10:80", Prerouting)},
-		{"set member added", func(f *Fake) error {
+		}, pkt(lb.TCP, "10.96.0.10:80", netfilter.Prerouting)},
+		{"set member added", func(f *netfilter.Fake) error {
 			return f.IPSetRestore(ctx, []byte("add svcproxy-reject-v4 8.8.8.8,tcp:443\n"))
-		}, pkt(lb.TCP, "8.8.8.8:443", Output)},
-		{"NodePort flushed", func(f *Fake) error {
+		}, pkt(lb.TCP, "8.8.8.8:443", netfilter.Output)},
+		{"NodePort flushed", func(f *netfilter.Fake) error {
 			return f.IPSetRestore(ctx, []byte("flush svcproxy-np-tcp\n"))
-		}, pkt(lb.TCP, "192.0.2.10:30080", Prerouting)},
-		{"stray chain and set", func(f *Fake) error {
+		}, pkt(lb.TCP, "192.0.2.10:30080", netfilter.Prerouting)},
+		{"stray chain and set", func(f *netfilter.Fake) error {
 			return errors.Join(
 				f.IPSetRestore(ctx, []byte("create svcproxy-old hash:ip,port family inet\nadd svcproxy-old 8.8.8.8,tcp:443\n")),
-				f.IPTablesRestore(ctx, IPv4, []byte("*nat\n:SVCPROXY-OLD - [0:0]\n-A SVCPROXY-OLD -m set --match-set svcproxy-old dst,dst -j REDIRECT --to-ports 1\n-I PREROUTING 1 -j SVCPROXY-OLD\nCOMMIT\n")))
-		}, pkt(lb.TCP, "8.8.8.8:443", Prerouting)},
-		{"duplicate jump", func(f *Fake) error {
-			return f.IPTablesRestore(ctx, IPv4, []byte("*filter\n-A INPUT -j SVCPROXY-REJECT\n-A INPUT -s 10.0.0.0/8 -j SVCPROXY-REJECT\nCOMMIT\n"))
-		}, Packet{}},
+				f.IPTablesRestore(ctx, netfilter.IPv4, []byte("*nat\n:SVCPROXY-OLD - [0:0]\n-A SVCPROXY-OLD -p tcp -m set --match-set svcproxy-old dst,dst -j REDIRECT --to-ports 1\n-I PREROUTING 1 -j SVCPROXY-OLD\nCOMMIT\n")))
+		}, pkt(lb.TCP, "8.8.8.8:443", netfilter.Prerouting)},
+		{"duplicate jump", func(f *netfilter.Fake) error {
+			return f.IPTablesRestore(ctx, netfilter.IPv4, []byte("*filter\n-A INPUT -j SVCPROXY-REJECT\n-A INPUT -s 10.0.0.0/8 -j SVCPROXY-REJECT\nCOMMIT\n"))
+		}, netfilter.Packet{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, f := newFakeRedirector(t, Config{IPv6: true})
@@ -242,7 +243,7 @@ func TestRepair(t *testing.T) {
 			mustApply(t, r, snap, testPorts(), true)
 			clean := f.Dump()
 			check := tc.broken.Dst.IsValid()
-			var want Verdict
+			var want netfilter.Verdict
 			if check {
 				want = f.Trace(tc.broken)
 			}
@@ -295,16 +296,16 @@ func TestCleanup(t *testing.T) {
 	if err := f.IPSetRestore(ctx, []byte("create foreign-set hash:net family inet\nadd foreign-set 10.0.0.0/8\n")); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.IPTablesRestore(ctx, IPv4, []byte(foreignNat)); err != nil {
+	if err := f.IPTablesRestore(ctx, netfilter.IPv4, []byte(foreignNat)); err != nil {
 		t.Fatal(err)
 	}
 	before := f.Dump()
 	mustApply(t, r, store(t, testServices()...).Snapshot(), testPorts(), true)
-	if got := f.Trace(pkt(lb.TCP, "203.0.113.10:80", Prerouting)); got.Action != Redirect {
+	if got := f.Trace(pkt(lb.TCP, "203.0.113.10:80", netfilter.Prerouting)); got.Action != netfilter.Redirect {
 		t.Fatalf("ExternalIP not redirected: %v", got)
 	}
 	// A rule from another process in the foreign chain jumping into ours.
-	if err := f.IPTablesRestore(ctx, IPv4, []byte("*nat\n-A FOREIGN -j SVCPROXY-SERVICES\nCOMMIT\n")); err != nil {
+	if err := f.IPTablesRestore(ctx, netfilter.IPv4, []byte("*nat\n-A FOREIGN -j SVCPROXY-SERVICES\nCOMMIT\n")); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.Cleanup(ctx); err != nil {
@@ -324,7 +325,7 @@ func TestCleanup(t *testing.T) {
 		t.Fatalf("Cleanup by another Redirector: %v", err)
 	}
 	if got := f.Dump(); got != before {
-		t.Errorf("after Cleanup by another process (IPv6 off there):\n%s\nwant:\n%s", got, before)
+		t.Errorf("after Cleanup by another process (netfilter.IPv6 off there):\n%s\nwant:\n%s", got, before)
 	}
 	if err := other.Cleanup(ctx); err != nil {
 		t.Errorf("second Cleanup: %v", err)
@@ -332,7 +333,7 @@ func TestCleanup(t *testing.T) {
 	// r did not see that: to it, another process removing its rules is
 	// tampering, which its next full sync repairs.
 	mustApply(t, r, store(t, testServices()...).Snapshot(), testPorts(), true)
-	checkTrace(t, f, pkt(lb.TCP, "10.96.0.10:80", Output), redirected(testTCPPort))
+	checkTrace(t, f, pkt(lb.TCP, "10.96.0.10:80", netfilter.Output), redirected(testTCPPort))
 	if r.Repairs() != 1 {
 		t.Errorf("Repairs = %d, want 1", r.Repairs())
 	}
@@ -352,7 +353,7 @@ func TestFaults(t *testing.T) {
 		snap, _ := store(t, append(svcs[:3:3], empty, svcs[4])...).Replace(append(svcs[:3:3], empty, svcs[4]))
 		f.FailNext("ipset-restore", boom)
 		mustApply(t, r, snap, testPorts(), false)
-		checkTrace(t, f, pkt(lb.TCP, "10.96.0.12:80", Prerouting), redirected(testTCPPort))
+		checkTrace(t, f, pkt(lb.TCP, "10.96.0.12:80", netfilter.Prerouting), redirected(testTCPPort))
 	})
 	t.Run("failed full sync leaves the next Apply full", func(t *testing.T) {
 		r, f := newFakeRedirector(t, Config{})
@@ -366,7 +367,7 @@ func TestFaults(t *testing.T) {
 		if n := f.CountCalls("iptables-save"); n == 0 {
 			t.Errorf("Apply after a failure was not a full sync")
 		}
-		checkTrace(t, f, pkt(lb.TCP, "10.96.0.10:80", Prerouting), redirected(testTCPPort))
+		checkTrace(t, f, pkt(lb.TCP, "10.96.0.10:80", netfilter.Prerouting), redirected(testTCPPort))
 		if r.Repairs() != 0 {
 			t.Errorf("Repairs = %d; a failed sync is not tampering", r.Repairs())
 		}
@@ -401,16 +402,16 @@ func TestBadInput(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "default/dns:p") || !strings.Contains(err.Error(), "10.96.0.53:53") {
 		t.Errorf("Apply = %v, want an error naming the Service and frontend", err)
 	}
-	checkTrace(t, f, pkt(lb.UDP, "10.96.0.53:53", Prerouting), accepted)
-	checkTrace(t, f, pkt(lb.UDP, "192.0.2.10:30053", Prerouting), redirected(40054))
-	checkTrace(t, f, pkt(lb.TCP, "10.96.0.10:80", Prerouting), redirected(testTCPPort))
-	checkTrace(t, f, pkt(lb.UDP, "10.96.0.13:53", Prerouting), rejected)
+	checkTrace(t, f, pkt(lb.UDP, "10.96.0.53:53", netfilter.Prerouting), accepted)
+	checkTrace(t, f, pkt(lb.UDP, "192.0.2.10:30053", netfilter.Prerouting), redirected(40054))
+	checkTrace(t, f, pkt(lb.TCP, "10.96.0.10:80", netfilter.Prerouting), redirected(testTCPPort))
+	checkTrace(t, f, pkt(lb.UDP, "10.96.0.13:53", netfilter.Prerouting), rejected)
 
 	for _, cfg := range []Config{
 		{},
 		{Mark: 1, NodePortAddresses: []netip.Prefix{{}}},
 	} {
-		cfg.Exec = NewFake()
+		cfg.Exec = netfilter.NewFake()
 		if _, err := New(cfg); err == nil {
 			t.Errorf("New(%+v) succeeded", cfg)
 		}
@@ -423,7 +424,7 @@ func TestBackend(t *testing.T) {
 		"iptables v1.8.9 (legacy)":    "legacy",
 		"iptables v1.6.1":             "legacy",
 	} {
-		f := NewFake()
+		f := netfilter.NewFake()
 		f.SetVersion(v)
 		r, err := New(Config{Mark: 1, Exec: f})
 		if err != nil {
@@ -447,6 +448,6 @@ func TestFrontendConflict(t *testing.T) {
 		t.Fatal("the store accepted a conflict")
 	}
 	mustApply(t, r, snap, testPorts(), true)
-	checkTrace(t, f, pkt(lb.TCP, "10.96.0.1:80", Prerouting), rejected) // a sorts first, and has no endpoints
-	checkTrace(t, f, pkt(lb.TCP, "192.0.2.10:30000", Prerouting), rejected)
+	checkTrace(t, f, pkt(lb.TCP, "10.96.0.1:80", netfilter.Prerouting), rejected) // a sorts first, and has no endpoints
+	checkTrace(t, f, pkt(lb.TCP, "192.0.2.10:30000", netfilter.Prerouting), rejected)
 }

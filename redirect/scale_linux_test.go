@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 )
 
 type scaleFigures struct {
@@ -24,7 +25,7 @@ type scaleFigures struct {
 func measureScale(t testing.TB, variant string, n, rounds int) scaleFigures {
 	ctx := context.Background()
 	ns := newNS(t)
-	r, err := New(Config{Mark: testMark, Exec: &Exec{NetNS: ns, Variant: variant}, Logger: zap.NewNop()})
+	r, err := New(Config{Mark: testMark, Exec: &netfilter.Exec{NetNS: ns, Variant: variant}, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +112,7 @@ func BenchmarkPrivilegedApply(b *testing.B) {
 	for _, n := range []int{10, 100, 1000, 10000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			ns := newNS(b)
-			r, err := New(Config{Mark: testMark, Exec: NewExec(ns), Logger: zap.NewNop()})
+			r, err := New(Config{Mark: testMark, Exec: netfilter.NewExec(ns), Logger: zap.NewNop()})
 			if err != nil {
 				b.Fatal(err)
 			}

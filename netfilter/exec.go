@@ -1,4 +1,4 @@
-package redirect
+package netfilter
 
 import (
 	"bufio"
@@ -6,10 +6,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/svcproxy/svcproxy/lb"
 )
 
 // Family is an IP address family.
@@ -28,8 +31,8 @@ func (f Family) String() string {
 	return "IPv4"
 }
 
-// Executor runs the kernel tools. It is exactly what Redirector calls: Exec
-// is the real one, Fake the in-memory one tests use.
+// Executor runs the kernel tools. It is exactly what svcproxy's modes call:
+// Exec is the real one, Fake the in-memory one tests use.
 type Executor interface {
 	// IPTablesRestore feeds data to iptables-restore (ip6tables-restore for
 	// IPv6) with --noflush --wait: only the chains data declares are
@@ -56,6 +59,48 @@ type Executor interface {
 	// IPSetDestroy destroys the named set: ErrNoSet when it does not exist,
 	// ErrSetInUse when a rule still references it.
 	IPSetDestroy(ctx context.Context, name string) error
+	// ConntrackDelete deletes the conntrack entries of family that match
+	// filter (`conntrack -D`). None matching is not an error.
+	ConntrackDelete(ctx context.Context, family Family, filter ConntrackFilter) error
+}
+
+// ConntrackFilter selects conntrack entries. Zero fields match anything,
+// but Proto is always matched.
+type ConntrackFilter struct {
+	Proto       lb.Protocol
+	OrigDst     netip.Addr     // the destination the client sent to (a Service IP); invalid: any
+	OrigDstPort uint16         // its port; 0: any
+	ReplySrc    netip.AddrPort // where replies come from: the endpoint the flow was DNATed to; invalid: any
+}
+
+func (c ConntrackFilter) String() string {
+	var b strings.Builder
+	b.WriteString(protoName(c.Proto))
+	if c.OrigDst.IsValid() {
+		b.WriteString(" dst " + c.OrigDst.String())
+	}
+	if c.OrigDstPort != 0 {
+		b.WriteString(" dport " + strconv.Itoa(int(c.OrigDstPort)))
+	}
+	if c.ReplySrc.IsValid() {
+		b.WriteString(" reply-src " + c.ReplySrc.String())
+	}
+	return b.String()
+}
+
+// args are c as conntrack options.
+func (c ConntrackFilter) args() []string {
+	args := []string{"-p", protoName(c.Proto)}
+	if c.OrigDst.IsValid() {
+		args = append(args, "--orig-dst", c.OrigDst.String())
+	}
+	if c.OrigDstPort != 0 {
+		args = append(args, "--orig-port-dst", strconv.Itoa(int(c.OrigDstPort)))
+	}
+	if c.ReplySrc.IsValid() {
+		args = append(args, "--reply-src", c.ReplySrc.Addr().String(), "--reply-port-src", strconv.Itoa(int(c.ReplySrc.Port())))
+	}
+	return args
 }
 
 // Exec runs the real tools with exec.CommandContext. The zero value runs the
@@ -75,9 +120,9 @@ func NewExec(netns string) *Exec { return &Exec{NetNS: netns} }
 
 var _ Executor = (*Exec)(nil)
 
-// iptables names the iptables binary tool ("", "-restore", "-save") for
-// family and e.Variant.
-func (e *Exec) iptables(family Family, tool string) string {
+// Tool names the iptables binary tool ("", "-restore", "-save") runs for
+// family and e.Variant, e.g. "ip6tables-legacy-save".
+func (e *Exec) Tool(family Family, tool string) string {
 	name := "iptables"
 	if family == IPv6 {
 		name = "ip6tables"
@@ -147,18 +192,18 @@ func withLine(err error, data []byte) error {
 
 // IPTablesRestore implements Executor.
 func (e *Exec) IPTablesRestore(ctx context.Context, family Family, data []byte) error {
-	_, err := e.run(ctx, data, e.iptables(family, "-restore"), "--noflush", "--wait")
+	_, err := e.run(ctx, data, e.Tool(family, "-restore"), "--noflush", "--wait")
 	return withLine(err, data)
 }
 
 // IPTablesSave implements Executor.
 func (e *Exec) IPTablesSave(ctx context.Context, family Family, table string) ([]byte, error) {
-	return e.run(ctx, nil, e.iptables(family, "-save"), "-t", table)
+	return e.run(ctx, nil, e.Tool(family, "-save"), "-t", table)
 }
 
 // IPTablesVersion implements Executor.
 func (e *Exec) IPTablesVersion(ctx context.Context) (string, error) {
-	out, err := e.run(ctx, nil, e.iptables(IPv4, ""), "--version")
+	out, err := e.run(ctx, nil, e.Tool(IPv4, ""), "--version")
 	return strings.TrimSpace(string(out)), err
 }
 
@@ -197,6 +242,20 @@ func (e *Exec) IPSetNames(ctx context.Context) ([]string, error) {
 func (e *Exec) IPSetDestroy(ctx context.Context, name string) error {
 	_, err := e.run(ctx, nil, "ipset", "destroy", name)
 	return classifyIPSet(err)
+}
+
+// ConntrackDelete implements Executor.
+func (e *Exec) ConntrackDelete(ctx context.Context, family Family, filter ConntrackFilter) error {
+	fam := "ipv4"
+	if family == IPv6 {
+		fam = "ipv6"
+	}
+	_, err := e.run(ctx, nil, "conntrack", append([]string{"-D", "-f", fam}, filter.args()...)...)
+	var te *toolError
+	if errors.As(err, &te) && strings.Contains(te.stderr, "0 flow entries have been deleted") {
+		return nil // conntrack exits 1 when nothing matched
+	}
+	return err
 }
 
 // classifyIPSet wraps the sentinel errors ipset's messages stand for.

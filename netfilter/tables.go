@@ -1,340 +1,12 @@
-package redirect
+package netfilter
 
 import (
 	"errors"
 	"fmt"
-	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
 )
-
-// rule is one iptables rule in the subset of the syntax svcproxy writes,
-// parsed from iptables-restore input or iptables-save output. Anything else
-// is kept in extra: such a rule round-trips, compares and can be deleted,
-// but the tracer never matches it.
-type rule struct {
-	text       string // the specification as given
-	opaque     bool   // text did not parse: kept verbatim, never matches
-	proto      string // "tcp", "udp" or "" (any)
-	dst        netip.Prefix
-	dstNeg     bool
-	dport      uint16
-	mark       uint32
-	markMask   uint32
-	hasMark    bool
-	markNeg    bool
-	addrType   string // --dst-type, e.g. "LOCAL"
-	addrNeg    bool
-	ctstates   []string
-	ctNeg      bool
-	sets       []setMatch
-	comment    string
-	extra      []string // unrecognised tokens, in order
-	target     string   // -j: REDIRECT, REJECT, RETURN, ACCEPT, DROP, a chain, or ""
-	toPorts    string   // REDIRECT --to-ports
-	rejectWith string   // REJECT --reject-with
-}
-
-type setMatch struct {
-	name  string
-	flags string // "dst", "dst,dst", "src,dst", ...
-	neg   bool
-}
-
-// String renders r as iptables-save does (without "-A CHAIN"): -d, -p, then
-// the matches, then -j and its options. Two rules that mean the same render
-// the same, so String is also the comparison key.
-func (r *rule) String() string {
-	if r.opaque {
-		return r.text
-	}
-	var b strings.Builder
-	w := func(s ...string) {
-		for _, x := range s {
-			if b.Len() > 0 {
-				b.WriteByte(' ')
-			}
-			b.WriteString(x)
-		}
-	}
-	neg := func(n bool) {
-		if n {
-			w("!")
-		}
-	}
-	if r.dst.IsValid() {
-		neg(r.dstNeg)
-		w("-d", r.dst.String())
-	}
-	if r.proto != "" {
-		w("-p", r.proto)
-	}
-	if r.dport != 0 {
-		w("-m", r.proto, "--dport", strconv.Itoa(int(r.dport)))
-	}
-	if r.hasMark {
-		w("-m", "mark")
-		neg(r.markNeg)
-		if r.markMask == ^uint32(0) {
-			w("--mark", fmt.Sprintf("%#x", r.mark))
-		} else {
-			w("--mark", fmt.Sprintf("%#x/%#x", r.mark, r.markMask))
-		}
-	}
-	if r.addrType != "" {
-		w("-m", "addrtype")
-		neg(r.addrNeg)
-		w("--dst-type", r.addrType)
-	}
-	if len(r.ctstates) > 0 {
-		w("-m", "conntrack")
-		neg(r.ctNeg)
-		w("--ctstate", strings.Join(r.ctstates, ","))
-	}
-	for _, s := range r.sets {
-		w("-m", "set")
-		neg(s.neg)
-		w("--match-set", s.name, s.flags)
-	}
-	if r.comment != "" {
-		w("-m", "comment", "--comment", strconv.Quote(r.comment))
-	}
-	w(r.extra...)
-	if r.target != "" {
-		w("-j", r.target)
-	}
-	if r.toPorts != "" {
-		w("--to-ports", r.toPorts)
-	}
-	if r.rejectWith != "" {
-		w("--reject-with", r.rejectWith)
-	}
-	return b.String()
-}
-
-// tokenize splits a rule the way a shell would for the quoting iptables-save
-// uses: double quotes group, a backslash escapes the next character.
-func tokenize(s string) ([]string, error) {
-	var toks []string
-	var cur strings.Builder
-	inTok, inQuote := false, false
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '\\' && i+1 < len(s):
-			i++
-			cur.WriteByte(s[i])
-			inTok = true
-		case c == '"':
-			inQuote = !inQuote
-			inTok = true
-		case !inQuote && (c == ' ' || c == '\t'):
-			if inTok {
-				toks = append(toks, cur.String())
-				cur.Reset()
-				inTok = false
-			}
-		default:
-			cur.WriteByte(c)
-			inTok = true
-		}
-	}
-	if inQuote {
-		return nil, errors.New("unterminated quote")
-	}
-	if inTok {
-		toks = append(toks, cur.String())
-	}
-	return toks, nil
-}
-
-// parseRule parses a rule specification (what follows "-A CHAIN").
-func parseRule(spec string) (*rule, error) {
-	toks, err := tokenize(spec)
-	if err != nil {
-		return nil, err
-	}
-	r := &rule{text: spec}
-	neg := false
-	arg := func(i int) (string, error) {
-		if i+1 >= len(toks) {
-			return "", fmt.Errorf("%s needs an argument", toks[i])
-		}
-		return toks[i+1], nil
-	}
-	for i := 0; i < len(toks); i++ {
-		t := toks[i]
-		if t == "!" {
-			neg = true
-			continue
-		}
-		takeNeg := func() bool { n := neg; neg = false; return n }
-		switch t {
-		case "-p", "--protocol":
-			v, err := arg(i)
-			if err != nil {
-				return nil, err
-			}
-			i++
-			if takeNeg() {
-				r.extra = append(r.extra, "!", t, v)
-				continue
-			}
-			switch strings.ToLower(v) {
-			case "tcp", "6":
-				r.proto = "tcp"
-			case "udp", "17":
-				r.proto = "udp"
-			case "all", "0":
-			default:
-				r.extra = append(r.extra, t, v)
-			}
-		case "-d", "--destination", "--dst":
-			v, err := arg(i)
-			if err != nil {
-				return nil, err
-			}
-			i++
-			p, err := parsePrefix(v)
-			if err != nil {
-				return nil, fmt.Errorf("-d %s: %w", v, err)
-			}
-			r.dst, r.dstNeg = p, takeNeg()
-		case "-m", "--match":
-			v, err := arg(i)
-			if err != nil {
-				return nil, err
-			}
-			i++
-			switch v {
-			case "tcp", "udp", "mark", "addrtype", "conntrack", "set", "comment":
-				// Options are recognised by name below.
-			default:
-				r.extra = append(r.extra, t, v)
-			}
-		case "--dport", "--destination-port":
-			v, err := arg(i)
-			if err != nil {
-				return nil, err
-			}
-			i++
-			n, err := strconv.ParseUint(v, 10, 16)
-			if err != nil || n == 0 || takeNeg() {
-				r.extra = append(r.extra, t, v)
-				continue
-			}
-			r.dport = uint16(n)
-		case "--mark":
-			v, err := arg(i)
-			if err != nil {
-				return nil, err
-			}
-			i++
-			val, mask, hasMask := strings.Cut(v, "/")
-			m, err1 := strconv.ParseUint(val, 0, 32)
-			k := uint64(^uint32(0))
-			var err2 error
-			if hasMask {
-				k, err2 = strconv.ParseUint(mask, 0, 32)
-			}
-			if err1 != nil || err2 != nil {
-				return nil, fmt.Errorf("--mark %s: not a mark", v)
-			}
-			r.hasMark, r.mark, r.markMask, r.markNeg = true, uint32(m), uint32(k), takeNeg()
-		case "--dst-type":
-			v, err := arg(i)
-			if err != nil {
-				return nil, err
-			}
-			i++
-			r.addrType, r.addrNeg = v, takeNeg()
-		case "--ctstate":
-			v, err := arg(i)
-			if err != nil {
-				return nil, err
-			}
-			i++
-			r.ctstates, r.ctNeg = strings.Split(v, ","), takeNeg()
-		case "--match-set":
-			if i+2 >= len(toks) {
-				return nil, errors.New("--match-set needs a set name and flags")
-			}
-			r.sets = append(r.sets, setMatch{name: toks[i+1], flags: toks[i+2], neg: takeNeg()})
-			i += 2
-		case "--comment":
-			v, err := arg(i)
-			if err != nil {
-				return nil, err
-			}
-			i++
-			r.comment = v
-		case "-j", "--jump":
-			v, err := arg(i)
-			if err != nil {
-				return nil, err
-			}
-			i++
-			r.target = v
-		case "--to-ports", "--to-port":
-			v, err := arg(i)
-			if err != nil {
-				return nil, err
-			}
-			i++
-			r.toPorts = v
-		case "--reject-with":
-			v, err := arg(i)
-			if err != nil {
-				return nil, err
-			}
-			i++
-			r.rejectWith = v
-		default:
-			if takeNeg() {
-				r.extra = append(r.extra, "!")
-			}
-			r.extra = append(r.extra, t)
-		}
-	}
-	if neg {
-		return nil, errors.New("dangling !")
-	}
-	if r.dport != 0 && r.proto == "" {
-		return nil, errors.New("--dport needs -p tcp or -p udp")
-	}
-	return r, nil
-}
-
-// opaqueRule keeps a rule svcproxy cannot parse verbatim, with its target
-// if one can be found.
-func opaqueRule(spec string) *rule {
-	r := &rule{text: spec, opaque: true}
-	f := strings.Fields(spec)
-	for i := 0; i+1 < len(f); i++ {
-		if f[i] == "-j" || f[i] == "--jump" {
-			r.target = f[i+1]
-		}
-	}
-	return r
-}
-
-// parsePrefix parses an address or prefix as iptables does: a bare address
-// is a host prefix.
-func parsePrefix(s string) (netip.Prefix, error) {
-	if strings.Contains(s, "/") {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return netip.Prefix{}, err
-		}
-		return p.Masked(), nil
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		return netip.Prefix{}, err
-	}
-	return netip.PrefixFrom(a, a.BitLen()), nil
-}
 
 // Tables and the chains the kernel builds in, in iptables-save order.
 var builtinChains = map[string][]string{
@@ -342,6 +14,12 @@ var builtinChains = map[string][]string{
 	"filter": {"INPUT", "FORWARD", "OUTPUT"},
 	"mangle": {"PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"},
 	"raw":    {"PREROUTING", "OUTPUT"},
+}
+
+// modelledTargets are the targets whose every option the parser knows.
+var modelledTargets = map[string]bool{
+	"ACCEPT": true, "DROP": true, "RETURN": true, "REJECT": true, "REDIRECT": true,
+	"DNAT": true, "MASQUERADE": true, "MARK": true,
 }
 
 // builtinTargets are the targets that are not chains.
@@ -484,6 +162,11 @@ func restore(tables map[string]*table, data []byte, env restoreEnv) error {
 			if cur == nil {
 				return fail("COMMIT outside a table")
 			}
+			if !env.lenient {
+				if err := checkHooks(cur); err != nil {
+					return fail("%v", err)
+				}
+			}
 			tables[curName] = cur
 			cur = nil
 			continue
@@ -598,7 +281,7 @@ func applyCommand(t *table, line string, env restoreEnv) error {
 			return nil
 		}
 	}
-	r, err := parseRule(spec)
+	r, err := parseRule(spec, env.family)
 	if err != nil && env.lenient {
 		r, err = opaqueRule(spec), nil
 	}
@@ -628,6 +311,60 @@ func applyCommand(t *table, line string, env restoreEnv) error {
 	return nil
 }
 
+// hookTargets are the targets the kernel allows only from some hooks, with
+// those hooks: a rule using one must not be reachable (through jumps) from
+// any other builtin chain.
+var hookTargets = map[string][]string{
+	"DNAT":       {"PREROUTING", "OUTPUT"},
+	"REDIRECT":   {"PREROUTING", "OUTPUT"},
+	"MASQUERADE": {"POSTROUTING"},
+	"SNAT":       {"POSTROUTING", "INPUT"},
+	"REJECT":     {"INPUT", "FORWARD", "OUTPUT"},
+}
+
+// checkHooks refuses a table in which a hook-restricted target is reachable
+// from a builtin chain it may not be used from, as the kernel does when the
+// table is committed.
+func checkHooks(t *table) error {
+	// reach[c] is the set of builtin chains from which c is reachable.
+	reach := map[string][]string{}
+	var visit func(c, hook string, depth int)
+	visit = func(c, hook string, depth int) {
+		if depth > 64 || slices.Contains(reach[c], hook) {
+			return
+		}
+		reach[c] = append(reach[c], hook)
+		for _, r := range t.chains[c].rules {
+			if sub := t.chains[r.target]; sub != nil && !sub.builtin {
+				visit(r.target, hook, depth+1)
+			}
+		}
+	}
+	for _, b := range builtinChains[t.name] {
+		if t.chains[b] != nil {
+			visit(b, b, 0)
+		}
+	}
+	for _, name := range t.chainNames() {
+		c := t.chains[name]
+		if c == nil {
+			continue
+		}
+		for _, r := range c.rules {
+			allowed, ok := hookTargets[r.target]
+			if !ok || r.opaque {
+				continue
+			}
+			for _, h := range reach[name] {
+				if !slices.Contains(allowed, h) {
+					return fmt.Errorf("%s target used from hook %s (via chain %s), but only usable from %s", r.target, h, name, strings.Join(allowed, "/"))
+				}
+			}
+		}
+	}
+	return nil
+}
+
 // checkRule refuses what the kernel or iptables would refuse.
 func checkRule(t *table, r *rule, env restoreEnv) error {
 	switch {
@@ -650,15 +387,54 @@ func checkRule(t *table, r *rule, env restoreEnv) error {
 		return errors.New("--reject-with tcp-reset needs -p tcp")
 	}
 	if r.toPorts != "" {
-		if r.target != "REDIRECT" {
-			return errors.New("--to-ports needs -j REDIRECT")
+		if r.target != "REDIRECT" && r.target != "MASQUERADE" {
+			return errors.New("--to-ports needs -j REDIRECT or -j MASQUERADE")
+		}
+		if r.proto == "" {
+			return errors.New("--to-ports needs -p tcp or -p udp")
 		}
 		if n, err := strconv.ParseUint(r.toPorts, 10, 16); err != nil || n == 0 {
 			return fmt.Errorf("bad --to-ports %q", r.toPorts)
 		}
 	}
+	switch r.target {
+	case "DNAT":
+		if t.name != "nat" {
+			return errors.New("DNAT is only valid in the nat table")
+		}
+		if r.toDest == "" {
+			return errors.New("DNAT needs --to-destination")
+		}
+		if _, port, err := parseNATDest(r.toDest, env.family); err != nil {
+			return err
+		} else if port != 0 && r.proto == "" {
+			return errors.New("Need TCP, UDP, SCTP or DCCP with port specification")
+		}
+	case "MASQUERADE":
+		if t.name != "nat" {
+			return errors.New("MASQUERADE is only valid in the nat table")
+		}
+	}
+	if r.toDest != "" && r.target != "DNAT" {
+		return errors.New("--to-destination needs -j DNAT")
+	}
+	if r.randomFully && r.target != "MASQUERADE" {
+		return errors.New("--random-fully needs -j MASQUERADE")
+	}
+	if r.hasXmark && r.target != "MARK" {
+		return errors.New("--set-xmark needs -j MARK")
+	}
+	if len(r.targetExtras) > 0 && modelledTargets[r.target] {
+		return fmt.Errorf("unknown option %q for target %s", r.targetExtras[0], r.target)
+	}
 	if r.dst.IsValid() && r.dst.Addr().Is4() != (env.family == IPv4) {
 		return fmt.Errorf("-d %v is not an %v address", r.dst, env.family)
+	}
+	if r.src.IsValid() && r.src.Addr().Is4() != (env.family == IPv4) {
+		return fmt.Errorf("-s %v is not an %v address", r.src, env.family)
+	}
+	if rc := r.recent; rc != nil && rc.mask.Is4() != (env.family == IPv4) {
+		return fmt.Errorf("recent --mask %v is not an %v mask", rc.mask, env.family)
 	}
 	for _, s := range r.sets {
 		if env.setExists != nil && !env.setExists(s.name) {

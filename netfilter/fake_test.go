@@ -1,4 +1,4 @@
-package redirect
+package netfilter
 
 import (
 	"context"
@@ -20,7 +20,7 @@ type kernelCase struct {
 
 // base is applied before every case: a set and a chain to refer to.
 const (
-	baseSets  = "create svcproxy-t hash:ip,port family inet\ncreate svcproxy-t6 hash:ip,port family inet6\ncreate svcproxy-p bitmap:port range 0-65535\n"
+	baseSets  = "create svcproxy-t hash:ip,port family inet\ncreate svcproxy-t6 hash:ip,port family inet6\ncreate svcproxy-p bitmap:port range 0-65535\ncreate svcproxy-h hash:ip,port,ip family inet\n"
 	baseRules = "*nat\n:SVCPROXY-T - [0:0]\n-A SVCPROXY-T -m set --match-set svcproxy-t dst,dst -j RETURN\nCOMMIT\n"
 )
 
@@ -53,6 +53,69 @@ var kernelCases = []kernelCase{
 	{name: "ipset destroy missing (-exist)", ipset: "destroy svcproxy-nope\n", ok: true},
 	{name: "hash:net /0", ipset: "create svcproxy-n hash:net family inet\nadd svcproxy-n 0.0.0.0/0\n"},
 	{name: "bitmap out of range", ipset: "create svcproxy-q bitmap:port range 30000-32767\nadd svcproxy-q 80\n"},
+	{name: "REDIRECT to a port without -p", rules: "*nat\n-A SVCPROXY-T -j REDIRECT --to-ports 1\nCOMMIT\n"},
+
+	// What the DNAT mode writes.
+	{name: "DNAT rules", rules: "*nat\n:SVCPROXY-D - [0:0]\n" +
+		"-A SVCPROXY-D -p tcp -m statistic --mode random --probability 0.33333333349 -j DNAT --to-destination 10.244.0.1:8080\n" +
+		"-A SVCPROXY-D -m recent --rcheck --seconds 10800 --reap --name SVCPROXY-D --mask 255.255.255.255 --rsource -j RETURN\n" +
+		"-A SVCPROXY-D -p udp -m recent --set --name SVCPROXY-D --mask 255.255.255.255 --rsource -j DNAT --to-destination 10.244.0.2:53\n" +
+		"-A SVCPROXY-D ! -s 10.244.0.0/16 -j MARK --set-xmark 0x4000/0x4000\n" +
+		"-A PREROUTING -j SVCPROXY-D\n-A OUTPUT -j SVCPROXY-D\nCOMMIT\n", ok: true},
+	{name: "masquerade rules", rules: "*nat\n:SVCPROXY-M - [0:0]\n" +
+		"-A SVCPROXY-M -m conntrack --ctstate DNAT -m set --match-set svcproxy-h dst,dst,src -j MASQUERADE --random-fully\n" +
+		"-A SVCPROXY-M -m mark ! --mark 0x4000/0x4000 -j RETURN\n-A SVCPROXY-M -j MARK --set-xmark 0x4000/0x0\n-A SVCPROXY-M -j MASQUERADE\n" +
+		"-A POSTROUTING -j SVCPROXY-M\nCOMMIT\n", ok: true},
+	{name: "IPv6 DNAT", family: IPv6, rules: "*nat\n:SVCPROXY-D - [0:0]\n-A SVCPROXY-D -p tcp -j DNAT --to-destination [fd00::1]:8080\nCOMMIT\n", ok: true},
+	{name: "DNAT in POSTROUTING", rules: "*nat\n-A POSTROUTING -p tcp -j DNAT --to-destination 10.0.0.1:80\nCOMMIT\n"},
+	{name: "DNAT reached from POSTROUTING", rules: "*nat\n:SVCPROXY-Y - [0:0]\n-A SVCPROXY-Y -p tcp -j DNAT --to-destination 10.0.0.1:80\n-A POSTROUTING -j SVCPROXY-Y\nCOMMIT\n"},
+	{name: "MASQUERADE in PREROUTING", rules: "*nat\n-A PREROUTING -j MASQUERADE\nCOMMIT\n"},
+	{name: "MASQUERADE reached from PREROUTING", rules: "*nat\n:SVCPROXY-Z - [0:0]\n-A SVCPROXY-Z -j MASQUERADE\n-A PREROUTING -j SVCPROXY-Z\nCOMMIT\n"},
+	{name: "MASQUERADE in filter", rules: "*filter\n:SVCPROXY-X - [0:0]\n-A SVCPROXY-X -j MASQUERADE\nCOMMIT\n"},
+	{name: "DNAT in filter", rules: "*filter\n:SVCPROXY-X - [0:0]\n-A SVCPROXY-X -p tcp -j DNAT --to-destination 10.0.0.1:80\nCOMMIT\n"},
+	{name: "DNAT to a port without -p", rules: "*nat\n:SVCPROXY-X - [0:0]\n-A SVCPROXY-X -j DNAT --to-destination 10.0.0.1:80\nCOMMIT\n"},
+	{name: "DNAT to an address without -p", rules: "*nat\n:SVCPROXY-X - [0:0]\n-A SVCPROXY-X -j DNAT --to-destination 10.0.0.1\nCOMMIT\n", ok: true},
+	{name: "DNAT to IPv6 in iptables", rules: "*nat\n:SVCPROXY-X - [0:0]\n-A SVCPROXY-X -p tcp -j DNAT --to-destination [fd00::1]:80\nCOMMIT\n"},
+	{name: "--reap without --seconds", rules: "*nat\n:SVCPROXY-X - [0:0]\n-A SVCPROXY-X -m recent --rcheck --reap --name A -j RETURN\nCOMMIT\n"},
+	{name: "--set with --rcheck", rules: "*nat\n:SVCPROXY-X - [0:0]\n-A SVCPROXY-X -m recent --set --rcheck --name A -j RETURN\nCOMMIT\n"},
+	{name: "probability above 1", rules: "*nat\n:SVCPROXY-X - [0:0]\n-A SVCPROXY-X -m statistic --mode random --probability 1.5 -j RETURN\nCOMMIT\n"},
+	{name: "bad ctstate", rules: "*nat\n:SVCPROXY-X - [0:0]\n-A SVCPROXY-X -m conntrack --ctstate BOGUS -j RETURN\nCOMMIT\n"},
+	{name: "MARK in filter", rules: "*filter\n:SVCPROXY-X - [0:0]\n-A SVCPROXY-X -j MARK --set-xmark 0x1/0x1\nCOMMIT\n", ok: true},
+	{name: "MARK without an operation", rules: "*nat\n:SVCPROXY-X - [0:0]\n-A SVCPROXY-X -j MARK\nCOMMIT\n"},
+	{name: "hash:ip,port,ip members", ipset: "add svcproxy-h 10.244.0.1,tcp:8080,10.244.0.1\nadd svcproxy-h 10.244.0.2,udp:53,10.244.0.2\n", ok: true},
+	{name: "hash:ip,port,ip with protocol numbers", ipset: "add svcproxy-h 10.244.0.1,6:8080,10.244.0.1\nadd svcproxy-h 10.244.0.2,17:53,10.244.0.2\n", ok: true},
+	{name: "hash:ip,port,ip without the third element", ipset: "add svcproxy-h 10.244.0.1,tcp:8080\n"},
+	{name: "hash:ip,port,ip with a net", ipset: "add svcproxy-h 10.244.0.1,tcp:8080,10.244.0.0/24\n"},
+}
+
+// canonicalCases are rules as svcproxy writes them; the Fake's canonical
+// form of each must be what iptables-save prints (TestPrivilegedCanonical).
+var canonicalCases = []struct {
+	family Family
+	table  string
+	spec   string
+}{
+	{IPv4, "nat", "-d 10.96.0.10/32 -p tcp -m tcp --dport 80 -j RETURN"},
+	{IPv4, "nat", "! -d 127.0.0.0/8 -m addrtype --dst-type LOCAL -j RETURN"},
+	{IPv4, "nat", "-p tcp -m statistic --mode random --probability 0.3333333333 -j DNAT --to-destination 10.244.0.1:8080"},
+	{IPv4, "nat", "-p udp -m statistic --mode random --probability 0.1 -j DNAT --to-destination 10.244.0.1:53"},
+	{IPv4, "nat", "-p tcp -j DNAT --to-destination 10.244.0.3:8080"},
+	{IPv4, "nat", "-m recent --rcheck --seconds 10800 --reap --name SVCPROXY-X --rsource -j RETURN"},
+	{IPv4, "nat", "-p tcp -m recent --set --name SVCPROXY-X -j DNAT --to-destination 10.244.0.1:8080"},
+	{IPv4, "nat", "! -s 10.244.0.0/16 -j MARK --or-mark 0x4000"},
+	{IPv4, "nat", "-j MARK --xor-mark 0x4000"},
+	{IPv4, "nat", "-j MARK --set-xmark 0x4000/0x4000"},
+	{IPv4, "nat", "-m mark ! --mark 0x4000/0x4000 -j RETURN"},
+	{IPv4, "nat", "-m conntrack --ctstate DNAT -m set --match-set svcproxy-h dst,dst,src -j MASQUERADE --random-fully"},
+	{IPv4, "nat", "-j MASQUERADE"},
+	{IPv4, "filter", "-d 10.96.0.12/32 -p tcp -m tcp --dport 80 -j REJECT --reject-with tcp-reset"},
+	{IPv4, "filter", "-p udp -m udp --dport 30053 -j REJECT --reject-with icmp-port-unreachable"},
+	{IPv4, "filter", "-m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT"},
+	{IPv4, "filter", "-m mark --mark 0x4000/0x4000 -j ACCEPT"},
+	{IPv6, "nat", "-p tcp -m statistic --mode random --probability 0.25 -j DNAT --to-destination [fd00::1]:8080"},
+	{IPv6, "nat", "-m recent --rcheck --seconds 5 --reap --name SVCPROXY-X6 --rsource -j RETURN"},
+	{IPv6, "nat", "! -d ::1/128 -m addrtype --dst-type LOCAL -j RETURN"},
+	{IPv6, "filter", "-d fd00::10/128 -p udp -m udp --dport 53 -j REJECT --reject-with icmp6-port-unreachable"},
 }
 
 // runKernelCase applies the base and the case to e and reports whether the
@@ -101,23 +164,23 @@ func TestRuleRoundTrip(t *testing.T) {
 		"-s 10.0.0.0/8 -i eth0 -j SVCPROXY-X",
 		"-m conntrack --ctstate NEW,DNAT -j RETURN",
 	} {
-		r, err := parseRule(spec)
+		r, err := parseRule(spec, IPv4)
 		if err != nil {
 			t.Errorf("parseRule(%q): %v", spec, err)
 			continue
 		}
-		again, err := parseRule(r.String())
+		again, err := parseRule(r.String(), IPv4)
 		if err != nil || again.String() != r.String() {
 			t.Errorf("round trip of %q: %q then %q (%v)", spec, r.String(), again, err)
 		}
 	}
 	// Spellings iptables-save may use mean the same rule.
-	a, _ := parseRule("-p udp --dport 53 -d 10.0.0.1 -j RETURN")
-	b, _ := parseRule("-d 10.0.0.1/32 -p udp -m udp --dport 53 -j RETURN")
+	a, _ := parseRule("-p udp --dport 53 -d 10.0.0.1 -j RETURN", IPv4)
+	b, _ := parseRule("-d 10.0.0.1/32 -p udp -m udp --dport 53 -j RETURN", IPv4)
 	if a.String() != b.String() {
 		t.Errorf("%q != %q", a, b)
 	}
-	if _, err := parseRule("-p tcp --dport"); err == nil {
+	if _, err := parseRule("-p tcp --dport", IPv4); err == nil {
 		t.Error("a dangling option parsed")
 	}
 }

@@ -1,0 +1,151 @@
+//go:build linux
+
+package netfilter
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// Privileged tests touch only network namespaces they create
+// (svcproxy-nftest-*), never the caller's: every tool runs through
+// `ip netns exec`.
+
+var (
+	privOnce sync.Once
+	privSkip string
+)
+
+// requirePrivileged skips t unless it runs as root with ip, iptables,
+// ip6tables and ipset installed.
+func requirePrivileged(t testing.TB) {
+	t.Helper()
+	privOnce.Do(func() {
+		if os.Geteuid() != 0 {
+			privSkip = "needs root: run `sudo go test ./netfilter/` (the privileged tests only touch namespaces they create)"
+			return
+		}
+		for _, tool := range []string{"ip", "iptables-restore", "iptables-save", "ip6tables-restore", "ip6tables-save", "ipset"} {
+			if _, err := exec.LookPath(tool); err != nil {
+				privSkip = fmt.Sprintf("needs %s on PATH (apt-get install iproute2 iptables ipset): %v", tool, err)
+				return
+			}
+		}
+		name := "svcproxy-nftest-probe-" + randHex(4)
+		if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+			privSkip = fmt.Sprintf("cannot create a network namespace: %v: %s", err, out)
+			return
+		}
+		exec.Command("ip", "netns", "del", name).Run()
+	})
+	if privSkip != "" {
+		t.Skip(privSkip)
+	}
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// newNS creates a namespace, deleted when t ends.
+func newNS(t testing.TB) string {
+	t.Helper()
+	name := "svcproxy-nftest-" + randHex(4)
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
+			t.Errorf("deleting namespace %s: %v: %s", name, err, out)
+		}
+	})
+	return name
+}
+
+// variants are the iptables backends to check: the one on PATH and legacy,
+// when installed.
+func variants() []string {
+	v := []string{""}
+	if _, err := exec.LookPath("iptables-legacy-restore"); err == nil {
+		v = append(v, "legacy")
+	}
+	return v
+}
+
+func variantName(v string) string {
+	if v == "" {
+		return "default"
+	}
+	return v
+}
+
+// TestPrivilegedFakeParity runs the Fake's refusal table against the real
+// tools: the Fake must accept and refuse exactly what they do.
+func TestPrivilegedFakeParity(t *testing.T) {
+	requirePrivileged(t)
+	for _, v := range variants() {
+		t.Run(variantName(v), func(t *testing.T) {
+			for _, tc := range kernelCases {
+				t.Run(tc.name, func(t *testing.T) {
+					if got := runKernelCase(t, &Exec{NetNS: newNS(t), Variant: v}, tc); got != tc.ok {
+						t.Errorf("the real tools: accepted = %v; the Fake's table says %v", got, tc.ok)
+					}
+				})
+			}
+		})
+	}
+}
+
+// TestPrivilegedCanonical writes each canonical case with the real tools and
+// checks iptables-save prints exactly the Fake's canonical form: the form a
+// full sync compares with to tell tampering from its own rules.
+func TestPrivilegedCanonical(t *testing.T) {
+	requirePrivileged(t)
+	ctx := context.Background()
+	for _, v := range variants() {
+		t.Run(variantName(v), func(t *testing.T) {
+			e := &Exec{NetNS: newNS(t), Variant: v}
+			if err := e.IPSetRestore(ctx, []byte(baseSets)); err != nil {
+				t.Fatal(err)
+			}
+			for _, tc := range canonicalCases {
+				want, err := Canonical(tc.family, tc.spec)
+				if err != nil {
+					t.Errorf("Canonical(%q): %v", tc.spec, err)
+					continue
+				}
+				in := fmt.Sprintf("*%s\n:SVCPROXY-C - [0:0]\n-A SVCPROXY-C %s\nCOMMIT\n", tc.table, tc.spec)
+				if err := e.IPTablesRestore(ctx, tc.family, []byte(in)); err != nil {
+					t.Errorf("%v %s: %v", tc.family, tc.spec, err)
+					continue
+				}
+				out, err := e.IPTablesSave(ctx, tc.family, tc.table)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := ""
+				for line := range strings.Lines(string(out)) {
+					if s, ok := strings.CutPrefix(strings.TrimSpace(line), "-A SVCPROXY-C "); ok {
+						got = s
+					}
+				}
+				if got != want {
+					t.Errorf("%v %s\n iptables-save: %s\n canonical:     %s", tc.family, tc.spec, got, want)
+				}
+				// The saved form, read back, is its own canonical form.
+				if again, err := Canonical(tc.family, got); err != nil || again != got {
+					t.Errorf("Canonical(saved %q) = %q, %v", got, again, err)
+				}
+			}
+		})
+	}
+}
