@@ -1,0 +1,479 @@
+package iptables
+
+import (
+	"crypto/sha256"
+	"encoding/base32"
+	"fmt"
+	"math"
+	"net/netip"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
+)
+
+// Every chain this mode installs starts with chainPrefix, every set with
+// setPrefix. Cleanup and the full sync's prune go by them, and touch nothing
+// of the other modes (SVCPROXY-SERVICES, SVCPROXY-IPVS-*, ...).
+const (
+	chainPrefix = "SVCPROXY-DNAT-"
+	setPrefix   = "svcproxy-dnat-"
+)
+
+// The fixed chains.
+const (
+	chainServices  = "SVCPROXY-DNAT-SERVICES"    // nat: one rule per frontend, then NodePorts
+	chainNodePorts = "SVCPROXY-DNAT-NODEPORTS"   // nat: one rule per NodePort
+	chainPost      = "SVCPROXY-DNAT-POSTROUTING" // nat: hairpin and marked masquerade
+	chainFilter    = "SVCPROXY-DNAT-FILTER"      // filter: REJECT what has no endpoints
+	chainForward   = "SVCPROXY-DNAT-FORWARD"     // filter: FILTER, then accept marked and established
+	chainReject    = "SVCPROXY-DNAT-REJECT"      // filter: one REJECT per frontend without endpoints
+	chainNPReject  = "SVCPROXY-DNAT-NP-REJECT"   // filter: one REJECT per NodePort without endpoints
+)
+
+// Per-Service chains are named kind + a hash, e.g. SVCPROXY-DNAT-S-ERIFXISQEP7F
+// (28 characters, iptables' limit): S for a Service port's internal pool,
+// E for its external entry, A for one endpoint of a Service with session
+// affinity (also the name of its -m recent list).
+const (
+	kindService  = 'S'
+	kindExternal = 'E'
+	kindAffinity = 'A'
+)
+
+type chainKey struct{ table, chain string }
+
+// jump is a rule "-j to" at the top of a builtin chain.
+type jump struct{ table, from, to string }
+
+var ourJumps = []jump{
+	{"nat", "PREROUTING", chainServices},
+	{"nat", "OUTPUT", chainServices},
+	{"nat", "POSTROUTING", chainPost},
+	{"filter", "INPUT", chainFilter},
+	{"filter", "OUTPUT", chainFilter},
+	{"filter", "FORWARD", chainForward},
+}
+
+// listChains are the fixed chains whose rules come from the Services, in
+// any order (an incremental sync inserts and deletes single rules): the
+// Services' rules make the head, the fixed ones (listTail) the end.
+var listChains = []chainKey{
+	{"nat", chainServices}, {"nat", chainNodePorts}, {"filter", chainReject}, {"filter", chainNPReject},
+}
+
+// chainName is the name of a per-Service chain: kind, then 12 base32
+// characters (60 bits) of a SHA-256 of the Service port's name and protocol
+// and, for an affinity chain, the endpoint.
+func chainName(kind byte, svc *lb.Service, ep netip.AddrPort) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%c/%s/%s/%s/%v", kind, svc.Name.Namespace, svc.Name.Name, svc.Name.Port, svc.Protocol)
+	if ep.IsValid() {
+		h.Write([]byte("/" + ep.String()))
+	}
+	sum := h.Sum(nil)
+	return chainPrefix + string(kind) + "-" + base32.StdEncoding.EncodeToString(sum)[:12]
+}
+
+// svcRules is what one Service port needs in one family.
+type svcRules struct {
+	chains    []ownedChain // its own chains (S, E, A), each once
+	services  []string     // its rules in SVCPROXY-DNAT-SERVICES
+	nodePorts []string     // in SVCPROXY-DNAT-NODEPORTS
+	reject    []string     // in SVCPROXY-DNAT-REJECT
+	npReject  []string     // in SVCPROXY-DNAT-NP-REJECT
+	hairpin   []string     // members of the family's hairpin set
+	udpFlows  []udpFlow    // UDP only: which frontend may be DNATed to which endpoint
+}
+
+// udpFlow is a UDP frontend (a NodePort when front's address is invalid)
+// and an endpoint it is DNATed to: when the pair goes, so must the
+// conntrack entries that keep DNATing a flow's datagrams to the endpoint.
+type udpFlow struct{ front, ep netip.AddrPort }
+
+type ownedChain struct {
+	name  string
+	rules []string
+}
+
+func (r *svcRules) empty() bool {
+	return len(r.chains)+len(r.services)+len(r.nodePorts)+len(r.reject)+len(r.npReject) == 0
+}
+
+// list returns r's rules for one of listChains.
+func (r *svcRules) list(k chainKey) []string {
+	switch k.chain {
+	case chainServices:
+		return r.services
+	case chainNodePorts:
+		return r.nodePorts
+	case chainReject:
+		return r.reject
+	case chainNPReject:
+		return r.npReject
+	}
+	return nil
+}
+
+func protoName(p lb.Protocol) string {
+	if p == lb.UDP {
+		return "udp"
+	}
+	return "tcp"
+}
+
+func familyOf(a netip.Addr) netfilter.Family {
+	if a.Unmap().Is4() {
+		return netfilter.IPv4
+	}
+	return netfilter.IPv6
+}
+
+func hostPrefix(a netip.Addr) string { return netip.PrefixFrom(a, a.BitLen()).String() }
+
+func rejectWith(proto lb.Protocol, fam netfilter.Family) string {
+	switch {
+	case proto == lb.TCP:
+		return "tcp-reset"
+	case fam == netfilter.IPv6:
+		return "icmp6-port-unreachable"
+	}
+	return "icmp-port-unreachable"
+}
+
+// probability renders 1/n as iptables-save prints it: the kernel keeps
+// round(p * 2^31) and iptables prints that over 2^31 with 11 decimals.
+func probability(n int) string {
+	k := math.Round((1 << 31) / float64(n))
+	return strconv.FormatFloat(k/(1<<31), 'f', 11, 64)
+}
+
+// maskAll is the -m recent --mask iptables-save prints for a family.
+func maskAll(fam netfilter.Family) string {
+	if fam == netfilter.IPv6 {
+		return "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"
+	}
+	return "255.255.255.255"
+}
+
+// natDest is a DNAT --to-destination as iptables-save prints it.
+func natDest(a netip.AddrPort) string {
+	if a.Addr().Is6() {
+		return "[" + a.Addr().String() + "]:" + strconv.Itoa(int(a.Port()))
+	}
+	return a.String()
+}
+
+// ownership is a fingerprint of which of svc's frontends the snapshot routes
+// to this Service (conflicts give a frontend to one Service only): when
+// another Service is removed, a frontend may change hands without this
+// Service changing. Bit 63 means "too many frontends to say": always
+// recompute.
+func ownership(snap *lb.Snapshot, bal *lb.Balancer) uint64 {
+	svc := bal.Service
+	var bits uint64
+	i := 0
+	add := func(owned bool) {
+		switch {
+		case i >= 63:
+			bits |= 1 << 63
+		case owned:
+			bits |= 1 << i
+		}
+		i++
+	}
+	for _, ip := range svc.ClusterIPs {
+		add(snap.Route(svc.Protocol, netip.AddrPortFrom(ip, svc.Port)) == bal.Internal)
+	}
+	for _, ip := range slices.Concat(svc.ExternalIPs, svc.LoadBalancerIPs) {
+		add(snap.Route(svc.Protocol, netip.AddrPortFrom(ip, svc.Port)) == bal.External)
+	}
+	if svc.NodePort != 0 {
+		add(snap.Route(svc.Protocol, netip.AddrPortFrom(netip.IPv4Unspecified(), svc.NodePort)) == bal.External)
+	}
+	return bits
+}
+
+// compute translates one Service port into its rules for family fam. It
+// decides nothing the snapshot has not: the pools say which endpoints serve
+// internal and external traffic; compute only writes them down.
+func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family) svcRules {
+	svc := bal.Service
+	var r svcRules
+	proto := protoName(svc.Protocol)
+	port := strconv.Itoa(int(svc.Port))
+	inFamily := func(p *lb.Pool) []netip.AddrPort {
+		var out []netip.AddrPort
+		if p == nil {
+			return nil
+		}
+		for _, b := range p.Backends() {
+			if a := netip.AddrPortFrom(b.Addr.Addr().Unmap(), b.Addr.Port()); familyOf(a.Addr()) == fam {
+				out = append(out, a)
+			}
+		}
+		return out
+	}
+	intEps, extEps := inFamily(bal.Internal), inFamily(bal.External)
+	sChain, eChain := chainName(kindService, svc, netip.AddrPort{}), chainName(kindExternal, svc, netip.AddrPort{})
+	needS, needE := false, false
+	reject := rejectWith(svc.Protocol, fam)
+
+	frontend := func(ip netip.Addr, pool *lb.Pool, eps []netip.AddrPort, chain string) bool {
+		ip = ip.Unmap()
+		if !ip.IsValid() || familyOf(ip) != fam || snap.Route(svc.Protocol, netip.AddrPortFrom(ip, svc.Port)) != pool {
+			return false // another family, or another Service owns this frontend
+		}
+		match := "-d " + hostPrefix(ip) + " -p " + proto + " -m " + proto + " --dport " + port
+		if len(eps) == 0 {
+			// RETURN, so a dead frontend on a node address never falls
+			// through to the NodePorts; filter rejects it.
+			r.services = append(r.services, match+" -j RETURN")
+			r.reject = append(r.reject, match+" -j REJECT --reject-with "+reject)
+			return false
+		}
+		r.services = append(r.services, match+" -j "+chain)
+		r.addFlows(svc, netip.AddrPortFrom(ip, svc.Port), eps)
+		return true
+	}
+	for _, ip := range svc.ClusterIPs {
+		needS = frontend(ip, bal.Internal, intEps, sChain) || needS
+	}
+	for _, ip := range slices.Concat(svc.ExternalIPs, svc.LoadBalancerIPs) {
+		needE = frontend(ip, bal.External, extEps, eChain) || needE
+	}
+	if svc.NodePort != 0 && m.nodePorts[fam] &&
+		snap.Route(svc.Protocol, netip.AddrPortFrom(netip.IPv4Unspecified(), svc.NodePort)) == bal.External {
+		match := "-p " + proto + " -m " + proto + " --dport " + strconv.Itoa(int(svc.NodePort))
+		if len(extEps) == 0 {
+			r.npReject = append(r.npReject, match+" -j REJECT --reject-with "+reject)
+		} else {
+			r.nodePorts = append(r.nodePorts, match+" -j "+eChain)
+			r.addFlows(svc, netip.AddrPortFrom(netip.Addr{}, svc.NodePort), extEps)
+			needE = true
+		}
+	}
+	r.services = sortedUnique(r.services)
+	r.reject = sortedUnique(r.reject)
+
+	affinity := map[string][]string{}
+	if needS {
+		var rules []string
+		switch {
+		case m.cfg.MasqueradeAll:
+			rules = append(rules, m.markRule)
+		case m.clusterCIDR[fam].IsValid():
+			rules = append(rules, "! -s "+m.clusterCIDR[fam].String()+" "+m.markRule)
+		}
+		rules = append(rules, m.endpointRules(svc, intEps, fam, affinity)...)
+		r.chains = append(r.chains, ownedChain{sChain, rules})
+	}
+	if needE {
+		var rules []string
+		if svc.ExternalTrafficPolicy == lb.PolicyCluster || m.cfg.MasqueradeAll {
+			// Replies from an endpoint on another node would bypass this
+			// one: masquerade. Local policy keeps the client's address
+			// (its endpoints are here, so replies come back this way).
+			rules = append(rules, m.markRule)
+		}
+		if needS && svc.ExternalTrafficPolicy == lb.PolicyCluster && slices.Equal(intEps, extEps) {
+			rules = append(rules, "-j "+sChain)
+		} else {
+			rules = append(rules, m.endpointRules(svc, extEps, fam, affinity)...)
+		}
+		r.chains = append(r.chains, ownedChain{eChain, rules})
+	}
+	for _, name := range sortedKeys(affinity) {
+		r.chains = append(r.chains, ownedChain{name, affinity[name]})
+	}
+	if needS || needE {
+		var used []netip.AddrPort
+		if needS {
+			used = intEps
+		}
+		if needE {
+			used = append(slices.Clone(used), extEps...)
+		}
+		seen := map[netip.AddrPort]bool{}
+		for _, ep := range used {
+			if !seen[ep] {
+				seen[ep] = true
+				r.hairpin = append(r.hairpin, ep.Addr().String()+","+proto+":"+strconv.Itoa(int(ep.Port()))+","+ep.Addr().String())
+			}
+		}
+		slices.Sort(r.hairpin)
+	}
+	return r
+}
+
+func (r *svcRules) addFlows(svc *lb.Service, front netip.AddrPort, eps []netip.AddrPort) {
+	if svc.Protocol != lb.UDP {
+		return
+	}
+	for _, ep := range eps {
+		if !slices.Contains(r.udpFlows, udpFlow{front, ep}) {
+			r.udpFlows = append(r.udpFlows, udpFlow{front, ep})
+		}
+	}
+}
+
+// endpointRules spreads a connection evenly over eps with -m statistic
+// (rule i of n matches with probability 1/(n-i), the last always), DNATing
+// straight to the endpoint, or, for a Service with session affinity,
+// first sends a client seen within the timeout back to its endpoint's chain
+// (-m recent --rcheck), whose DNAT rule records the client (--set).
+// Affinity chains are added to affinity.
+func (m *Mode) endpointRules(svc *lb.Service, eps []netip.AddrPort, fam netfilter.Family, affinity map[string][]string) []string {
+	proto := protoName(svc.Protocol)
+	n := len(eps)
+	rules := make([]string, 0, 2*n)
+	if svc.AffinityTimeout <= 0 {
+		for i, ep := range eps {
+			if i < n-1 {
+				rules = append(rules, "-p "+proto+" -m statistic --mode random --probability "+probability(n-i)+" -j DNAT --to-destination "+natDest(ep))
+			} else {
+				rules = append(rules, "-p "+proto+" -j DNAT --to-destination "+natDest(ep))
+			}
+		}
+		return rules
+	}
+	secs := strconv.FormatInt(int64((svc.AffinityTimeout+time.Second-1)/time.Second), 10)
+	names := make([]string, n)
+	for i, ep := range eps {
+		names[i] = chainName(kindAffinity, svc, ep)
+		rules = append(rules, "-m recent --rcheck --seconds "+secs+" --reap --name "+names[i]+" --mask "+maskAll(fam)+" --rsource -j "+names[i])
+		affinity[names[i]] = []string{"-p " + proto + " -m recent --set --name " + names[i] + " --mask " + maskAll(fam) + " --rsource -j DNAT --to-destination " + natDest(ep)}
+	}
+	for i := range eps {
+		if i < n-1 {
+			rules = append(rules, "-p "+proto+" -m statistic --mode random --probability "+probability(n-i)+" -j "+names[i])
+		} else {
+			rules = append(rules, "-j "+names[i])
+		}
+	}
+	return rules
+}
+
+func sortedUnique(s []string) []string {
+	slices.Sort(s)
+	return slices.Compact(s)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// fixedRules are the rules of the fixed chains for one family; listChains
+// hold only their tail here (the Services' rules come first).
+func (m *Mode) fixedRules(fam netfilter.Family) map[chainKey][]string {
+	loopback := "127.0.0.0/8"
+	if fam == netfilter.IPv6 {
+		loopback = "::1/128"
+	}
+	// NodePorts: on the node's own addresses (within NodePortAddresses),
+	// never on loopback (DNAT from 127.0.0.1 would need route_localnet).
+	np := "! -d " + loopback + " -m addrtype --dst-type LOCAL"
+	if m.npRestricted[fam] {
+		np += " -m set --match-set " + npAddrsSet(fam) + " dst"
+	}
+	masq := "-j MASQUERADE"
+	if m.randomFully {
+		masq += " --random-fully"
+	}
+	mark := fmt.Sprintf("%#x/%#x", m.cfg.Mark, m.cfg.Mark)
+	rules := map[chainKey][]string{
+		{"nat", chainServices}:  nil,
+		{"nat", chainNodePorts}: nil,
+		{"nat", chainPost}: {
+			"-m conntrack --ctstate DNAT -m set --match-set " + hairpinSet(fam) + " dst,dst,src " + masq,
+			"-m mark ! --mark " + mark + " -j RETURN",
+			fmt.Sprintf("-j MARK --set-xmark %#x/0x0", m.cfg.Mark),
+			masq,
+		},
+		{"filter", chainFilter}: {
+			"-m conntrack --ctstate DNAT -j RETURN",
+			"-j " + chainReject,
+		},
+		{"filter", chainForward}: {
+			"-j " + chainFilter,
+			"-m mark --mark " + mark + " -j ACCEPT",
+			"-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+		},
+		{"filter", chainReject}:   nil,
+		{"filter", chainNPReject}: nil,
+	}
+	if m.nodePorts[fam] {
+		rules[chainKey{"nat", chainServices}] = []string{np + " -j " + chainNodePorts}
+		k := chainKey{"filter", chainFilter}
+		rules[k] = append(rules[k], np+" -j "+chainNPReject)
+	}
+	return rules
+}
+
+// The sets, per family.
+func hairpinSet(fam netfilter.Family) string { return setPrefix + "hairpin-" + famSuffix(fam) }
+func npAddrsSet(fam netfilter.Family) string { return setPrefix + "npaddrs-" + famSuffix(fam) }
+
+func famSuffix(fam netfilter.Family) string {
+	if fam == netfilter.IPv6 {
+		return "v6"
+	}
+	return "v4"
+}
+
+func inetName(fam netfilter.Family) string {
+	if fam == netfilter.IPv6 {
+		return "inet6"
+	}
+	return "inet"
+}
+
+// setDef is one of this mode's sets.
+type setDef struct {
+	name string
+	typ  string
+	fam  netfilter.Family
+}
+
+func (d setDef) createLine(name string, n int) string {
+	hs := 1024
+	for hs < n && hs < 1<<20 {
+		hs <<= 1
+	}
+	return fmt.Sprintf("create %s %s family %s hashsize %d maxelem %d", name, d.typ, inetName(d.fam), hs, max(65536, 2*n))
+}
+
+// wantedSets are the sets this configuration uses.
+func (m *Mode) wantedSets() []setDef {
+	var out []setDef
+	for _, fam := range m.families {
+		out = append(out, setDef{hairpinSet(fam), netfilter.SetIPPortIP, fam})
+		if m.npRestricted[fam] && m.nodePorts[fam] {
+			out = append(out, setDef{npAddrsSet(fam), netfilter.SetNet, fam})
+		}
+	}
+	return out
+}
+
+// canonicalCheck reports the first rule of rules that is not in the form
+// iptables-save prints (tests call it; the generator must only ever write
+// canonical rules, or full syncs would see tampering everywhere).
+func canonicalCheck(fam netfilter.Family, rules []string) error {
+	for _, r := range rules {
+		c, err := netfilter.Canonical(fam, r)
+		if err != nil {
+			return fmt.Errorf("rule %q: %w", r, err)
+		}
+		if c != r {
+			return fmt.Errorf("rule %q is not canonical: iptables-save prints %q", r, c)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,88 @@
+// Package iptables owns svcproxy's iptables DNAT mode: the kernel forwards
+// Service traffic itself, translated from the same lb.Snapshot the userspace
+// mode serves. No policy is decided here: each Service port's Internal and
+// External pools already say which endpoints serve ClusterIP traffic and
+// which serve NodePort, ExternalIP and LoadBalancer traffic (ready first,
+// then serving and terminating; traffic policies; topology); the mode writes
+// them down as DNAT rules.
+//
+// # Layout
+//
+// Per address family (IPv4 shown), everything named SVCPROXY-DNAT-* or
+// svcproxy-dnat-*:
+//
+//	nat PREROUTING, OUTPUT -> SVCPROXY-DNAT-SERVICES
+//	  -d VIP/32 -p tcp -m tcp --dport P -j SVCPROXY-DNAT-S-<hash>   one per ClusterIP frontend
+//	  -d EIP/32 -p tcp -m tcp --dport P -j SVCPROXY-DNAT-E-<hash>   one per ExternalIP / LB IP frontend
+//	  -d VIP/32 ... -j RETURN                                       a frontend without endpoints (filter rejects it)
+//	  ! -d 127.0.0.0/8 -m addrtype --dst-type LOCAL [-m set npaddrs dst] -j SVCPROXY-DNAT-NODEPORTS   last
+//	SVCPROXY-DNAT-NODEPORTS: -p tcp -m tcp --dport NP -j SVCPROXY-DNAT-E-<hash>, one per NodePort
+//	SVCPROXY-DNAT-S-<hash> (a Service port's internal pool)
+//	  [! -s ClusterCIDR | (MasqueradeAll)] -j MARK --set-xmark 0x4000/0x4000
+//	  -p tcp -m statistic --mode random --probability 1/n -j DNAT --to-destination EP1   (1/(n-1) for the next, ...)
+//	  -p tcp -j DNAT --to-destination EPn
+//	SVCPROXY-DNAT-E-<hash> (its external entry)
+//	  -j MARK --set-xmark 0x4000/0x4000   (externalTrafficPolicy Cluster, or MasqueradeAll)
+//	  -j SVCPROXY-DNAT-S-<hash>           (both pools the same), else the external pool's DNAT rules
+//	with session affinity, the pool's rules are kube-proxy's instead:
+//	  -m recent --rcheck --seconds T --reap --name SVCPROXY-DNAT-A-<hash> ... -j SVCPROXY-DNAT-A-<hash>   per endpoint
+//	  -p tcp -m statistic ... -j SVCPROXY-DNAT-A-<hash>
+//	  SVCPROXY-DNAT-A-<hash>: -p tcp -m recent --set --name SVCPROXY-DNAT-A-<hash> ... -j DNAT --to-destination EP
+//
+//	nat POSTROUTING -> SVCPROXY-DNAT-POSTROUTING
+//	  -m conntrack --ctstate DNAT -m set --match-set svcproxy-dnat-hairpin-v4 dst,dst,src -j MASQUERADE --random-fully
+//	  -m mark ! --mark 0x4000/0x4000 -j RETURN
+//	  -j MARK --set-xmark 0x4000/0x0
+//	  -j MASQUERADE --random-fully
+//
+//	filter INPUT, OUTPUT -> SVCPROXY-DNAT-FILTER; FORWARD -> SVCPROXY-DNAT-FORWARD
+//	  SVCPROXY-DNAT-FILTER: --ctstate DNAT RETURN; -j SVCPROXY-DNAT-REJECT; addrtype LOCAL ... -j SVCPROXY-DNAT-NP-REJECT
+//	  SVCPROXY-DNAT-REJECT: -d VIP/32 -p tcp -m tcp --dport P -j REJECT --reject-with tcp-reset (per dead frontend)
+//	  SVCPROXY-DNAT-FORWARD: -j SVCPROXY-DNAT-FILTER; marked ACCEPT; RELATED,ESTABLISHED ACCEPT
+//
+// Per-Service chains are named by kind (S, E, A) and 12 base32 characters
+// of a SHA-256 of the Service port's name (and endpoint): 28 characters,
+// iptables' limit. There are no per-endpoint chains except for affinity (one
+// -m recent list per endpoint, as kube-proxy does) and no -m comment: at
+// 10,000 Services × 10 endpoints the nat table holds about 110,000 rules,
+// and what nf_tables costs per rule and per commit is what decides.
+//
+// Masquerade (mark, then MASQUERADE in POSTROUTING, --random-fully when
+// iptables is at least 1.6.2 and the kernel takes it) is where replies would
+// otherwise bypass the node: external traffic with the Cluster policy (its
+// endpoint may be on another node), ClusterIP traffic from outside
+// Config.ClusterCIDRs (or all traffic with MasqueradeAll), and hairpin — a
+// pod reaching itself through its Service — matched by one fixed rule and
+// the hash:ip,port,ip set of (endpoint, port, endpoint), as kube-proxy's
+// IPVS mode does, instead of a rule per endpoint. Local traffic policies
+// keep the client's address.
+//
+// # Syncing
+//
+// A full Apply reads both tables back (iptables-save) and the sets, counts a
+// repair when they differ from what it last wrote, fills the sets (as
+// temporary sets swapped in), and rewrites every chain in one
+// `iptables-restore --noflush` per family, deleting stray chains and jumps.
+// An incremental Apply compares each Service port with the last Apply (the
+// Store builds a new Balancer for every change, so unchanged ones are one
+// pointer comparison), declares and refills only the changed Services'
+// chains, and deletes or inserts their single rules in the shared chains by
+// specification (-D, -I SVCPROXY-DNAT-SERVICES 1, -A): the dispatch chain is
+// never rewritten. Hairpin members change with one `ipset restore`. UDP
+// flows DNATed to an endpoint that left its frontend lose their conntrack
+// entries, so their next datagram picks a live endpoint. Cleanup removes
+// everything named SVCPROXY-DNAT-* / svcproxy-dnat-*, also when another
+// process installed it, and nothing of the other modes.
+//
+// # Differences from the userspace mode
+//
+//   - NodePorts are not served on loopback addresses (DNAT from 127.0.0.1
+//     would need the route_localnet sysctl, which svcproxy never sets).
+//   - The kernel has no retry on refusal, no passive health and no
+//     algorithm choice: a connection goes to a uniformly random endpoint
+//     (Pool.Algorithm is ignored), as in kube-proxy's iptables mode.
+//   - DNAT cannot cross families: a frontend serves the endpoints of its own
+//     family, and one whose pool has none of them rejects.
+//   - Affinity is kube-proxy's: per endpoint -m recent lists (at most 100
+//     clients each, xt_recent's default), shared by a Service's frontends.
+package iptables

@@ -1,0 +1,294 @@
+package iptables
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
+)
+
+// byteReader hands out fuzz input; past the end it returns zeros.
+type byteReader struct {
+	b []byte
+	i int
+}
+
+func (r *byteReader) next() byte {
+	if r.i >= len(r.b) {
+		return 0
+	}
+	r.i++
+	return r.b[r.i-1]
+}
+
+func (r *byteReader) pick(n int) int { return int(r.next()) % n }
+
+// Small pools, so Services collide on frontends, NodePorts and node
+// addresses, and endpoints are shared between Services.
+var (
+	fuzzVIPs = []netip.Addr{
+		ip("10.96.0.1"), ip("10.96.0.2"), ip("fd00::1"), ip("203.0.113.1"),
+		nodeIP, nodeIP6, // an ExternalIP that is a node address
+	}
+	fuzzPorts     = []uint16{53, 80}
+	fuzzNodePorts = []uint16{0, 30000, 30001, 80}
+	fuzzPrefixes  = [][]netip.Prefix{
+		nil,
+		{netip.MustParsePrefix("192.0.2.0/24")},
+		{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("2001:db8::/64")},
+		{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
+	}
+	fuzzEndpoints = []netip.AddrPort{
+		ap("10.244.0.1:8080"), ap("10.244.0.2:8080"), ap("10.244.0.3:9090"), ap("10.244.1.1:8080"),
+		ap("[fd00:244::1]:8080"), ap("[fd00:244::2]:8080"),
+	}
+)
+
+// fuzzServices decodes up to six Services.
+func fuzzServices(r *byteReader) []lb.Service {
+	n := r.pick(7)
+	out := make([]lb.Service, 0, n)
+	for range n {
+		svc := lb.Service{
+			Name:                  lb.ServicePortName{Namespace: "ns", Name: fmt.Sprintf("s%d", r.pick(8))},
+			Protocol:              lb.Protocol(r.pick(2)),
+			Port:                  fuzzPorts[r.pick(len(fuzzPorts))],
+			NodePort:              fuzzNodePorts[r.pick(len(fuzzNodePorts))],
+			ExternalTrafficPolicy: lb.TrafficPolicy(r.pick(2)),
+			InternalTrafficPolicy: lb.TrafficPolicy(r.pick(2)),
+		}
+		if r.pick(4) == 0 {
+			svc.AffinityTimeout = time.Duration(1+r.pick(100)) * time.Second
+		}
+		for range r.pick(3) {
+			svc.ClusterIPs = append(svc.ClusterIPs, fuzzVIPs[r.pick(len(fuzzVIPs))])
+		}
+		for range r.pick(2) {
+			svc.ExternalIPs = append(svc.ExternalIPs, fuzzVIPs[r.pick(len(fuzzVIPs))])
+		}
+		for range r.pick(2) {
+			svc.LoadBalancerIPs = append(svc.LoadBalancerIPs, fuzzVIPs[r.pick(len(fuzzVIPs))])
+		}
+		for range r.pick(4) {
+			flags := r.next()
+			node := "node-b"
+			if flags&1 != 0 {
+				node = nodeName
+			}
+			svc.Endpoints = append(svc.Endpoints, lb.Endpoint{
+				Addr:     fuzzEndpoints[r.pick(len(fuzzEndpoints))],
+				Ready:    flags&2 != 0,
+				Serving:  flags&4 != 0,
+				NodeName: node,
+			})
+		}
+		out = append(out, svc)
+	}
+	return out
+}
+
+// expect computes, straight from the snapshot and the configuration, where
+// p may go: untouched, rejected, or spread over the pool's endpoints of
+// p's family, masqueraded as kube-proxy would.
+func expect(snap *lb.Snapshot, m *Mode, p netfilter.Packet) want {
+	cfg := m.cfg
+	dst := p.Dst
+	fam := familyOf(dst.Addr())
+	if fam == netfilter.IPv6 && !cfg.IPv6 {
+		return accepted
+	}
+	var pool *lb.Pool
+	for _, b := range snap.Balancers() {
+		s := b.Service
+		if s.Protocol == p.Proto && s.Port == dst.Port() &&
+			slices.Contains(slices.Concat(s.ClusterIPs, s.ExternalIPs, s.LoadBalancerIPs), dst.Addr()) {
+			pool = snap.Route(p.Proto, dst)
+		}
+	}
+	if pool == nil {
+		local := slices.Contains(p.LocalAddrs, dst.Addr()) // never loopback in this mode
+		allowed := true
+		if len(cfg.NodePortAddresses) > 0 {
+			allowed = false
+			for _, pfx := range cfg.NodePortAddresses {
+				if familyOf(pfx.Addr()) == fam && (pfx.Bits() == 0 || pfx.Contains(dst.Addr())) {
+					allowed = true
+				}
+			}
+		}
+		if !local || !allowed {
+			return accepted
+		}
+		for _, b := range snap.Balancers() {
+			if b.Service.Protocol == p.Proto && b.Service.NodePort == dst.Port() {
+				pool = snap.Route(p.Proto, netip.AddrPortFrom(netip.IPv4Unspecified(), dst.Port()))
+			}
+		}
+		if pool == nil {
+			return accepted
+		}
+	}
+	var eps []string
+	for _, b := range pool.Backends() {
+		if familyOf(b.Addr.Addr()) == fam {
+			eps = append(eps, b.Addr.String())
+		}
+	}
+	if len(eps) == 0 {
+		return rejected
+	}
+	masq := cfg.MasqueradeAll
+	if pool.External {
+		masq = masq || pool.Service.ExternalTrafficPolicy == lb.PolicyCluster
+	} else if c := m.clusterCIDR[fam]; c.IsValid() && !c.Contains(p.Src.Addr()) {
+		masq = true
+	}
+	return spread(masq, eps...)
+}
+
+// fuzzPackets are the packets worth tracing for services.
+func fuzzPackets(services []lb.Service) []netfilter.Packet {
+	dsts := map[netip.AddrPort]bool{ap("8.8.8.8:53"): true, ap("[2001:4860::8888]:80"): true}
+	for _, s := range services {
+		for _, a := range slices.Concat(s.ClusterIPs, s.ExternalIPs, s.LoadBalancerIPs) {
+			dsts[netip.AddrPortFrom(a, s.Port)] = true
+		}
+		if s.NodePort != 0 {
+			for _, a := range []netip.Addr{nodeIP, nodeIP2, nodeIP6, ip("127.0.0.1"), ip("::1"), ip("192.0.2.99")} {
+				dsts[netip.AddrPortFrom(a, s.NodePort)] = true
+			}
+		}
+	}
+	var pkts []netfilter.Packet
+	for d := range dsts {
+		for _, proto := range []lb.Protocol{lb.TCP, lb.UDP} {
+			for _, hook := range []netfilter.Hook{pre, out} {
+				if d.Addr().IsLoopback() && hook == pre {
+					continue
+				}
+				p := pkt(proto, d.String(), hook)
+				pkts = append(pkts, p)
+				if hook == pre {
+					// An endpoint (hairpin), and a client outside the cluster.
+					src := "10.244.0.1:5000"
+					if d.Addr().Is6() {
+						src = "[fd00:244::1]:5000"
+					}
+					pkts = append(pkts, from(p, src))
+					if d.Addr().Is4() {
+						pkts = append(pkts, from(p, "192.0.2.200:5000"))
+					}
+				}
+			}
+		}
+	}
+	return pkts
+}
+
+// checkOutcomes fails t unless p goes where w says; an outcome that sends a
+// pod to itself is masqueraded too (hairpin), whatever w says.
+func checkOutcomes(t *testing.T, f *netfilter.Fake, p netfilter.Packet, w want, context string) {
+	got := f.TraceAll(p)
+	fail := func() {
+		t.Fatalf("%s: %v %v -> %v via %v: got %v, want %v\n%s", context, p.Proto, p.Src, p.Dst, p.Hook, got, w, f.Dump())
+	}
+	if w.action != netfilter.DNAT {
+		if len(got) != 1 || got[0].Action != w.action || got[0].Masquerade {
+			fail()
+		}
+		return
+	}
+	if len(got) != len(w.eps) {
+		fail()
+	}
+	wantEps := slices.Clone(w.eps)
+	slices.SortFunc(wantEps, func(a, b string) int { return ap(a).Compare(ap(b)) })
+	for i, o := range got {
+		masq := w.masq || o.Dst.Addr() == p.Src.Addr()
+		if o.Action != netfilter.DNAT || o.Dst != ap(wantEps[i]) || o.Masquerade != masq ||
+			math.Abs(o.Probability-1/float64(len(w.eps))) > 1e-6 {
+			fail()
+		}
+	}
+}
+
+func FuzzApply(f *testing.F) {
+	f.Add([]byte{})
+	f.Add([]byte{3, 1, 0, 1, 0, 1, 1, 2, 0, 3, 1, 1, 2, 7, 7, 0, 0, 1, 1, 0, 1, 1, 0, 2, 2, 1, 6, 2, 0, 1})
+	f.Add([]byte{6, 0, 1, 1, 3, 1, 0, 2, 4, 5, 1, 4, 1, 5, 2, 6, 7, 1, 0, 1, 2, 3, 0, 1, 1, 2, 1, 0, 0, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17})
+	f.Add([]byte{5, 2, 1, 1, 1, 1, 0, 1, 4, 1, 1, 0, 1, 7, 3, 1, 1, 1, 1, 1, 0, 1, 0, 2, 6, 4, 1, 1, 1, 1, 1, 1, 2, 7, 7, 2, 1, 0, 3, 1, 1})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		in := &byteReader{b: data}
+		flags := in.next()
+		cfg := Config{IPv6: flags&1 != 0, MasqueradeAll: flags&2 != 0, NodePortAddresses: fuzzPrefixes[in.pick(len(fuzzPrefixes))], Logger: zap.NewNop()}
+		if flags&4 != 0 {
+			cfg.ClusterCIDRs = []netip.Prefix{podCIDR, netip.MustParsePrefix("fd00:244::/64")}
+		}
+		fake := netfilter.NewFake()
+		cfg.Exec = fake
+		m, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: nodeName}})
+		for round := range 4 {
+			services := fuzzServices(in)
+			var snap *lb.Snapshot
+			if round > 0 && in.next()&1 != 0 {
+				// Change some Services and keep the others, as sources do.
+				snap, _ = st.Update(services, nil)
+			} else {
+				snap, _ = st.Replace(services) // conflicts and invalid Services are part of the game
+			}
+			full := round == 0 || in.next()&3 == 0
+			if err := m.Apply(context.Background(), snap, full); err != nil {
+				t.Fatalf("round %d: Apply: %v", round, err)
+			}
+			var all []lb.Service
+			for _, b := range snap.Balancers() {
+				all = append(all, *b.Service)
+			}
+			for _, p := range fuzzPackets(all) {
+				checkOutcomes(t, fake, p, expect(snap, m, p), fmt.Sprintf("round %d (full=%v)", round, full))
+			}
+			for _, fam := range m.families {
+				for k, rules := range m.desiredChains(m.cur, fam) {
+					if err := canonicalCheck(fam, rules); err != nil {
+						t.Fatalf("%v %s: %v", fam, k.chain, err)
+					}
+				}
+			}
+			// Incremental syncs leave what a full sync would.
+			ref := netfilter.NewFake()
+			rcfg := cfg
+			rcfg.Exec = ref
+			rm, err := New(rcfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := rm.Apply(context.Background(), snap, true); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := sortedLines(fake.Dump()), sortedLines(ref.Dump()); got != want {
+				t.Fatalf("round %d (full=%v): the rules differ from a full sync of the same snapshot:\n%s\nfull sync:\n%s", round, full, fake.Dump(), ref.Dump())
+			}
+		}
+		if err := m.Apply(context.Background(), st.Snapshot(), true); err != nil || m.Repairs() != 0 {
+			t.Fatalf("final full sync: %v, %d repairs", err, m.Repairs())
+		}
+		if err := m.Cleanup(context.Background()); err != nil {
+			t.Fatalf("Cleanup: %v", err)
+		}
+		if got, want := fake.Dump(), netfilter.NewFake().Dump(); got != want {
+			t.Fatalf("Cleanup left:\n%s", got)
+		}
+	})
+}
