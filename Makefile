@@ -5,7 +5,7 @@ GO       ?= go
 BIN      := bin
 PKGS     := ./...
 
-.PHONY: all build run run-static test test-short bench-go fuzz deps clean
+.PHONY: all build run run-static test test-short test-vm bench-go fuzz deps clean
 
 all: build
 
@@ -34,6 +34,12 @@ test:
 test-short:
 	$(GO) test -short -count=1 $(PKGS)
 
+# The IPVS mode's real-kernel test alone: a Debian cloud kernel under QEMU
+# (this machine's kernel has no IPVS). `make test` runs it too when
+# qemu-system-x86_64 is installed, and skips it with a message otherwise.
+test-vm:
+	$(GO) test -count=1 -v -run TestPrivilegedIPVSInVM ./kernelmodes/ipvs/
+
 # Go micro-benchmarks of the hot paths.
 bench-go:
 	$(GO) test -run=x -bench=. -benchmem $(PKGS)
@@ -46,7 +52,7 @@ fuzz:
 deps:
 	apt-get update
 	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-		iproute2 iputils-ping iptables ipset conntrack dnsutils dnsmasq-base
+		iproute2 iputils-ping iptables ipset conntrack dnsutils dnsmasq-base qemu-system-x86
 
 clean:
 	rm -rf $(BIN)

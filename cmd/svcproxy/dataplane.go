@@ -13,6 +13,7 @@ import (
 
 	"github.com/svcproxy/svcproxy/connlog"
 	"github.com/svcproxy/svcproxy/forwarder"
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/proxymode"
 	"github.com/svcproxy/svcproxy/redirect"
@@ -35,8 +36,16 @@ type handoverable interface {
 }
 
 // probes say, per mode, whether this node can run it.
-func probes(o *options) map[proxymode.Mode]proxymode.Probe {
+func probes(o *options, log *zap.Logger) map[proxymode.Mode]proxymode.Probe {
 	return map[proxymode.Mode]proxymode.Probe{
+		proxymode.IPVS: func(ctx context.Context) error { return ipvs.Available() },
+		proxymode.IPTables: func(ctx context.Context) error {
+			m, err := newIPTablesMode(o, log)
+			if err != nil {
+				return err
+			}
+			return m.Available(ctx)
+		},
 		proxymode.Userspace: func(ctx context.Context) error {
 			if o.steering != "redirect" {
 				return nil // listening on frontends needs nothing of the kernel
@@ -56,29 +65,54 @@ func probes(o *options) map[proxymode.Mode]proxymode.Probe {
 // rules fighting over the same traffic).
 func newDataplane(ctx context.Context, mode proxymode.Mode, o *options, reg prometheus.Registerer, log *zap.Logger, clog *connlog.Log, inherited map[string]*os.File) (dataplane, error) {
 	if o.steering == "redirect" || mode != proxymode.Userspace {
-		if err := cleanupModes(ctx, mode, log); err != nil {
+		if err := cleanupModes(ctx, mode, o, log); err != nil {
 			return nil, err
 		}
 	}
 	switch mode {
 	case proxymode.Userspace:
 		return newUserspace(o, reg, log, clog, inherited)
+	case proxymode.IPTables:
+		m, err := newIPTablesMode(o, log)
+		if err != nil {
+			return nil, err
+		}
+		log.Info("kernel DNAT mode", zap.String("iptables", m.Backend()))
+		return newKernel("iptables", m, reg), nil
+	case proxymode.IPVS:
+		m, err := newIPVSMode(o, log)
+		if err != nil {
+			return nil, err
+		}
+		go m.RunSweeper(ctx)
+		return newKernel("ipvs", m, reg), nil
 	}
 	return nil, fmt.Errorf("proxy mode %s is not built into this svcproxy", mode)
 }
 
 // cleanupModes removes the rules of every mode but keep ("" removes all).
-func cleanupModes(ctx context.Context, keep proxymode.Mode, log *zap.Logger) error {
+func cleanupModes(ctx context.Context, keep proxymode.Mode, o *options, log *zap.Logger) error {
+	if _, err := exec.LookPath("iptables-restore"); err != nil {
+		return nil // no mode can have installed anything
+	}
+	cleaners := map[proxymode.Mode]func() (interface{ Cleanup(context.Context) error }, error){
+		proxymode.Userspace: func() (interface{ Cleanup(context.Context) error }, error) {
+			return redirect.New(redirect.Config{Mark: forwarder.DefaultMark, Logger: log})
+		},
+		proxymode.IPTables: func() (interface{ Cleanup(context.Context) error }, error) { return newIPTablesMode(o, log) },
+		proxymode.IPVS:     func() (interface{ Cleanup(context.Context) error }, error) { return newIPVSMode(o, log) },
+	}
 	var errs []error
-	if keep != proxymode.Userspace {
-		if _, err := exec.LookPath("iptables-restore"); err == nil {
-			red, err := redirect.New(redirect.Config{Mark: forwarder.DefaultMark, Logger: log})
-			if err == nil {
-				err = red.Cleanup(ctx)
-			}
-			if err != nil {
-				errs = append(errs, fmt.Errorf("removing userspace-mode steering rules: %w", err))
-			}
+	for _, mode := range []proxymode.Mode{proxymode.Userspace, proxymode.IPTables, proxymode.IPVS} {
+		if mode == keep {
+			continue
+		}
+		c, err := cleaners[mode]()
+		if err == nil {
+			err = c.Cleanup(ctx)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("removing %s-mode rules: %w", mode, err))
 		}
 	}
 	return errors.Join(errs...)

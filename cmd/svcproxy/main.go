@@ -55,7 +55,7 @@ func run(o *options) error {
 	defer stop()
 
 	if o.cleanup {
-		return cleanup(ctx, log)
+		return cleanup(ctx, o, log)
 	}
 
 	reg := prometheus.NewRegistry()
@@ -76,7 +76,7 @@ func run(o *options) error {
 		defer clog.Close()
 	}
 
-	choice, err := proxymode.Choose(ctx, o.proxyMode, "", probes(o))
+	choice, err := proxymode.Choose(ctx, o.proxyMode, "", probes(o, log))
 	if err != nil {
 		return err
 	}
@@ -189,8 +189,8 @@ func run(o *options) error {
 }
 
 // cleanup removes everything svcproxy installs, whichever mode installed it.
-func cleanup(ctx context.Context, log *zap.Logger) error {
-	if err := cleanupModes(ctx, "", log); err != nil {
+func cleanup(ctx context.Context, o *options, log *zap.Logger) error {
+	if err := cleanupModes(ctx, "", o, log); err != nil {
 		return err
 	}
 	log.Info("removed every svcproxy rule and set")

@@ -28,6 +28,9 @@ type options struct {
 	nodePortAddresses []netip.Prefix
 	cleanup           bool
 	handoverSocket    string
+	clusterCIDRs      []netip.Prefix
+	masqueradeAll     bool
+	ipvsScheduler     string
 	pidFile           string
 
 	workers            int
@@ -71,6 +74,9 @@ func parseFlags(args []string) (*options, error) {
 	nodePortAddresses := fs.String("nodeport-addresses", "", "comma-separated CIDRs: NodePorts only on the node's addresses inside them; empty: all of them")
 	fs.StringVar(&o.handoverSocket, "handover-socket", "auto", "unix socket for zero-downtime restarts: a new svcproxy takes the running one's sockets through it (SIGUSR2 starts one from the binary on disk); auto: /run/svcproxy/handover-<network namespace inode>.sock, so svcproxys in different network namespaces never meet; empty: off")
 	fs.StringVar(&o.pidFile, "pid-file", "", "write the process ID here (a successor overwrites it)")
+	clusterCIDRs := fs.String("cluster-cidr", "", "iptables mode: comma-separated pod CIDRs (one per family); ClusterIP traffic from outside them is masqueraded")
+	fs.BoolVar(&o.masqueradeAll, "masquerade-all", false, "iptables and ipvs modes: masquerade all Service traffic")
+	fs.StringVar(&o.ipvsScheduler, "ipvs-scheduler", "rr", "ipvs mode: the default scheduler: rr, wrr, lc, wlc, sh, dh or mh")
 	fs.BoolVar(&o.cleanup, "cleanup", false, "remove every rule and set svcproxy installs, in any mode, and exit")
 	fs.IntVar(&o.workers, "workers", 0, "listening sockets (and accept loops) per address, sharing it with SO_REUSEPORT; 0: GOMAXPROCS")
 	dialTimeouts := fs.String("dial-timeouts", "250ms,500ms,1s,2s", "per-attempt backend connect timeouts; their number bounds the attempts, each to a different backend")
@@ -99,6 +105,9 @@ func parseFlags(args []string) (*options, error) {
 	}
 
 	var err error
+	if o.clusterCIDRs, err = parsePrefixes(*clusterCIDRs); err != nil {
+		return nil, fmt.Errorf("--cluster-cidr: %w", err)
+	}
 	if o.proxyMode, err = proxymode.Parse(*proxyMode); err != nil {
 		return nil, fmt.Errorf("--proxy-mode: %w", err)
 	}
@@ -116,15 +125,8 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("--redirect-port: want 1-65535, got %d", *redirectPort)
 	}
 	o.redirectPort = uint16(*redirectPort)
-	for _, s := range strings.Split(*nodePortAddresses, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return nil, fmt.Errorf("--nodeport-addresses: %w", err)
-		}
-		o.nodePortAddresses = append(o.nodePortAddresses, p.Masked())
+	if o.nodePortAddresses, err = parsePrefixes(*nodePortAddresses); err != nil {
+		return nil, fmt.Errorf("--nodeport-addresses: %w", err)
 	}
 	if o.dialTimeouts, err = parseDurations(*dialTimeouts); err != nil {
 		return nil, fmt.Errorf("--dial-timeouts: %w", err)
@@ -165,6 +167,22 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("--min-sync-period: want 0 to --sync-period, got %v", o.minSyncPeriod)
 	}
 	return o, nil
+}
+
+// parsePrefixes parses comma-separated CIDRs.
+func parsePrefixes(s string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 func parseDurations(s string) ([]time.Duration, error) {
