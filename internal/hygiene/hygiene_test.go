@@ -51,9 +51,12 @@ func TestImportBoundaries(t *testing.T) {
 	forbidden := map[string][]string{
 		mod + "lb": {"k8s.io/client-go", "k8s.io/api", "golang.org/x/sys/unix", "github.com/coreos/go-iptables",
 			"github.com/moby/ipvs", "github.com/vishvananda/netlink", "net/http", mod + "forwarder", mod + "redirect", mod + "kernelmodes"},
-		mod + "forwarder": {"k8s.io/client-go", "k8s.io/api", mod + "redirect", mod + "kernelmodes", mod + "source"},
-		mod + "redirect":  {"k8s.io/client-go", "k8s.io/api", mod + "forwarder", mod + "kernelmodes", mod + "source"},
-		mod + "connlog":   {mod + "lb", mod + "forwarder"},
+		mod + "forwarder":            {"k8s.io/client-go", "k8s.io/api", mod + "redirect", mod + "kernelmodes", mod + "source"},
+		mod + "redirect":             {"k8s.io/client-go", "k8s.io/api", mod + "forwarder", mod + "kernelmodes", mod + "source"},
+		mod + "connlog":              {mod + "lb", mod + "forwarder"},
+		mod + "netfilter":            {"k8s.io/client-go", mod + "forwarder", mod + "redirect", mod + "kernelmodes", mod + "source"},
+		mod + "kernelmodes/iptables": {"k8s.io/client-go", mod + "forwarder", mod + "redirect", mod + "source"},
+		mod + "kernelmodes/ipvs":     {"k8s.io/client-go", mod + "forwarder", mod + "redirect", mod + "source"},
 	}
 	for _, p := range listPackages(t) {
 		rules, ok := forbidden[p.ImportPath]
