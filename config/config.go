@@ -1,0 +1,475 @@
+// Package config owns svcproxy's configuration file: kube-proxy's
+// KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1) where a field
+// means the same, plus a svcproxy: section for what only svcproxy has.
+//
+//	apiVersion: kubeproxy.config.k8s.io/v1alpha1
+//	kind: KubeProxyConfiguration
+//	bindAddress: 0.0.0.0              # where the userspace proxy listens (its redirect port)
+//	healthzBindAddress: 0.0.0.0:10256 # /healthz, /livez; "" off
+//	metricsBindAddress: 127.0.0.1:10249
+//	mode: ""                          # userspace | iptables | ipvs; "": the Node's annotation, else the best available
+//	hostnameOverride: ""              # this node's name; "": the hostname
+//	nodePortAddresses: []             # CIDRs (or "primary"); empty: every node address
+//	clusterCIDR: ""                   # pod CIDRs, comma-separated
+//	iptables: {masqueradeBit: 14, masqueradeAll: false, syncPeriod: 30s, minSyncPeriod: 1s}
+//	ipvs: {scheduler: "", syncPeriod: 30s, minSyncPeriod: 0s}
+//	conntrack: {udpTimeout: 0s}
+//	clientConnection: {kubeconfig: "", qps: 5, burst: 10, contentType: application/vnd.kubernetes.protobuf}
+//	configSyncPeriod: 15m0s
+//	svcproxy:
+//	  steering: redirect
+//	  redirectPort: 15001
+//	  workers: 0
+//	  dialTimeouts: [250ms, 500ms, 1s, 2s]
+//	  ...
+//
+// Decoding is strict: an unknown field, a value of the wrong type or out of
+// range is an error naming the field path and line. kube-proxy fields that
+// svcproxy has no use for (featureGates, nftables, winkernel, ...) are
+// accepted with a warning, so a kube-proxy file moves over as it is.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/svcproxy/svcproxy/lb"
+)
+
+// The file's type, as kube-proxy's.
+const (
+	APIVersion = "kubeproxy.config.k8s.io/v1alpha1"
+	Kind       = "KubeProxyConfiguration"
+)
+
+// Proxy modes.
+const (
+	ModeUserspace = "userspace"
+	ModeIPTables  = "iptables"
+	ModeIPVS      = "ipvs"
+)
+
+// ErrInvalid wraps every error Parse and Validate return.
+var ErrInvalid = errors.New("invalid configuration")
+
+// Duration is a time.Duration written as Go writes it ("30s", "1m30s").
+type Duration time.Duration
+
+// D returns d as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// MarshalYAML writes d as a Go duration string.
+func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
+// Config is the whole file. Field comments give the defaults (Default).
+type Config struct {
+	APIVersion string `yaml:"apiVersion"`
+	Kind       string `yaml:"kind"`
+
+	// BindAddress is the IP the userspace proxy listens on (for its
+	// redirect port), as old kube-proxy's userspace mode. Default 0.0.0.0.
+	BindAddress string `yaml:"bindAddress"`
+	// HealthzBindAddress is host:port of /healthz and /livez; "" turns them
+	// off. Default 0.0.0.0:10256.
+	HealthzBindAddress string `yaml:"healthzBindAddress"`
+	// MetricsBindAddress is host:port of /metrics; "" turns it off.
+	// Default 127.0.0.1:10249.
+	MetricsBindAddress string `yaml:"metricsBindAddress"`
+	// Mode is userspace, iptables or ipvs; "" (default): the Node's
+	// net.experimental.kubernetes.io/proxy-mode annotation, else the best
+	// the kernel has.
+	Mode string `yaml:"mode"`
+	// HostnameOverride is this node's name; "" (default): the hostname.
+	HostnameOverride string `yaml:"hostnameOverride"`
+	// NodePortAddresses are CIDRs: NodePorts are served only on node
+	// addresses inside them ("primary": the node's primary IPs). Empty
+	// (default): every address.
+	NodePortAddresses []string `yaml:"nodePortAddresses"`
+	// ClusterCIDR is the pods' CIDRs, comma-separated (one per family);
+	// used to tell local traffic. Default "".
+	ClusterCIDR string `yaml:"clusterCIDR"`
+
+	IPTables         IPTables         `yaml:"iptables"`
+	IPVS             IPVS             `yaml:"ipvs"`
+	Conntrack        Conntrack        `yaml:"conntrack"`
+	ClientConnection ClientConnection `yaml:"clientConnection"`
+	// ConfigSyncPeriod is how often the informers resync from their cache.
+	// Default 15m; 0: never.
+	ConfigSyncPeriod Duration `yaml:"configSyncPeriod"`
+
+	Svcproxy Svcproxy `yaml:"svcproxy"`
+
+	// Warnings lists kube-proxy fields found in the file that svcproxy
+	// ignores. Never written.
+	Warnings []string `yaml:"-"`
+}
+
+// IPTables is kube-proxy's iptables section; the userspace mode's REDIRECT
+// steering uses it too.
+type IPTables struct {
+	MasqueradeBit *int32   `yaml:"masqueradeBit"` // bit of the fwmark for SNAT, 0-31; default 14
+	MasqueradeAll bool     `yaml:"masqueradeAll"` // iptables and ipvs modes: SNAT all Service traffic; default false
+	SyncPeriod    Duration `yaml:"syncPeriod"`    // longest time between full syncs; default 30s
+	MinSyncPeriod Duration `yaml:"minSyncPeriod"` // shortest time between syncs; default 1s
+}
+
+// IPVS is kube-proxy's ipvs section.
+type IPVS struct {
+	Scheduler     string   `yaml:"scheduler"`     // rr (default when ""), lc, dh, sh, mh, sed, nq, wrr, wlc
+	SyncPeriod    Duration `yaml:"syncPeriod"`    // default 30s
+	MinSyncPeriod Duration `yaml:"minSyncPeriod"` // default 0
+}
+
+// Conntrack is kube-proxy's conntrack section (what svcproxy uses of it).
+type Conntrack struct {
+	// UDPTimeout is how long an idle UDP flow lives in the userspace
+	// proxy (and nf_conntrack_udp_timeout in the kernel modes); 0
+	// (default): svcproxy's own 30s, the kernel's own.
+	UDPTimeout Duration `yaml:"udpTimeout"`
+}
+
+// ClientConnection is how svcproxy talks to the API server.
+type ClientConnection struct {
+	Kubeconfig  string  `yaml:"kubeconfig"`  // path; "" (default): in-cluster
+	QPS         float32 `yaml:"qps"`         // default 5
+	Burst       int32   `yaml:"burst"`       // default 10
+	ContentType string  `yaml:"contentType"` // default application/vnd.kubernetes.protobuf
+}
+
+// Svcproxy is what only svcproxy has.
+type Svcproxy struct {
+	// Steering is how Service traffic reaches the userspace proxy: redirect
+	// (iptables REDIRECT) or none (listen on each frontend). Default
+	// redirect.
+	Steering string `yaml:"steering"`
+	// RedirectPort is the TCP port redirected connections arrive on.
+	// Default 15001.
+	RedirectPort uint16 `yaml:"redirectPort"`
+	// Workers is SO_REUSEPORT listeners per address; 0 (default): GOMAXPROCS.
+	Workers int `yaml:"workers"`
+	// DialTimeouts is one connect timeout per attempt, each to a different
+	// backend. Default [250ms, 500ms, 1s, 2s].
+	DialTimeouts []Duration `yaml:"dialTimeouts"`
+	// IdleTimeout closes connections idle both ways this long; negative:
+	// never. Default 1h.
+	IdleTimeout Duration `yaml:"idleTimeout"`
+	// DrainTimeout is how long connections to a removed backend (and all at
+	// shutdown) may continue. Default 30s.
+	DrainTimeout Duration `yaml:"drainTimeout"`
+	// Mark is SO_MARK of the proxy's upstream sockets; default 0x80000.
+	Mark uint32 `yaml:"mark"`
+	// MaxConns and MaxConnsPerService cap open connections; 0 (default): none.
+	MaxConns           int64 `yaml:"maxConns"`
+	MaxConnsPerService int64 `yaml:"maxConnsPerService"`
+	// Algorithm is the default picker: round-robin (default), random,
+	// least-conn or maglev.
+	Algorithm string `yaml:"algorithm"`
+	// ConnLog is the per-connection log file; "-": stdout; "": off.
+	// Default /var/log/svcproxy/connections.log.
+	ConnLog string `yaml:"connLog"`
+	// ConnLogSample logs 1 in N successful connections. Default 1.
+	ConnLogSample int `yaml:"connLogSample"`
+	// Zone overrides the Node's topology.kubernetes.io/zone label.
+	Zone string `yaml:"zone"`
+	// HandoverSocket is the unix socket for zero-downtime restarts;
+	// "auto" (default): one per network namespace; "": off.
+	HandoverSocket string `yaml:"handoverSocket"`
+	// ProxyName, if set, serves only Services labelled
+	// service.kubernetes.io/service-proxy-name=<ProxyName>; "" (default):
+	// only Services without that label.
+	ProxyName string `yaml:"proxyName"`
+}
+
+// Defaults shared with the command line.
+const (
+	DefaultHealthzBindAddress = "0.0.0.0:10256"
+	DefaultMetricsBindAddress = "127.0.0.1:10249"
+	DefaultRedirectPort       = 15001
+	DefaultMark               = 0x80000
+	DefaultConnLog            = "/var/log/svcproxy/connections.log"
+)
+
+// Default returns the configuration used for everything a file leaves out.
+func Default() *Config {
+	bit := int32(14)
+	return &Config{
+		APIVersion:         APIVersion,
+		Kind:               Kind,
+		BindAddress:        "0.0.0.0",
+		HealthzBindAddress: DefaultHealthzBindAddress,
+		MetricsBindAddress: DefaultMetricsBindAddress,
+		NodePortAddresses:  []string{},
+		IPTables:           IPTables{MasqueradeBit: &bit, SyncPeriod: Duration(30 * time.Second), MinSyncPeriod: Duration(time.Second)},
+		IPVS:               IPVS{SyncPeriod: Duration(30 * time.Second)},
+		ClientConnection:   ClientConnection{QPS: 5, Burst: 10, ContentType: "application/vnd.kubernetes.protobuf"},
+		ConfigSyncPeriod:   Duration(15 * time.Minute),
+		Svcproxy: Svcproxy{
+			Steering:       "redirect",
+			RedirectPort:   DefaultRedirectPort,
+			DialTimeouts:   []Duration{Duration(250 * time.Millisecond), Duration(500 * time.Millisecond), Duration(time.Second), Duration(2 * time.Second)},
+			IdleTimeout:    Duration(time.Hour),
+			DrainTimeout:   Duration(30 * time.Second),
+			Mark:           DefaultMark,
+			Algorithm:      "round-robin",
+			ConnLog:        DefaultConnLog,
+			ConnLogSample:  1,
+			HandoverSocket: "auto",
+		},
+	}
+}
+
+// Load reads and parses the configuration file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading configuration: %w", err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse decodes a configuration file over Default and validates it. The
+// error wraps ErrInvalid and lists every problem, each with its line and
+// field path, e.g.
+//
+//	line 7: iptables.syncPeriod: time: invalid duration "30"
+func Parse(data []byte) (*Config, error) {
+	c := Default()
+	c.APIVersion, c.Kind = "", "" // the file must say what it is
+	var root yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&root); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%w: empty file (want apiVersion: %s, kind: %s)", ErrInvalid, APIVersion, Kind)
+		}
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%w: more than one YAML document", ErrInvalid)
+	}
+	d := &decoder{}
+	doc := &root
+	if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
+		doc = doc.Content[0]
+	}
+	d.decode(doc, c, "")
+	if len(d.errs) > 0 {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, errors.Join(d.errs...))
+	}
+	c.Warnings = d.warnings
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Write writes c as a complete configuration file (for --write-config-to).
+func (c *Config) Write(w io.Writer) error {
+	out := *c
+	out.APIVersion, out.Kind = APIVersion, Kind
+	if out.NodePortAddresses == nil {
+		out.NodePortAddresses = []string{}
+	}
+	enc := yaml.NewEncoder(w)
+	enc.SetIndent(2)
+	if err := enc.Encode(&out); err != nil {
+		return fmt.Errorf("writing configuration: %w", err)
+	}
+	return enc.Close()
+}
+
+// SyncPeriods returns the sync period and minimum sync period of c's mode:
+// the ipvs section's for ipvs, the iptables section's otherwise (the
+// userspace mode steers with iptables).
+func (c *Config) SyncPeriods() (sync, minSync time.Duration) {
+	if c.Mode == ModeIPVS {
+		return c.IPVS.SyncPeriod.D(), c.IPVS.MinSyncPeriod.D()
+	}
+	return c.IPTables.SyncPeriod.D(), c.IPTables.MinSyncPeriod.D()
+}
+
+// NodePortPrefixes parses NodePortAddresses ("primary" is left out: the
+// caller resolves it to the node's primary addresses).
+func (c *Config) NodePortPrefixes() (prefixes []netip.Prefix, primary bool) {
+	for _, s := range c.NodePortAddresses {
+		if s == "primary" {
+			primary = true
+			continue
+		}
+		if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil {
+			prefixes = append(prefixes, p.Masked())
+		}
+	}
+	return prefixes, primary
+}
+
+// ClusterCIDRs parses ClusterCIDR.
+func (c *Config) ClusterCIDRs() []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range strings.Split(c.ClusterCIDR, ",") {
+		if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil {
+			out = append(out, p.Masked())
+		}
+	}
+	return out
+}
+
+// Validate reports every invalid value, each naming its field.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if c.APIVersion != APIVersion {
+		bad("apiVersion", "want %s, got %q", APIVersion, c.APIVersion)
+	}
+	if c.Kind != Kind {
+		bad("kind", "want %s, got %q", Kind, c.Kind)
+	}
+	if c.BindAddress != "" {
+		if _, err := netip.ParseAddr(c.BindAddress); err != nil {
+			bad("bindAddress", "want an IP address, got %q", c.BindAddress)
+		}
+	}
+	for field, addr := range map[string]string{"healthzBindAddress": c.HealthzBindAddress, "metricsBindAddress": c.MetricsBindAddress} {
+		if addr == "" {
+			continue
+		}
+		host, port, err := net.SplitHostPort(addr)
+		if err == nil && host != "" {
+			_, err = netip.ParseAddr(host)
+		}
+		if err == nil {
+			var p uint64
+			p, err = strconv.ParseUint(port, 10, 16)
+			if err == nil && p == 0 {
+				err = errors.New("port 0")
+			}
+		}
+		if err != nil {
+			bad(field, "want IP:port (e.g. 0.0.0.0:10256), got %q", addr)
+		}
+	}
+	switch c.Mode {
+	case "", ModeUserspace, ModeIPTables, ModeIPVS:
+	default:
+		bad("mode", "want userspace, iptables, ipvs or empty, got %q", c.Mode)
+	}
+	if len(c.HostnameOverride) > 253 {
+		bad("hostnameOverride", "longer than 253 characters")
+	}
+	for i, s := range c.NodePortAddresses {
+		if s == "primary" {
+			if len(c.NodePortAddresses) > 1 {
+				bad(fmt.Sprintf("nodePortAddresses[%d]", i), `"primary" cannot be combined with CIDRs`)
+			}
+			continue
+		}
+		if _, err := netip.ParsePrefix(s); err != nil {
+			bad(fmt.Sprintf("nodePortAddresses[%d]", i), "want a CIDR or \"primary\", got %q", s)
+		}
+	}
+	if c.ClusterCIDR != "" {
+		cidrs := strings.Split(c.ClusterCIDR, ",")
+		if len(cidrs) > 2 {
+			bad("clusterCIDR", "at most one CIDR per family, got %d", len(cidrs))
+		}
+		for _, s := range cidrs {
+			if _, err := netip.ParsePrefix(strings.TrimSpace(s)); err != nil {
+				bad("clusterCIDR", "want comma-separated CIDRs, got %q", s)
+			}
+		}
+	}
+	if b := c.IPTables.MasqueradeBit; b != nil && (*b < 0 || *b > 31) {
+		bad("iptables.masqueradeBit", "want 0-31, got %d", *b)
+	}
+	periods := func(section string, sync, minSync Duration) {
+		if sync <= 0 {
+			bad(section+".syncPeriod", "must be positive, got %v", sync.D())
+		}
+		if minSync < 0 {
+			bad(section+".minSyncPeriod", "must not be negative, got %v", minSync.D())
+		} else if sync > 0 && minSync > sync {
+			bad(section+".minSyncPeriod", "%v is longer than syncPeriod %v", minSync.D(), sync.D())
+		}
+	}
+	periods("iptables", c.IPTables.SyncPeriod, c.IPTables.MinSyncPeriod)
+	periods("ipvs", c.IPVS.SyncPeriod, c.IPVS.MinSyncPeriod)
+	switch c.IPVS.Scheduler {
+	case "", "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "mh":
+	default:
+		bad("ipvs.scheduler", "unknown IPVS scheduler %q", c.IPVS.Scheduler)
+	}
+	if c.Conntrack.UDPTimeout < 0 {
+		bad("conntrack.udpTimeout", "must not be negative, got %v", c.Conntrack.UDPTimeout.D())
+	}
+	if c.ClientConnection.QPS < 0 {
+		bad("clientConnection.qps", "must not be negative, got %v", c.ClientConnection.QPS)
+	}
+	if c.ClientConnection.Burst < 0 {
+		bad("clientConnection.burst", "must not be negative, got %d", c.ClientConnection.Burst)
+	}
+	switch c.ClientConnection.ContentType {
+	case "", "application/json", "application/vnd.kubernetes.protobuf":
+	default:
+		bad("clientConnection.contentType", "want application/json or application/vnd.kubernetes.protobuf, got %q", c.ClientConnection.ContentType)
+	}
+	if c.ConfigSyncPeriod < 0 {
+		bad("configSyncPeriod", "must not be negative, got %v", c.ConfigSyncPeriod.D())
+	}
+
+	s := &c.Svcproxy
+	if s.Steering != "redirect" && s.Steering != "none" {
+		bad("svcproxy.steering", "want redirect or none, got %q", s.Steering)
+	}
+	if s.RedirectPort == 0 {
+		bad("svcproxy.redirectPort", "want 1-65535")
+	}
+	if s.Workers < 0 || s.Workers > 1024 {
+		bad("svcproxy.workers", "want 0-1024, got %d", s.Workers)
+	}
+	if len(s.DialTimeouts) == 0 || len(s.DialTimeouts) > lb.MaxAttempts {
+		bad("svcproxy.dialTimeouts", "want 1 to %d timeouts, got %d", lb.MaxAttempts, len(s.DialTimeouts))
+	}
+	for i, d := range s.DialTimeouts {
+		if d <= 0 {
+			bad(fmt.Sprintf("svcproxy.dialTimeouts[%d]", i), "must be positive, got %v", d.D())
+		}
+	}
+	if s.DrainTimeout < 0 {
+		bad("svcproxy.drainTimeout", "must not be negative, got %v", s.DrainTimeout.D())
+	}
+	if s.Steering == "redirect" && s.Mark == 0 {
+		bad("svcproxy.mark", "steering redirect needs a mark, so the proxy's own connections are not redirected")
+	}
+	if s.MaxConns < 0 {
+		bad("svcproxy.maxConns", "must not be negative, got %d", s.MaxConns)
+	}
+	if s.MaxConnsPerService < 0 {
+		bad("svcproxy.maxConnsPerService", "must not be negative, got %d", s.MaxConnsPerService)
+	}
+	if _, err := lb.ParseAlgorithm(s.Algorithm); err != nil {
+		bad("svcproxy.algorithm", "%v", err)
+	}
+	if s.ConnLogSample < 1 {
+		bad("svcproxy.connLogSample", "want 1 or more, got %d", s.ConnLogSample)
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
+}

@@ -1,0 +1,216 @@
+// Package healthcheck owns the health-check node ports of LoadBalancer
+// Services with externalTrafficPolicy: Local, with kube-proxy's semantics:
+// one HTTP server per Service on its spec.healthCheckNodePort answers 200
+// while this node has ready endpoints of the Service and the proxy itself is
+// healthy, and 503 otherwise, so the cloud load balancer sends traffic only
+// to nodes that can serve it locally. The body is kube-proxy's:
+//
+//	{"service":{"namespace":"ns","name":"web"},"localEndpoints":2,"serviceProxyHealthy":true}
+package healthcheck
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// ServiceName names a Service (not one of its ports).
+type ServiceName struct {
+	Namespace string
+	Name      string
+}
+
+func (n ServiceName) String() string { return n.Namespace + "/" + n.Name }
+
+// Service is what the server needs of one Service.
+type Service struct {
+	Port           uint16 // the health-check node port
+	LocalEndpoints int    // distinct ready endpoint addresses on this node
+}
+
+// Config configures a Server. The zero value serves on every address.
+type Config struct {
+	// Addresses to listen on, each with every Service's port; nil: the
+	// unspecified address (every node address of both families).
+	Addresses []netip.Addr
+	// Healthy reports the proxy's own health (what /healthz says); nil:
+	// always healthy.
+	Healthy func() bool
+	// Listen opens a listener; nil: net.ListenConfig.Listen.
+	Listen func(ctx context.Context, network, addr string) (net.Listener, error)
+	Logger *zap.Logger // nil: no logging
+}
+
+// Server serves the health-check node ports. Use New; call Close when done.
+type Server struct {
+	cfg Config
+	log *zap.Logger
+
+	mu       sync.Mutex
+	services map[ServiceName]*instance
+	closed   bool
+}
+
+type instance struct {
+	port      uint16
+	endpoints int
+	servers   []*http.Server
+}
+
+// New returns a Server that serves nothing until Sync.
+func New(cfg Config) *Server {
+	if cfg.Listen == nil {
+		var lc net.ListenConfig
+		cfg.Listen = lc.Listen
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Server{cfg: cfg, log: log.Named("healthcheck"), services: map[ServiceName]*instance{}}
+}
+
+// Sync makes the server serve exactly services: a listener opens for each
+// new Service (or changed port), closes for each one gone, and the local
+// endpoint counts are updated. A port that cannot be opened is logged and
+// returned in the error; the other Services are still served.
+func (s *Server) Sync(services map[ServiceName]Service) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errors.New("healthcheck: server closed")
+	}
+	for name, inst := range s.services {
+		if svc, ok := services[name]; !ok || svc.Port != inst.port {
+			s.log.Info("closing health check", zap.Stringer("service", name), zap.Uint16("port", inst.port))
+			inst.close()
+			delete(s.services, name)
+		}
+	}
+	var errs []error
+	for name, svc := range services {
+		if inst := s.services[name]; inst != nil {
+			inst.endpoints = svc.LocalEndpoints
+			continue
+		}
+		if svc.Port == 0 {
+			continue
+		}
+		inst := &instance{port: svc.Port, endpoints: svc.LocalEndpoints}
+		if err := s.open(name, inst); err != nil {
+			s.log.Error("opening health check", zap.Stringer("service", name), zap.Uint16("port", svc.Port), zap.Error(err))
+			errs = append(errs, fmt.Errorf("service %v: %w", name, err))
+			continue
+		}
+		s.log.Info("opened health check", zap.Stringer("service", name), zap.Uint16("port", svc.Port))
+		s.services[name] = inst
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Server) open(name ServiceName, inst *instance) error {
+	addrs := []string{":" + strconv.Itoa(int(inst.port))} // every address, both families where the node has them
+	if len(s.cfg.Addresses) > 0 {
+		addrs = addrs[:0]
+		for _, ip := range s.cfg.Addresses {
+			addrs = append(addrs, netip.AddrPortFrom(ip, inst.port).String())
+		}
+	}
+	for _, addr := range addrs {
+		ln, err := s.cfg.Listen(context.Background(), "tcp", addr)
+		if err != nil {
+			inst.close()
+			return fmt.Errorf("listening on %s: %w", addr, err)
+		}
+		srv := &http.Server{Handler: s.handler(name), ReadHeaderTimeout: 5 * time.Second}
+		inst.servers = append(inst.servers, srv)
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				s.log.Warn("health check server stopped", zap.Stringer("service", name), zap.String("address", addr), zap.Error(err))
+			}
+		}()
+	}
+	return nil
+}
+
+func (inst *instance) close() {
+	for _, srv := range inst.servers {
+		_ = srv.Close()
+	}
+	inst.servers = nil
+}
+
+// Services returns the Services being served, for tests and debugging.
+func (s *Server) Services() map[ServiceName]Service {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[ServiceName]Service, len(s.services))
+	for name, inst := range s.services {
+		out[name] = Service{Port: inst.port, LocalEndpoints: inst.endpoints}
+	}
+	return out
+}
+
+// Close stops every listener. The Server cannot be used afterwards.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, inst := range s.services {
+		inst.close()
+	}
+	clear(s.services)
+	s.closed = true
+	return nil
+}
+
+// status is kube-proxy's response body.
+type status struct {
+	Service struct {
+		Namespace string `json:"namespace"`
+		Name      string `json:"name"`
+	} `json:"service"`
+	LocalEndpoints      int  `json:"localEndpoints"`
+	ServiceProxyHealthy bool `json:"serviceProxyHealthy"`
+}
+
+// Handler returns the handler for name's health check (every path).
+func (s *Server) Handler(name ServiceName) http.Handler { return s.handler(name) }
+
+func (s *Server) handler(name ServiceName) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		inst := s.services[name]
+		count := 0
+		if inst != nil {
+			count = inst.endpoints
+		}
+		s.mu.Unlock()
+		healthy := s.cfg.Healthy == nil || s.cfg.Healthy()
+
+		var st status
+		st.Service.Namespace, st.Service.Name = name.Namespace, name.Name
+		st.LocalEndpoints, st.ServiceProxyHealthy = count, healthy
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.Header().Set("X-Load-Balancing-Endpoint-Weight", strconv.Itoa(count))
+		if count > 0 && healthy {
+			w.WriteHeader(http.StatusOK)
+		} else {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		_ = json.NewEncoder(w).Encode(st)
+	})
+}
+
+// Equal reports whether two Sync inputs are the same.
+func Equal(a, b map[ServiceName]Service) bool { return maps.Equal(a, b) }

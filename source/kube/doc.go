@@ -1,0 +1,19 @@
+// Package kube feeds lb.Store from a Kubernetes API server, as kube-proxy
+// does: client-go shared informers for Services, discovery.k8s.io/v1
+// EndpointSlices (never v1 Endpoints) and the node's own Node.
+//
+// Convert is the pure part: one Service and its EndpointSlices become one
+// lb.Service per Service port, with kube-proxy's semantics (headless,
+// ExternalName and other proxies' Services ignored; ready, serving and
+// terminating conditions; Local traffic policies; topology hints; dual
+// stack; ClientIP affinity; LoadBalancer ingress IPs with ipMode Proxy left
+// to the load balancer). What is wrong with an object is reported as an
+// *InvalidError, dropped at the smallest unit it spoils (an address, an
+// endpoint, a port), and never affects another Service.
+//
+// Run is the live part: informer events mark Services dirty, and a loop
+// writes the dirty ones into the Store with one Store.Update at most every
+// MinSyncPeriod (a full Store.Replace on the initial sync and after the
+// watch recovers from an error). While the API server is unreachable the
+// Store keeps the last state it was given.
+package kube

@@ -1,0 +1,391 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/zap/zaptest"
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/svcproxy/svcproxy/healthcheck"
+	"github.com/svcproxy/svcproxy/lb"
+)
+
+type fakeHealth struct {
+	mu       sync.Mutex
+	queued   int
+	deleting bool
+}
+
+func (h *fakeHealth) Queued() { h.mu.Lock(); h.queued++; h.mu.Unlock() }
+func (h *fakeHealth) SetNodeDeleting(d bool) {
+	h.mu.Lock()
+	h.deleting = d
+	h.mu.Unlock()
+}
+func (h *fakeHealth) get() (int, bool) { h.mu.Lock(); defer h.mu.Unlock(); return h.queued, h.deleting }
+
+type fakeHC struct {
+	mu   sync.Mutex
+	last map[healthcheck.ServiceName]healthcheck.Service
+}
+
+func (f *fakeHC) Sync(m map[healthcheck.ServiceName]healthcheck.Service) error {
+	f.mu.Lock()
+	f.last = m
+	f.mu.Unlock()
+	return nil
+}
+func (f *fakeHC) get() map[healthcheck.ServiceName]healthcheck.Service {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.last
+}
+
+type harness struct {
+	t       *testing.T
+	client  *fake.Clientset
+	store   *lb.Store
+	metrics *Metrics
+	health  *fakeHealth
+	hc      *fakeHC
+	nodes   chan *v1.Node
+	cancel  context.CancelFunc
+	done    chan error
+}
+
+func start(t *testing.T, minSync time.Duration, objs ...runtime.Object) *harness {
+	t.Helper()
+	h := &harness{
+		t:       t,
+		client:  fake.NewClientset(objs...),
+		store:   lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: "node-a"}}),
+		metrics: NewMetrics(prometheus.NewRegistry()),
+		health:  &fakeHealth{},
+		hc:      &fakeHC{},
+		nodes:   make(chan *v1.Node, 16),
+		done:    make(chan error, 1),
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	opts := Options{
+		Client: h.client, NodeName: "node-a", MinSyncPeriod: minSync,
+		Logger: zaptest.NewLogger(t), Metrics: h.metrics, Health: h.health, HealthCheck: h.hc,
+		OnNode: func(n *v1.Node) {
+			select {
+			case h.nodes <- n:
+			default:
+			}
+		},
+	}
+	go func() { h.done <- Run(ctx, opts, h.store) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-h.done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("Run did not return within 5s of cancel")
+		}
+	})
+	return h
+}
+
+// waitFor polls the Store until cond holds.
+func (h *harness) waitFor(what string, cond func(*lb.Snapshot) bool) *lb.Snapshot {
+	h.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		snap := h.store.Snapshot()
+		if cond(snap) {
+			return snap
+		}
+		if time.Now().After(deadline) {
+			var names []string
+			for _, b := range snap.Balancers() {
+				names = append(names, fmt.Sprintf("%v%v", b.Service.Name, endpointsOf(b)))
+			}
+			h.t.Fatalf("timed out waiting for %s; store has %v", what, names)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func endpointsOf(b *lb.Balancer) []string {
+	var out []string
+	for _, ep := range b.Service.Endpoints {
+		out = append(out, ep.Addr.String())
+	}
+	return out
+}
+
+func hasEndpoints(name lb.ServicePortName, want ...string) func(*lb.Snapshot) bool {
+	return func(s *lb.Snapshot) bool {
+		b := s.Balancer(name)
+		if b == nil {
+			return false
+		}
+		got := endpointsOf(b)
+		if len(got) != len(want) {
+			return false
+		}
+		for i := range got {
+			if got[i] != want[i] {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+func counter(c prometheus.Collector) float64 {
+	ch := make(chan prometheus.Metric, 1)
+	c.Collect(ch)
+	var m dto.Metric
+	_ = (<-ch).Write(&m)
+	if m.Counter != nil {
+		return m.Counter.GetValue()
+	}
+	return m.Gauge.GetValue()
+}
+
+var webHTTP = lb.ServicePortName{Namespace: "ns", Name: "web", Port: "http"}
+
+func TestRunFollowsTheAPI(t *testing.T) {
+	es := slice("web-1", discovery.AddressTypeIPv4, httpPort, ep("10.1.0.1", "", ""), ep("10.1.0.2", "-", ""))
+	h := start(t, 0, svc(), es)
+	ctx := context.Background()
+
+	// The initial sync: a Replace with ready and non-ready endpoints alike
+	// (the policy, in lb, decides which are usable).
+	h.waitFor("the initial sync", hasEndpoints(webHTTP, "10.1.0.1:8080", "10.1.0.2:8080"))
+
+	// Scale up: a second slice.
+	es2 := slice("web-2", discovery.AddressTypeIPv4, httpPort, ep("10.1.0.3", "", ""))
+	if _, err := h.client.DiscoveryV1().EndpointSlices("ns").Create(ctx, es2, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor("the second slice", hasEndpoints(webHTTP, "10.1.0.1:8080", "10.1.0.2:8080", "10.1.0.3:8080"))
+
+	// Scale down: the first slice loses an endpoint.
+	es = es.DeepCopy()
+	es.Endpoints = es.Endpoints[:1]
+	es.ResourceVersion = "2"
+	if _, err := h.client.DiscoveryV1().EndpointSlices("ns").Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor("the scale-down", hasEndpoints(webHTTP, "10.1.0.1:8080", "10.1.0.3:8080"))
+
+	// A port renamed: the old name goes, the new one comes.
+	s := svc(func(s *v1.Service) { s.Spec.Ports[0].Name = "web"; s.ResourceVersion = "2" })
+	if _, err := h.client.CoreV1().Services("ns").Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor("the renamed port", func(s *lb.Snapshot) bool {
+		return s.Len() == 1 && s.Balancer(lb.ServicePortName{Namespace: "ns", Name: "web", Port: "web"}) != nil
+	})
+
+	// Deleted: gone.
+	if err := h.client.CoreV1().Services("ns").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor("the deletion", func(s *lb.Snapshot) bool { return s.Len() == 0 })
+
+	if q, _ := h.health.get(); q == 0 {
+		t.Error("the health tracker was never told of a queued change")
+	}
+	if got := counter(h.metrics.flushes.WithLabelValues("full")); got != 1 {
+		t.Errorf("full flushes = %v, want 1 (the initial sync)", got)
+	}
+	if got := counter(h.metrics.events.WithLabelValues(kindSlice, "add")); got < 2 {
+		t.Errorf("EndpointSlice add events = %v, want at least 2", got)
+	}
+}
+
+// TestRunCoalesces: a burst of changes within MinSyncPeriod reaches the
+// Store in a few writes, not one per change.
+func TestRunCoalesces(t *testing.T) {
+	h := start(t, 300*time.Millisecond)
+	snap := h.waitFor("the initial sync", func(s *lb.Snapshot) bool { return s.Version >= 1 })
+	first := snap.Version
+	ctx := context.Background()
+	const n = 100
+	began := time.Now()
+	for i := 0; i < n; i++ {
+		s := svc(func(s *v1.Service) {
+			s.Name = fmt.Sprintf("svc-%d", i)
+			ip := fmt.Sprintf("10.0.%d.%d", i/250, i%250+1)
+			s.Spec.ClusterIP, s.Spec.ClusterIPs = ip, []string{ip}
+		})
+		if _, err := h.client.CoreV1().Services("ns").Create(ctx, s, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snap = h.waitFor("every Service", func(s *lb.Snapshot) bool { return s.Len() == n })
+	// At most one write per MinSyncPeriod while the burst lasted, and one
+	// more for the tail: never one per change.
+	took := time.Since(began)
+	limit := uint64(took/(300*time.Millisecond)) + 2
+	if writes := snap.Version - first; writes > limit || writes > n/4 {
+		t.Errorf("%d Services created over %v took %d Store writes, want at most %d", n, took, writes, min(limit, n/4))
+	}
+	if got := counter(h.metrics.servicePorts); got != n {
+		t.Errorf("service_ports = %v, want %d", got, n)
+	}
+}
+
+// TestRunInvalidObjects: a bad Service and a bad slice are logged and
+// counted; the good parts and every other Service are served.
+func TestRunInvalidObjects(t *testing.T) {
+	bad := svc(func(s *v1.Service) {
+		s.Name = "bad"
+		s.Spec.ClusterIP, s.Spec.ClusterIPs = "999.0.0.1", []string{"999.0.0.1"}
+	})
+	badSlice := slice("web-bad", discovery.AddressTypeIPv4, httpPort, ep("fd00::1", "", ""), ep("10.1.0.9", "", ""))
+	huge := slice("web-huge", discovery.AddressTypeIPv4, httpPort)
+	for i := 0; i < 10000; i++ {
+		huge.Endpoints = append(huge.Endpoints, ep(fmt.Sprintf("10.3.%d.%d", i/250, i%250+1), "", ""))
+	}
+	h := start(t, 0, svc(), bad, badSlice, huge)
+	h.waitFor("the good Service with the good endpoint", hasEndpoints(webHTTP, "10.1.0.9:8080"))
+	if h.store.Snapshot().Len() != 1 {
+		t.Errorf("store has %d Service ports, want 1", h.store.Snapshot().Len())
+	}
+	if got := counter(h.metrics.invalid.WithLabelValues(kindService)); got != 1 {
+		t.Errorf("invalid Services = %v, want 1", got)
+	}
+	if got := counter(h.metrics.invalid.WithLabelValues(kindSlice)); got != 2 {
+		t.Errorf("invalid EndpointSlices = %v, want 2", got)
+	}
+}
+
+// TestRunNodeAndHealthChecks: the Node's deletion reaches the health
+// tracker; a LoadBalancer Service with externalTrafficPolicy Local gets a
+// health check with its local endpoint count.
+func TestRunNodeAndHealthChecks(t *testing.T) {
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a", Labels: map[string]string{v1.LabelTopologyZone: "z1"},
+		Annotations: map[string]string{AnnotationProxyMode: "userspace"}}}
+	other := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-b"}}
+	lbSvc := svc(func(s *v1.Service) {
+		s.Spec.Type = v1.ServiceTypeLoadBalancer
+		s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+		s.Spec.HealthCheckNodePort = 32000
+		s.Spec.Ports[0].NodePort = 30080
+	})
+	es := slice("web-1", discovery.AddressTypeIPv4, httpPort, ep("10.1.0.1", "", "node-a"), ep("10.1.0.2", "", "node-b"))
+	h := start(t, 0, node, other, lbSvc, es)
+	h.waitFor("the Service", hasEndpoints(webHTTP, "10.1.0.1:8080", "10.1.0.2:8080"))
+
+	select {
+	case n := <-h.nodes:
+		if n.Name != "node-a" || ProxyMode(n) != "userspace" || Zone(n) != "z1" {
+			t.Errorf("OnNode got %s (mode %q, zone %q)", n.Name, ProxyMode(n), Zone(n))
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("OnNode was not called")
+	}
+	want := map[healthcheck.ServiceName]healthcheck.Service{{Namespace: "ns", Name: "web"}: {Port: 32000, LocalEndpoints: 1}}
+	deadline := time.Now().Add(5 * time.Second)
+	for !healthcheck.Equal(h.hc.get(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("health checks %v, want %v", h.hc.get(), want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	// The Node is being deleted: /healthz must fail.
+	node = node.DeepCopy()
+	now := metav1.Now()
+	node.DeletionTimestamp = &now
+	node.ResourceVersion = "2"
+	if _, err := h.client.CoreV1().Nodes().Update(context.Background(), node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		if _, deleting := h.health.get(); deleting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the health tracker was not told the Node is being deleted")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	// The Service deleted: its health check closes.
+	if err := h.client.CoreV1().Services("ns").Delete(context.Background(), "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for len(h.hc.get()) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("health checks after deletion: %v", h.hc.get())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestRunOnlyOwnServices: Services labelled for another proxy are not
+// served; a Service relabelled away from svcproxy is removed.
+func TestRunOnlyOwnServices(t *testing.T) {
+	mine := svc()
+	theirs := svc(func(s *v1.Service) {
+		s.Name = "theirs"
+		s.Labels = map[string]string{LabelServiceProxyName: "other"}
+		s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.0.0.11", []string{"10.0.0.11"}
+	})
+	h := start(t, 0, mine, theirs)
+	h.waitFor("my Service", func(s *lb.Snapshot) bool { return s.Len() == 1 && s.Balancer(webHTTP) != nil })
+
+	mine = mine.DeepCopy()
+	mine.Labels = map[string]string{LabelServiceProxyName: "other"}
+	mine.ResourceVersion = "2"
+	if _, err := h.client.CoreV1().Services("ns").Update(context.Background(), mine, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor("the relabelled Service to go", func(s *lb.Snapshot) bool { return s.Len() == 0 })
+}
+
+func TestRunOptionsErrors(t *testing.T) {
+	store := lb.NewStore(lb.StoreOptions{})
+	for name, opts := range map[string]Options{
+		"no client": {NodeName: "n"},
+		"no node":   {Client: fake.NewClientset()},
+	} {
+		if err := Run(context.Background(), opts, store); err == nil {
+			t.Errorf("%s: Run returned nil", name)
+		}
+	}
+	if err := Run(context.Background(), Options{Client: fake.NewClientset(), NodeName: "n"}, nil); err == nil {
+		t.Error("nil store: Run returned nil")
+	}
+}
+
+// TestRunDualStackAddresses: one lb.Service holds both families.
+func TestRunDualStackAddresses(t *testing.T) {
+	s := svc(func(s *v1.Service) {
+		s.Spec.ClusterIPs = []string{"10.0.0.10", "fd00::10"}
+		s.Spec.IPFamilies = []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
+	})
+	h := start(t, 0, s,
+		slice("web-v4", discovery.AddressTypeIPv4, httpPort, ep("10.1.0.1", "", "")),
+		slice("web-v6", discovery.AddressTypeIPv6, httpPort, ep("fd00:1::1", "", "")))
+	snap := h.waitFor("both families", hasEndpoints(webHTTP, "10.1.0.1:8080", "[fd00:1::1]:8080"))
+	for _, ip := range []string{"10.0.0.10", "fd00::10"} {
+		if snap.Route(lb.TCP, netip.AddrPortFrom(netip.MustParseAddr(ip), 80)) == nil {
+			t.Errorf("no route for %s:80", ip)
+		}
+	}
+}
