@@ -5,7 +5,7 @@ GO       ?= go
 BIN      := bin
 PKGS     := ./...
 
-.PHONY: all build run run-static test test-short test-vm bench-go fuzz deps clean
+.PHONY: all build run run-static test test-kube bench-kube test-short test-vm bench-go fuzz deps clean
 
 all: build
 
@@ -30,6 +30,19 @@ run-static: build
 test:
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
+	$(MAKE) fuzz FUZZTIME=5s
+	$(MAKE) test-kube
+
+# End to end against a real kube-apiserver and etcd, built once from the Go
+# module proxy into ~/.cache/svcproxy-k8s (about ten minutes the first time
+# on two cores); its own Go module under test/.
+test-kube:
+	cd test && $(GO) vet ./... && $(GO) test -count=1 -timeout 40m ./...
+
+# Watch-to-programmed latency at 1,000 and 10,000 Services (slow: creating
+# 10,000 Services takes minutes).
+bench-kube:
+	cd test && $(GO) test -run '^$$' -bench WatchToProgrammed -benchtime 30x -timeout 60m ./e2e
 
 test-short:
 	$(GO) test -short -count=1 $(PKGS)
@@ -44,9 +57,15 @@ test-vm:
 bench-go:
 	$(GO) test -run=x -bench=. -benchmem $(PKGS)
 
-# Bounded fuzzing of every parser and converter.
+# Bounded fuzzing of every parser, converter and rule generator
+# (seeds committed under testdata/fuzz).
+FUZZTIME ?= 30s
 fuzz:
-	$(GO) test -run=x -fuzz=FuzzParse -fuzztime=30s ./source/file
+	$(GO) test -run=x -fuzz=FuzzParse -fuzztime=$(FUZZTIME) ./source/file
+	$(GO) test -run=x -fuzz=FuzzConvert -fuzztime=$(FUZZTIME) ./source/kube
+	$(GO) test -run=x -fuzz=FuzzParse -fuzztime=$(FUZZTIME) ./config
+	$(GO) test -run=x -fuzz=FuzzApply -fuzztime=$(FUZZTIME) ./redirect
+	$(GO) test -run=x -fuzz=FuzzApply -fuzztime=$(FUZZTIME) ./kernelmodes/iptables
 
 # Debian packages the tests need (run as root).
 deps:

@@ -19,14 +19,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/svcproxy/svcproxy/connlog"
 	"github.com/svcproxy/svcproxy/examples"
 	"github.com/svcproxy/svcproxy/health"
+	"github.com/svcproxy/svcproxy/healthcheck"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/proxymode"
 	"github.com/svcproxy/svcproxy/runner"
 	"github.com/svcproxy/svcproxy/source/file"
+	"github.com/svcproxy/svcproxy/source/kube"
 )
 
 func main() {
@@ -57,11 +61,30 @@ func run(o *options) error {
 	if o.cleanup {
 		return cleanup(ctx, o, log)
 	}
+	if o.writeConfigTo != "" {
+		return writeConfig(o, o.writeConfigTo)
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := newDaemonMetrics(reg)
 
+	var kubeClient kubernetes.Interface
+	var node *corev1.Node
+	if o.kubeconfig != "" || o.inCluster {
+		if kubeClient, err = kube.NewClient(kube.ClientConfig{Kubeconfig: o.kubeconfig}); err != nil {
+			return err
+		}
+		nctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		node, err = kube.WaitForNode(nctx, kubeClient, o.hostname, log)
+		cancel()
+		if err != nil {
+			log.Warn("carrying on without this node's Node object: no zone, no proxy-mode annotation", zap.Error(err))
+		}
+		if o.zone == "" {
+			o.zone = kube.Zone(node)
+		}
+	}
 	store := lb.NewStore(lb.StoreOptions{
 		Node:             lb.Node{Name: o.hostname, Zone: o.zone},
 		DefaultAlgorithm: o.algorithm,
@@ -76,7 +99,7 @@ func run(o *options) error {
 		defer clog.Close()
 	}
 
-	choice, err := proxymode.Choose(ctx, o.proxyMode, "", probes(o, log))
+	choice, err := proxymode.Choose(ctx, o.proxyMode, kube.ProxyMode(node), probes(o, log))
 	if err != nil {
 		return err
 	}
@@ -152,11 +175,20 @@ func run(o *options) error {
 				m.sourceErrors.Inc()
 			}
 		}}
-	if o.services == "" {
+	if o.services == "" && kubeClient == nil {
 		log.Info("no --services given: serving the embedded example services file")
 	}
 	watchErr := make(chan error, 1)
-	go func() { watchErr <- watcher.Run(ctx) }()
+	if kubeClient != nil {
+		hc := healthcheck.New(healthcheck.Config{Healthy: func() bool { return tracker.Status().Healthy }, Logger: log})
+		defer hc.Close()
+		go func() {
+			watchErr <- kube.Run(ctx, kube.Options{Client: kubeClient, NodeName: o.hostname, MinSyncPeriod: o.minSyncPeriod,
+				Logger: log, Metrics: kube.NewMetrics(reg), Health: tracker, HealthCheck: hc, OnSync: watcher.OnReload}, store)
+		}()
+	} else {
+		go func() { watchErr <- watcher.Run(ctx) }()
+	}
 
 	select {
 	case <-loaded:

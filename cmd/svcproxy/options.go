@@ -20,8 +20,11 @@ import (
 
 // options are svcproxy's command-line settings.
 type options struct {
-	services  string
-	proxyMode proxymode.Mode
+	services      string
+	kubeconfig    string
+	inCluster     bool // take Services from the cluster the pod runs in (--config without a kubeconfig)
+	writeConfigTo string
+	proxyMode     proxymode.Mode
 
 	steering          string // "none" or "redirect"
 	redirectPort      uint16
@@ -67,6 +70,9 @@ func parseFlags(args []string) (*options, error) {
 		fs.PrintDefaults()
 	}
 	host, _ := os.Hostname()
+	configPath := fs.String("config", "", "a KubeProxyConfiguration-shaped file (kubeproxy.config.k8s.io/v1alpha1, with an svcproxy section); flags given on the command line win over it")
+	fs.StringVar(&o.writeConfigTo, "write-config-to", "", "write the effective configuration in --config's shape to this file ('-': stdout) and exit")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig of the API server to take Services and EndpointSlices from; empty: the --services file")
 	fs.StringVar(&o.services, "services", "", "static services file (YAML); empty: the embedded example (examples/services.yaml)")
 	proxyMode := fs.String("proxy-mode", "", "userspace (the forwarder), iptables (kernel DNAT) or ipvs; empty: userspace. A mode the kernel cannot run falls back ipvs → iptables → userspace")
 	fs.StringVar(&o.steering, "steering", "none", "how Service traffic reaches the forwarder: redirect (iptables REDIRECT of every ClusterIP, ExternalIP, LoadBalancer IP and NodePort; needs root or CAP_NET_ADMIN) or none (listen on each frontend directly: for loopback and static files)")
@@ -102,6 +108,13 @@ func parseFlags(args []string) (*options, error) {
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *configPath != "" {
+		cfg, err := applyConfigFile(fs, *configPath)
+		if err != nil {
+			return nil, err
+		}
+		o.inCluster = cfg.ClientConnection.Kubeconfig == "" && o.services == "" && o.kubeconfig == ""
 	}
 
 	var err error

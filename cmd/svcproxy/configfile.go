@@ -1,0 +1,122 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/svcproxy/svcproxy/config"
+	"github.com/svcproxy/svcproxy/proxymode"
+)
+
+// applyConfigFile sets every flag the command line did not set from the
+// KubeProxyConfiguration-shaped file at path: flags win, as in kube-proxy.
+func applyConfigFile(fs *flag.FlagSet, path string) (*config.Config, error) {
+	cfg, err := config.Load(path)
+	if err != nil {
+		return nil, fmt.Errorf("--config: %w", err)
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	sync, minSync := cfg.SyncPeriods()
+	sp := cfg.Svcproxy
+	durations := make([]string, len(sp.DialTimeouts))
+	for i, d := range sp.DialTimeouts {
+		durations[i] = d.D().String()
+	}
+	values := map[string]string{
+		"healthz-bind-address":  cfg.HealthzBindAddress,
+		"metrics-bind-address":  cfg.MetricsBindAddress,
+		"proxy-mode":            cfg.Mode,
+		"hostname-override":     cfg.HostnameOverride,
+		"nodeport-addresses":    strings.Join(cfg.NodePortAddresses, ","),
+		"cluster-cidr":          cfg.ClusterCIDR,
+		"masquerade-all":        strconv.FormatBool(cfg.IPTables.MasqueradeAll),
+		"sync-period":           sync.String(),
+		"min-sync-period":       minSync.String(),
+		"ipvs-scheduler":        cfg.IPVS.Scheduler,
+		"kubeconfig":            cfg.ClientConnection.Kubeconfig,
+		"steering":              sp.Steering,
+		"redirect-port":         strconv.Itoa(int(sp.RedirectPort)),
+		"workers":               strconv.Itoa(sp.Workers),
+		"dial-timeouts":         strings.Join(durations, ","),
+		"idle-timeout":          sp.IdleTimeout.D().String(),
+		"drain-timeout":         sp.DrainTimeout.D().String(),
+		"mark":                  fmt.Sprintf("%#x", sp.Mark),
+		"max-conns":             strconv.FormatInt(sp.MaxConns, 10),
+		"max-conns-per-service": strconv.FormatInt(sp.MaxConnsPerService, 10),
+		"algorithm":             sp.Algorithm,
+		"conn-log":              sp.ConnLog,
+		"conn-log-sample":       strconv.Itoa(sp.ConnLogSample),
+		"zone":                  sp.Zone,
+		"handover-socket":       sp.HandoverSocket,
+	}
+	for name, v := range values {
+		if set[name] || (v == "" && name != "conn-log") || (name == "hostname-override" && v == "") {
+			continue
+		}
+		if name == "dial-timeouts" && v == "" {
+			continue
+		}
+		if err := fs.Set(name, v); err != nil {
+			return nil, fmt.Errorf("--config %s: field for --%s: %w", path, name, err)
+		}
+	}
+	return cfg, nil
+}
+
+// writeConfig writes the effective configuration (defaults, file, flags)
+// in the configuration file's shape, to path ("-": stdout).
+func writeConfig(o *options, path string) error {
+	cfg := config.Default()
+	cfg.HealthzBindAddress, cfg.MetricsBindAddress = o.healthzAddr, o.metricsAddr
+	cfg.Mode = string(o.proxyMode)
+	if cfg.Mode == "" {
+		cfg.Mode = string(proxymode.Userspace)
+	}
+	cfg.HostnameOverride = o.hostname
+	for _, p := range o.nodePortAddresses {
+		cfg.NodePortAddresses = append(cfg.NodePortAddresses, p.String())
+	}
+	for i, p := range o.clusterCIDRs {
+		if i > 0 {
+			cfg.ClusterCIDR += ","
+		}
+		cfg.ClusterCIDR += p.String()
+	}
+	cfg.IPTables.MasqueradeAll = o.masqueradeAll
+	cfg.IPTables.SyncPeriod, cfg.IPTables.MinSyncPeriod = config.Duration(o.syncPeriod), config.Duration(o.minSyncPeriod)
+	cfg.IPVS.SyncPeriod, cfg.IPVS.MinSyncPeriod = config.Duration(o.syncPeriod), config.Duration(o.minSyncPeriod)
+	cfg.IPVS.Scheduler = o.ipvsScheduler
+	cfg.ClientConnection.Kubeconfig = o.kubeconfig
+	sp := &cfg.Svcproxy
+	sp.Steering, sp.RedirectPort, sp.Workers = o.steering, o.redirectPort, o.workers
+	sp.DialTimeouts = nil
+	for _, d := range o.dialTimeouts {
+		sp.DialTimeouts = append(sp.DialTimeouts, config.Duration(d))
+	}
+	sp.IdleTimeout, sp.DrainTimeout = config.Duration(o.idleTimeout), config.Duration(o.drainTimeout)
+	if o.mark > 0 {
+		sp.Mark = uint32(o.mark)
+	} else {
+		sp.Mark = 0
+	}
+	sp.MaxConns, sp.MaxConnsPerService = o.maxConns, o.maxConnsPerService
+	sp.Algorithm = o.algorithm.String()
+	sp.ConnLog, sp.ConnLogSample, sp.Zone, sp.HandoverSocket = o.connLog, o.connLogSample, o.zone, o.handoverSocket
+	out := os.Stdout
+	if path != "-" {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+		if err != nil {
+			return fmt.Errorf("--write-config-to: %w", err)
+		}
+		defer f.Close()
+		out = f
+	}
+	if err := cfg.Write(out); err != nil {
+		return fmt.Errorf("--write-config-to: %w", err)
+	}
+	return nil
+}
