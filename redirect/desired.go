@@ -160,12 +160,7 @@ func (r *Redirector) compute(snap *lb.Snapshot, ports Ports, spare map[member]st
 	return d, errs
 }
 
-func familyOf(a netip.Addr) netfilter.Family {
-	if a.Unmap().Is4() {
-		return netfilter.IPv4
-	}
-	return netfilter.IPv6
-}
+func familyOf(a netip.Addr) netfilter.Family { return netfilter.FamilyOf(a) }
 
 func unspecified(f netfilter.Family) netip.Addr {
 	if f == netfilter.IPv6 {

@@ -93,30 +93,9 @@ func New(cfg Config) (*Redirector, error) {
 	if cfg.IPv6 {
 		r.families = append(r.families, netfilter.IPv6)
 	}
-	if len(cfg.NodePortAddresses) > 0 {
-		r.npRestricted = [2]bool{true, true}
-		for i, p := range cfg.NodePortAddresses {
-			if !p.IsValid() {
-				return nil, fmt.Errorf("creating redirector: nodePortAddresses[%d]: invalid prefix", i)
-			}
-			if p.Addr().Is4In6() && p.Bits() >= 96 {
-				p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
-			}
-			p = p.Masked()
-			fam := familyOf(p.Addr())
-			if p.Bits() == 0 {
-				r.npRestricted[fam] = false
-				continue
-			}
-			if !slices.Contains(r.npAddrs[fam], p) {
-				r.npAddrs[fam] = append(r.npAddrs[fam], p)
-			}
-		}
-		for fam := range r.npAddrs {
-			if !r.npRestricted[fam] {
-				r.npAddrs[fam] = nil
-			}
-		}
+	var err error
+	if r.npRestricted, r.npAddrs, err = netfilter.NodePortPrefixes(cfg.NodePortAddresses); err != nil {
+		return nil, fmt.Errorf("creating redirector: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -124,12 +124,7 @@ func protoName(p lb.Protocol) string {
 	return "tcp"
 }
 
-func familyOf(a netip.Addr) netfilter.Family {
-	if a.Unmap().Is4() {
-		return netfilter.IPv4
-	}
-	return netfilter.IPv6
-}
+func familyOf(a netip.Addr) netfilter.Family { return netfilter.FamilyOf(a) }
 
 func hostPrefix(a netip.Addr) string { return netip.PrefixFrom(a, a.BitLen()).String() }
 

@@ -113,30 +113,9 @@ func New(cfg Config) (*Mode, error) {
 		m.families = append(m.families, netfilter.IPv6)
 	}
 	m.markRule = fmt.Sprintf("-j MARK --set-xmark %#x/%#x", cfg.Mark, cfg.Mark)
-	if len(cfg.NodePortAddresses) > 0 {
-		m.npRestricted = [2]bool{true, true}
-		for i, p := range cfg.NodePortAddresses {
-			if !p.IsValid() {
-				return nil, fmt.Errorf("creating iptables mode: nodePortAddresses[%d]: invalid prefix", i)
-			}
-			if p.Addr().Is4In6() && p.Bits() >= 96 {
-				p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
-			}
-			p = p.Masked()
-			fam := familyOf(p.Addr())
-			if p.Bits() == 0 {
-				m.npRestricted[fam] = false
-				continue
-			}
-			if !slices.Contains(m.npAddrs[fam], p) {
-				m.npAddrs[fam] = append(m.npAddrs[fam], p)
-			}
-		}
-		for fam := range m.npAddrs {
-			if !m.npRestricted[fam] {
-				m.npAddrs[fam] = nil
-			}
-		}
+	var err error
+	if m.npRestricted, m.npAddrs, err = netfilter.NodePortPrefixes(cfg.NodePortAddresses); err != nil {
+		return nil, fmt.Errorf("creating iptables mode: %w", err)
 	}
 	for fam := range m.nodePorts {
 		m.nodePorts[fam] = !m.npRestricted[fam] || len(m.npAddrs[fam]) > 0

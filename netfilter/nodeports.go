@@ -1,0 +1,49 @@
+package netfilter
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+)
+
+// FamilyOf is the family of a (IPv4-mapped addresses are IPv4).
+func FamilyOf(a netip.Addr) Family {
+	if a.Unmap().Is4() {
+		return IPv4
+	}
+	return IPv6
+}
+
+// NodePortPrefixes sorts --nodeport-addresses by family, as every mode reads
+// them: a family is restricted when any prefix is given, unless one of its
+// prefixes is a /0; addrs are the family's distinct prefixes when
+// restricted. A restricted family with no prefix gets no NodePorts.
+func NodePortPrefixes(prefixes []netip.Prefix) (restricted [2]bool, addrs [2][]netip.Prefix, err error) {
+	if len(prefixes) == 0 {
+		return restricted, addrs, nil
+	}
+	restricted = [2]bool{true, true}
+	for i, p := range prefixes {
+		if !p.IsValid() {
+			return restricted, addrs, fmt.Errorf("nodePortAddresses[%d]: invalid prefix", i)
+		}
+		if p.Addr().Is4In6() && p.Bits() >= 96 {
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
+		p = p.Masked()
+		fam := FamilyOf(p.Addr())
+		if p.Bits() == 0 {
+			restricted[fam] = false
+			continue
+		}
+		if !slices.Contains(addrs[fam], p) {
+			addrs[fam] = append(addrs[fam], p)
+		}
+	}
+	for fam := range addrs {
+		if !restricted[fam] {
+			addrs[fam] = nil
+		}
+	}
+	return restricted, addrs, nil
+}
