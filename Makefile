@@ -5,7 +5,7 @@ GO       ?= go
 BIN      := bin
 PKGS     := ./...
 
-.PHONY: all build run run-static test test-kube bench-kube test-short test-vm bench-go fuzz deps clean
+.PHONY: all build run run-static bench bench-full test test-kube bench-kube test-short test-vm bench-go fuzz deps clean
 
 all: build
 
@@ -53,6 +53,14 @@ test-short:
 test-vm:
 	$(GO) test -count=1 -v -run TestPrivilegedIPVSInVM ./kernelmodes/ipvs/
 
+# The benchmark suite: userspace vs kernel DNAT vs direct and peer proxies,
+# in its own namespaces; results/<time>/results.md, results.json, charts.
+bench:
+	$(GO) run ./bench --quick --out results
+
+bench-full:
+	$(GO) run ./bench --full --out results
+
 # Go micro-benchmarks of the hot paths.
 bench-go:
 	$(GO) test -run=x -bench=. -benchmem $(PKGS)
@@ -71,7 +79,7 @@ fuzz:
 deps:
 	apt-get update
 	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-		iproute2 iputils-ping iptables ipset conntrack dnsutils dnsmasq-base qemu-system-x86
+		iproute2 iputils-ping iptables ipset conntrack dnsutils dnsmasq-base qemu-system-x86 wrk iperf3 haproxy nginx
 
 clean:
 	rm -rf $(BIN)

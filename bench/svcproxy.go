@@ -1,0 +1,420 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// svcproxyMode runs the real svcproxy binary on the node: the userspace
+// mode with REDIRECT steering, or one of its kernel modes (--proxy-mode).
+type svcproxyMode struct {
+	name string
+	// kernelMode is "" for the userspace mode, else the --proxy-mode value
+	// ("iptables", "ipvs").
+	kernelMode string
+}
+
+func (m svcproxyMode) Name() string { return m.name }
+
+func (m svcproxyMode) Describe() string {
+	if m.kernelMode == "" {
+		return "svcproxy, userspace mode: REDIRECT steering (ipset) into the splice forwarder, 2 workers (GOMAXPROCS), --conn-log off"
+	}
+	return "svcproxy --proxy-mode=" + m.kernelMode
+}
+
+// svcproxyHelp is `svcproxy --help`, read once.
+var svcproxyHelp = struct {
+	sync.Once
+	text string
+}{}
+
+// hasFlag tells whether this svcproxy binary has the flag (name without
+// dashes), so the bench works with older and newer binaries.
+func hasFlag(e *Env, name string) bool {
+	svcproxyHelp.Do(func() {
+		out, _ := exec.Command(e.Svcproxy, "--help").CombinedOutput()
+		svcproxyHelp.text = string(out)
+	})
+	return regexp.MustCompile(`(?m)^\s+-` + regexp.QuoteMeta(name) + `\b`).MatchString(svcproxyHelp.text)
+}
+
+func (m svcproxyMode) Available(e *Env) error {
+	if m.kernelMode == "" {
+		return nil // preflight checked iptables and ipset
+	}
+	if !hasFlag(e, "proxy-mode") {
+		return skipf("not built yet: this svcproxy has no --proxy-mode flag (kernelmodes/ is being built)")
+	}
+	if m.kernelMode == "ipvs" {
+		if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
+			return skipf("this kernel has no IPVS (/proc/net/ip_vs is missing and modules cannot be loaded); IPVS runs here only inside a qemu VM, whose figures would not be comparable with the others")
+		}
+	}
+	return nil // Start finds out whether the mode is built in
+}
+
+// args are svcproxy's flags for a run on the services file.
+func (m svcproxyMode) args(e *Env, services string) []string {
+	args := []string{"--services", services, "--steering=redirect", "--conn-log=", "--hostname-override", "node",
+		"--metrics-bind-address", "127.0.0.1:10249", "--healthz-bind-address", "127.0.0.1:10256", "--drain-timeout", "1s",
+		"--log-format=json"}
+	if m.kernelMode != "" {
+		args = append(args, "--proxy-mode="+m.kernelMode)
+	}
+	if hasFlag(e, "handover-socket") {
+		args = append(args, "--handover-socket=") // no restarts in the bench
+	}
+	return args
+}
+
+// logEvent is a line of svcproxy's JSON log the bench acts on.
+type logEvent struct {
+	TS       float64 `json:"ts"` // seconds since the epoch
+	Msg      string  `json:"msg"`
+	Services int     `json:"services"`
+	Version  uint64  `json:"version"`
+	Mode     string  `json:"mode"`    // "svcproxy running": the proxy mode chosen
+	Choice   string  `json:"choice"`  // "proxy mode fell back"
+	Backend  string  `json:"backend"` // "iptables backend detected"
+	Error    string  `json:"error"`
+	raw      string
+}
+
+func (ev logEvent) time() time.Time {
+	sec := int64(ev.TS)
+	return time.Unix(sec, int64((ev.TS-float64(sec))*1e9))
+}
+
+// svcproxyProc is a running svcproxy and the events of its log, in the
+// order it wrote them.
+type svcproxyProc struct {
+	*Proc
+	mu     sync.Mutex
+	evs    []logEvent
+	last   []string      // the last lines of output, for errors
+	notify chan struct{} // a new event arrived
+}
+
+func (m svcproxyMode) launch(e *Env, c *Cluster, args []string) (*svcproxyProc, error) {
+	sp := &svcproxyProc{notify: make(chan struct{}, 1)}
+	p, err := c.StartLines(c.Topo.Node, m.name, func(line []byte) {
+		var ev logEvent
+		if json.Unmarshal(line, &ev) != nil {
+			ev = logEvent{Msg: strings.TrimSpace(string(line))} // plain stderr: "svcproxy: …"
+		}
+		keep := false
+		switch {
+		case ev.Msg == "loaded services", ev.Msg == "applied", ev.Msg == "svcproxy running",
+			ev.Msg == "proxy mode fell back", ev.Msg == "iptables backend detected",
+			strings.HasPrefix(ev.Msg, "svcproxy: "):
+			keep = true
+		}
+		sp.mu.Lock()
+		sp.last = append(sp.last, string(line))
+		if len(sp.last) > 12 {
+			sp.last = sp.last[1:]
+		}
+		if keep {
+			sp.evs = append(sp.evs, ev)
+		}
+		sp.mu.Unlock()
+		if keep {
+			select {
+			case sp.notify <- struct{}{}:
+			default:
+			}
+		}
+	}, e.Svcproxy, args...)
+	if err != nil {
+		return nil, err
+	}
+	sp.Proc = p
+	return sp, nil
+}
+
+func (sp *svcproxyProc) output() string {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	return strings.Join(sp.last, "\n")
+}
+
+// fail wraps err with svcproxy's last output.
+func (sp *svcproxyProc) fail(err error) error {
+	return fmt.Errorf("%w; svcproxy's last output:\n%s", err, sp.output())
+}
+
+// mark is the position of the next event, for wait.
+func (sp *svcproxyProc) mark() int {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	return len(sp.evs)
+}
+
+// find returns the first event from index from on that matches.
+func (sp *svcproxyProc) find(from int, match func(logEvent) bool) (logEvent, bool) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	for _, ev := range sp.evs[min(from, len(sp.evs)):] {
+		if match(ev) {
+			return ev, true
+		}
+	}
+	return logEvent{}, false
+}
+
+// wait returns the first event from index from on that matches, waiting
+// for it; it fails when svcproxy exits or timeout passes. (Events are
+// searched, not consumed: svcproxy's sync may log "applied" before the
+// source logs "loaded services".) A "not built into this svcproxy" exit
+// is a skip.
+func (sp *svcproxyProc) wait(ctx context.Context, what string, from int, timeout time.Duration, match func(logEvent) bool) (logEvent, error) {
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for {
+		if ev, ok := sp.find(from, match); ok {
+			return ev, nil
+		}
+		select {
+		case <-sp.notify:
+		case <-sp.done:
+			if ev, ok := sp.find(from, match); ok {
+				return ev, nil
+			}
+			if ev, ok := sp.find(0, func(ev logEvent) bool { return strings.Contains(ev.Msg, "not built into this svcproxy") }); ok {
+				return logEvent{}, skipf("not built yet: %s", ev.Msg)
+			}
+			return logEvent{}, sp.fail(fmt.Errorf("svcproxy exited waiting for %s", what))
+		case <-timer.C:
+			return logEvent{}, sp.fail(fmt.Errorf("no %s within %v", what, timeout))
+		case <-ctx.Done():
+			return logEvent{}, ctx.Err()
+		}
+	}
+}
+
+// waitRunning waits for "svcproxy running" and checks the mode it chose is
+// the one asked for (svcproxy falls back ipvs → iptables → userspace when
+// the kernel cannot run a mode: that is a skip, reported with its reason).
+func (m svcproxyMode) waitRunning(ctx context.Context, sp *svcproxyProc) (backend string, err error) {
+	ev, err := sp.wait(ctx, "start-up", 0, 30*time.Second, func(ev logEvent) bool { return ev.Msg == "svcproxy running" })
+	if err != nil {
+		return "", err
+	}
+	if ev, ok := sp.find(0, func(ev logEvent) bool { return ev.Msg == "iptables backend detected" }); ok {
+		backend = ev.Backend
+	}
+	var fellBack string
+	if ev, ok := sp.find(0, func(ev logEvent) bool { return ev.Msg == "proxy mode fell back" }); ok {
+		fellBack = ev.Choice
+	}
+	want := m.kernelMode
+	if want == "" {
+		want = "userspace"
+	}
+	if fellBack != "" || (ev.Mode != "" && !strings.HasPrefix(ev.Mode, want)) {
+		sp.Stop()
+		return "", skipf("svcproxy cannot run the %s mode here and fell back: %s", want, firstNonEmpty(fellBack, ev.Mode))
+	}
+	return backend, nil
+}
+
+func firstNonEmpty(s ...string) string {
+	for _, x := range s {
+		if x != "" {
+			return x
+		}
+	}
+	return ""
+}
+
+// servicesFile writes the services file in a directory of its own: svcproxy
+// watches the file's directory, and nothing else may write there.
+func servicesFile(c *Cluster, services []SvcPort) (string, error) {
+	dir := filepath.Join(c.Dir, "services")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "services.yaml")
+	return path, writeAtomic(path, servicesYAML(services))
+}
+
+func (m svcproxyMode) Start(ctx context.Context, c *Cluster) (*Running, error) {
+	file, err := servicesFile(c, c.Services)
+	if err != nil {
+		return nil, err
+	}
+	sp, err := m.launch(c.Env, c, m.args(c.Env, file))
+	if err != nil {
+		return nil, err
+	}
+	backend, err := m.waitRunning(ctx, sp)
+	if err != nil {
+		return nil, err
+	}
+	run := &Running{
+		Targets:  vipTargets(c.Services),
+		Balances: true,
+		Stop:     sp.Stop,
+		Config:   "# svcproxy " + strings.Join(m.args(c.Env, "services.yaml"), " ") + "\n" + string(servicesYAML(c.Services)),
+	}
+	if m.kernelMode == "" {
+		run.PIDs = func() []int { return []int{sp.Pid()} }
+	} // a kernel mode's process only programs: the data path is the kernel's
+	if backend != "" {
+		run.Notes = append(run.Notes, "Its iptables rules use the "+backend+" backend (the node's default iptables)")
+	}
+	return run, nil
+}
+
+// servicesYAML writes svcproxy's services file for services; consecutive
+// ports of one Service become one entry (they must share endpoint IPs).
+func servicesYAML(services []SvcPort) []byte {
+	var b bytes.Buffer
+	b.WriteString("services:\n")
+	for i := 0; i < len(services); {
+		s := services[i]
+		j := i + 1
+		for j < len(services) && services[j].Namespace == s.Namespace && services[j].Service == s.Service {
+			j++
+		}
+		fmt.Fprintf(&b, "  - name: %s\n    namespace: %s\n    clusterIPs: [%s]\n    ports:\n", s.Service, s.Namespace, s.VIP)
+		for _, p := range services[i:j] {
+			fmt.Fprintf(&b, "      - name: %s\n        port: %d\n        targetPort: %d\n", p.PortName, p.Port, p.Endpoints[0].Port())
+		}
+		b.WriteString("    endpoints:\n")
+		for _, ep := range s.Endpoints {
+			fmt.Fprintf(&b, "      - ip: %s\n", ep.Addr())
+		}
+		i = j
+	}
+	return b.Bytes()
+}
+
+// ProgramServices times svcproxy programming services from scratch and then
+// each endpoint change. The times come from its own log (JSON, debug
+// level): "loaded services" (the file was read and the store published
+// snapshot V) and "applied" for a version ≥ V (the rules and sets are live;
+// the userspace forwarder swapped its snapshot just before). Changes are
+// made by rewriting the services file and sending SIGHUP, so the file
+// watcher's 100 ms debounce is not counted; the whole file is re-read and
+// re-parsed on each change, which the end-to-end figure includes.
+//
+// A kernel mode needs the same version-tagged "applied" debug line after
+// each sync to be measured here.
+func (m svcproxyMode) ProgramServices(ctx context.Context, e *Env, c *Cluster, services []SvcPort, changes []EndpointChange) (*CPResult, error) {
+	file, err := servicesFile(c, services)
+	if err != nil {
+		return nil, err
+	}
+	args := append(m.args(e, file), "--log-level=debug", "--sync-period=1h", "--metrics-bind-address=", "--healthz-bind-address=")
+	t0 := time.Now()
+	sp, err := m.launch(e, c, args)
+	if err != nil {
+		return nil, err
+	}
+	defer sp.Stop()
+	n := len(services)
+	timeout := 2*time.Minute + time.Duration(n)*10*time.Millisecond
+	loaded, err := sp.wait(ctx, "load of the services file", 0, timeout, func(ev logEvent) bool { return ev.Msg == "loaded services" })
+	if err != nil {
+		return nil, err
+	}
+	if loaded.Services != n {
+		return nil, sp.fail(fmt.Errorf("svcproxy loaded %d service ports, want %d", loaded.Services, n))
+	}
+	applied, err := sp.wait(ctx, "rules applied", 0, timeout, func(ev logEvent) bool { return ev.Msg == "applied" && ev.Version >= loaded.Version })
+	if err != nil {
+		return nil, err
+	}
+	res := &CPResult{
+		Services: n, Endpoints: countEndpoints(services),
+		Program:      applied.time().Sub(loaded.time()),
+		ProgramTotal: applied.time().Sub(t0),
+	}
+	if m.kernelMode == "" {
+		if got, err := ipsetEntries(ctx, c, "svcproxy-svc-v4"); err != nil || got != n {
+			return nil, sp.fail(fmt.Errorf("after the first sync the ipset svcproxy-svc-v4 has %d members (%v), want %d", got, err, n))
+		}
+	}
+	res.Notes = append(res.Notes, "the services file is re-read and re-parsed whole on every change (SIGHUP); 'own' is store→rules live")
+
+	version := loaded.Version
+	for i, ch := range changes {
+		e.Prog.detail(fmt.Sprintf("change %d/%d", i+1, len(changes)))
+		replaceEndpoint(&services[ch.Service], ch)
+		if err := writeAtomic(file, servicesYAML(services)); err != nil {
+			return nil, err
+		}
+		from := sp.mark()
+		start := time.Now()
+		if err := sp.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			return nil, err
+		}
+		loaded, err := sp.wait(ctx, "reload", from, time.Minute, func(ev logEvent) bool { return ev.Msg == "loaded services" && ev.Version > version })
+		if err != nil {
+			return nil, err
+		}
+		version = loaded.Version
+		applied, err := sp.wait(ctx, "change applied", from, time.Minute, func(ev logEvent) bool { return ev.Msg == "applied" && ev.Version >= loaded.Version })
+		if err != nil {
+			return nil, err
+		}
+		res.Changes = append(res.Changes, applied.time().Sub(loaded.time()))
+		res.ChangesTotal = append(res.ChangesTotal, applied.time().Sub(start))
+	}
+	return res, nil
+}
+
+// ipsetEntries counts the members of an ipset in the node's namespace.
+func ipsetEntries(ctx context.Context, c *Cluster, set string) (int, error) {
+	out, err := c.Topo.Node.Command(ctx, "ipset", "list", "-t", set).CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("ipset list -t %s: %v: %s", set, err, out)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(line, "Number of entries:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, fmt.Errorf("ipset list -t %s: no entry count in %q", set, out)
+}
+
+// writeAtomic replaces path's content in one rename, so a reader never sees
+// half a file.
+func writeAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func replaceEndpoint(s *SvcPort, ch EndpointChange) {
+	for i, ep := range s.Endpoints {
+		if ep == ch.Old {
+			s.Endpoints[i] = ch.New
+			return
+		}
+	}
+	panic(fmt.Sprintf("bench: %s has no endpoint %s", s.Key(), ch.Old))
+}
+
+func countEndpoints(services []SvcPort) int {
+	n := 0
+	for _, s := range services {
+		n += len(s.Endpoints)
+	}
+	return n
+}
