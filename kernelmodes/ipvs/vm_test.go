@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/vmtest"
+	"github.com/svcproxy/svcproxy/internal/vmtest"
 )
 
 // guestModules are the modules the VM test loads (their dependencies are
@@ -64,7 +64,7 @@ func TestPrivilegedIPVSInVM(t *testing.T) {
 
 	dir := t.TempDir()
 	initBin := filepath.Join(dir, "init")
-	build := exec.CommandContext(ctx, goTool(), "build", "-o", initBin, "github.com/svcproxy/svcproxy/kernelmodes/ipvs/vmtest/guest")
+	build := exec.CommandContext(ctx, goTool(), "build", "-o", initBin, "github.com/svcproxy/svcproxy/kernelmodes/ipvs/vmguest")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building the guest: %v\n%s", err, out)

@@ -34,7 +34,7 @@ import (
 
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/internal/cases"
-	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/vmtest"
+	"github.com/svcproxy/svcproxy/internal/vmtest"
 	"github.com/svcproxy/svcproxy/lb"
 )
 

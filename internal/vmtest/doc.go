@@ -21,7 +21,7 @@
 //   - ParseResults: the guest prints "VMTEST PASS name", "VMTEST FAIL name:
 //     why", "VMTEST NOTE ..." and finally "VMTEST DONE".
 //
-// The guest side lives in the test program (see kernelmodes/ipvs/vmtest/guest):
+// The guest side lives in the test program (see kernelmodes/ipvs/vmguest):
 // it mounts /proc and /sys, loads the modules listed in /modules/order with
 // finit_module, and reports on the console.
 package vmtest
