@@ -79,7 +79,7 @@ func Full() Config {
 	c.Preset = "full"
 	c.Rounds = 3
 	c.Duration = 3 * time.Second
-	c.FaultDuration = 3 * time.Second
+	c.FaultDuration = 2 * time.Second
 	c.Scales = []int{1000, 10000}
 	c.Syscalls = true
 	return c

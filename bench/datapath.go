@@ -478,7 +478,7 @@ func (r *modeRound) syscalls(ctx context.Context) error {
 	pids := r.pids()
 	const window = 2 * time.Second
 	client := r.c.Topo.Clients[0]
-	// during runs load for 5 s and profiles the proxy from 1.5 s on.
+	// during runs load for 4 s and profiles the proxy from 1.5 s on.
 	during := func(name string, load func() error, count func() (int64, error)) (*SyscallProfile, error) {
 		done := make(chan error, 1)
 		go func() { done <- load() }()
@@ -510,7 +510,7 @@ func (r *modeRound) syscalls(ctx context.Context) error {
 	var profs []SyscallProfile
 	if r.e.Tools.Nginx != "" { // stub_status counts the requests
 		p, err := during("keepalive", func() error {
-			_, err := runHTTPLoad(ctx, r.e, client, r.run.Targets[svcHTTP], r.c.paths().small, 64, 5*time.Second, false)
+			_, err := runHTTPLoad(ctx, r.e, client, r.run.Targets[svcHTTP], r.c.paths().small, 64, 4*time.Second, false)
 			return err
 		}, func() (int64, error) { return backendRequests(ctx, r.c) })
 		if err != nil {
@@ -519,7 +519,7 @@ func (r *modeRound) syscalls(ctx context.Context) error {
 		profs = append(profs, *p)
 	}
 	p, err := during("bulk", func() error {
-		_, err := runBulk(ctx, r.e, r.c, r.run, 1, 5*time.Second)
+		_, err := runBulk(ctx, r.e, r.c, r.run, 1, 4*time.Second)
 		return err
 	}, func() (int64, error) { return linkTxBytes(r.c.Topo.Node, r.c.Topo.Backends[0].NodeLink) })
 	if err != nil {

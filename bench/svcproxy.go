@@ -31,7 +31,7 @@ func (m svcproxyMode) Describe() string {
 	if m.kernelMode == "" {
 		return "svcproxy, userspace mode: REDIRECT steering (ipset) into the splice forwarder, 2 workers (GOMAXPROCS), --conn-log off"
 	}
-	return "svcproxy --proxy-mode=" + m.kernelMode
+	return "svcproxy --proxy-mode=" + m.kernelMode + ": the kernel data path programmed by svcproxy from the same snapshot"
 }
 
 // svcproxyHelp is `svcproxy --help`, read once.
@@ -67,10 +67,12 @@ func (m svcproxyMode) Available(e *Env) error {
 
 // args are svcproxy's flags for a run on the services file.
 func (m svcproxyMode) args(e *Env, services string) []string {
-	args := []string{"--services", services, "--steering=redirect", "--conn-log=", "--hostname-override", "node",
+	args := []string{"--services", services, "--conn-log=", "--hostname-override", "node",
 		"--metrics-bind-address", "127.0.0.1:10249", "--healthz-bind-address", "127.0.0.1:10256", "--drain-timeout", "1s",
 		"--log-format=json"}
-	if m.kernelMode != "" {
+	if m.kernelMode == "" {
+		args = append(args, "--steering=redirect")
+	} else {
 		args = append(args, "--proxy-mode="+m.kernelMode)
 	}
 	if hasFlag(e, "handover-socket") {
@@ -116,7 +118,7 @@ func (m svcproxyMode) launch(e *Env, c *Cluster, args []string) (*svcproxyProc, 
 		}
 		keep := false
 		switch {
-		case ev.Msg == "loaded services", ev.Msg == "applied", ev.Msg == "svcproxy running",
+		case ev.Msg == "loaded services", ev.Msg == "applied", ev.Msg == "synced", ev.Msg == "svcproxy running",
 			ev.Msg == "proxy mode fell back", ev.Msg == "iptables backend detected",
 			strings.HasPrefix(ev.Msg, "svcproxy: "):
 			keep = true
@@ -305,14 +307,13 @@ func servicesYAML(services []SvcPort) []byte {
 // ProgramServices times svcproxy programming services from scratch and then
 // each endpoint change. The times come from its own log (JSON, debug
 // level): "loaded services" (the file was read and the store published
-// snapshot V) and "applied" for a version ≥ V (the rules and sets are live;
-// the userspace forwarder swapped its snapshot just before). Changes are
+// snapshot V) and "applied" or "synced" for a version ≥ V (the rules and
+// sets are live; the userspace forwarder swapped its snapshot just before). Changes are
 // made by rewriting the services file and sending SIGHUP, so the file
 // watcher's 100 ms debounce is not counted; the whole file is re-read and
 // re-parsed on each change, which the end-to-end figure includes.
 //
-// A kernel mode needs the same version-tagged "applied" debug line after
-// each sync to be measured here.
+// The kernel modes log the same version-tagged line after each sync.
 func (m svcproxyMode) ProgramServices(ctx context.Context, e *Env, c *Cluster, services []SvcPort, changes []EndpointChange) (*CPResult, error) {
 	file, err := servicesFile(c, services)
 	if err != nil {
@@ -334,7 +335,7 @@ func (m svcproxyMode) ProgramServices(ctx context.Context, e *Env, c *Cluster, s
 	if loaded.Services != n {
 		return nil, sp.fail(fmt.Errorf("svcproxy loaded %d service ports, want %d", loaded.Services, n))
 	}
-	applied, err := sp.wait(ctx, "rules applied", 0, timeout, func(ev logEvent) bool { return ev.Msg == "applied" && ev.Version >= loaded.Version })
+	applied, err := sp.wait(ctx, "rules applied", 0, timeout, func(ev logEvent) bool { return live(ev) && ev.Version >= loaded.Version })
 	if err != nil {
 		return nil, err
 	}
@@ -367,7 +368,7 @@ func (m svcproxyMode) ProgramServices(ctx context.Context, e *Env, c *Cluster, s
 			return nil, err
 		}
 		version = loaded.Version
-		applied, err := sp.wait(ctx, "change applied", from, time.Minute, func(ev logEvent) bool { return ev.Msg == "applied" && ev.Version >= loaded.Version })
+		applied, err := sp.wait(ctx, "change applied", from, time.Minute, func(ev logEvent) bool { return live(ev) && ev.Version >= loaded.Version })
 		if err != nil {
 			return nil, err
 		}
@@ -376,6 +377,10 @@ func (m svcproxyMode) ProgramServices(ctx context.Context, e *Env, c *Cluster, s
 	}
 	return res, nil
 }
+
+// live tells whether ev says a snapshot is programmed: the redirector's
+// and the IPVS mode's "applied", the iptables mode's "synced".
+func live(ev logEvent) bool { return ev.Msg == "applied" || ev.Msg == "synced" }
 
 // ipsetEntries counts the members of an ipset in the node's namespace.
 func ipsetEntries(ctx context.Context, c *Cluster, set string) (int, error) {
