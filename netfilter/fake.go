@@ -160,6 +160,25 @@ func (f *Fake) IPTablesSave(ctx context.Context, family Family, tableName string
 	return []byte(b.String()), nil
 }
 
+// IPTablesSaveChains implements Executor.
+func (f *Fake) IPTablesSaveChains(ctx context.Context, family Family, tableName string, chains []string) ([]byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.record(Call{Op: "iptables-save-chains", Family: family, Data: tableName + " " + strings.Join(chains, " ")}); err != nil {
+		return nil, err
+	}
+	if family > IPv6 {
+		return nil, fmt.Errorf("unknown family %d", family)
+	}
+	t := f.tables[family][tableName]
+	if t == nil {
+		return nil, fmt.Errorf("table %q does not exist", tableName)
+	}
+	var b strings.Builder
+	t.saveChains(&b, chains)
+	return []byte(b.String()), nil
+}
+
 // IPTablesVersion implements Executor.
 func (f *Fake) IPTablesVersion(ctx context.Context) (string, error) {
 	f.mu.Lock()

@@ -149,3 +149,47 @@ func TestPrivilegedCanonical(t *testing.T) {
 		})
 	}
 }
+
+// TestPrivilegedSaveChains loads the same rules into the real tools and the
+// Fake and reads a few chains back from each: both print the same, a
+// missing chain is left out, and what ReadOwned finds in them is what it
+// finds in the whole table.
+func TestPrivilegedSaveChains(t *testing.T) {
+	requirePrivileged(t)
+	ctx := context.Background()
+	const rules = "*nat\n:SVCPROXY-A - [0:0]\n:SVCPROXY-B - [0:0]\n:OTHER - [0:0]\n" +
+		"-A PREROUTING -j SVCPROXY-A\n-A OUTPUT -s 10.0.0.0/8 -j SVCPROXY-A\n-A OTHER -j RETURN\n" +
+		"-A SVCPROXY-A -d 10.96.0.1/32 -p tcp -m tcp --dport 80 -j SVCPROXY-B\n" +
+		"-A SVCPROXY-B -p tcp -j DNAT --to-destination 10.1.0.1:8080\nCOMMIT\n"
+	chains := []string{"PREROUTING", "OUTPUT", "SVCPROXY-A", "SVCPROXY-MISSING"}
+	fake := NewFake()
+	if err := fake.IPTablesRestore(ctx, IPv4, []byte(rules)); err != nil {
+		t.Fatal(err)
+	}
+	want, err := fake.IPTablesSaveChains(ctx, IPv4, "nat", chains)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range variants() {
+		t.Run(variantName(v), func(t *testing.T) {
+			e := &Exec{NetNS: newNS(t), Variant: v}
+			if err := e.IPTablesRestore(ctx, IPv4, []byte(rules)); err != nil {
+				t.Fatal(err)
+			}
+			got, err := e.IPTablesSaveChains(ctx, IPv4, "nat", chains)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != string(want) {
+				t.Errorf("real:\n%s\nFake:\n%s", got, want)
+			}
+			part, err := ReadOwned(IPv4, "nat", got, "SVCPROXY-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(part.Jumps) != 2 || len(part.Chains) != 1 || len(part.Chains["SVCPROXY-A"]) != 1 {
+				t.Errorf("ReadOwned of the chains: %+v", part)
+			}
+		})
+	}
+}

@@ -75,9 +75,16 @@ func (t *table) chainNames() []string {
 }
 
 // save renders t as iptables-save does, counters zeroed.
-func (t *table) save(b *strings.Builder) {
+func (t *table) save(b *strings.Builder) { t.saveChains(b, nil) }
+
+// saveChains writes the chains in only (nil: every chain) in
+// iptables-save format.
+func (t *table) saveChains(b *strings.Builder, only []string) {
 	fmt.Fprintf(b, "*%s\n", t.name)
 	names := t.chainNames()
+	if only != nil {
+		names = slices.DeleteFunc(names, func(n string) bool { return !slices.Contains(only, n) })
+	}
 	for _, name := range names {
 		c := t.chains[name]
 		if c == nil {

@@ -59,10 +59,19 @@
 //
 // # Syncing
 //
-// A full Apply reads both tables back (iptables-save) and the sets, counts a
+// A full sync reads both tables back (iptables-save) and the sets, counts a
 // repair when they differ from what it last wrote, fills the sets (as
 // temporary sets swapped in), and rewrites every chain in one
 // `iptables-restore --noflush` per family, deleting stray chains and jumps.
+// At 10,000 Services that costs seconds (most of it nf_tables validating
+// 110,000 rules), so, as kube-proxy does, a full Apply is a full sync only
+// once per Config.FullSyncPeriod (an hour). In between, a full Apply (the
+// daemon asks for one every --sync-period) checks what tampering usually
+// hits — the fixed chains with the dispatch chain's rule per frontend
+// (`iptables -S` of each), the jumps into them, the sets' existence — and
+// does the full sync at once when any differs, else an incremental one.
+// A Service's own chain or a set member changed behind svcproxy's back is
+// repaired by the hourly full sync.
 // An incremental Apply compares each Service port with the last Apply (the
 // Store builds a new Balancer for every change, so unchanged ones are one
 // pointer comparison), declares and refills only the changed Services'

@@ -450,7 +450,10 @@ func sortedLines(s string) string {
 	return strings.Join(lines, "\n")
 }
 
-// TestRepair tampers with the fake between full syncs.
+// TestRepair tampers with the fake between full syncs. The periodic check
+// finds what happened to the fixed chains, the jumps and the sets at the
+// next full Apply; what happened inside a Service's chain or a set's members
+// (hourly) waits for the full sync after Config.FullSyncPeriod.
 func TestRepair(t *testing.T) {
 	ctx := context.Background()
 	v4, v6 := netfilter.IPv4, netfilter.IPv6
@@ -458,37 +461,43 @@ func TestRepair(t *testing.T) {
 		name   string
 		tamper func(f *netfilter.Fake) error
 		broken netfilter.Packet // a packet the tampering misroutes
+		hourly bool             // the check does not see it; the hourly full sync repairs it
 	}{
 		{"dispatch chain flushed", func(f *netfilter.Fake) error {
 			return f.IPTablesRestore(ctx, v4, []byte("*nat\n-F "+chainServices+"\nCOMMIT\n"))
-		}, pkt(lb.TCP, "10.96.0.10:80", pre)},
+		}, pkt(lb.TCP, "10.96.0.10:80", pre), false},
 		{"service chain flushed", func(f *netfilter.Fake) error {
 			c := chainName(kindService, &testServices()[0], netip.AddrPort{})
 			return f.IPTablesRestore(ctx, v4, []byte("*nat\n-F "+c+"\nCOMMIT\n"))
-		}, pkt(lb.TCP, "10.96.0.10:80", pre)},
+		}, pkt(lb.TCP, "10.96.0.10:80", pre), true},
 		{"reject rule deleted", func(f *netfilter.Fake) error {
 			return f.IPTablesRestore(ctx, v4, []byte("*filter\n-D "+chainReject+" -d 10.96.0.12/32 -p tcp -m tcp --dport 80 -j REJECT --reject-with tcp-reset\nCOMMIT\n"))
-		}, pkt(lb.TCP, "10.96.0.12:80", pre)},
+		}, pkt(lb.TCP, "10.96.0.12:80", pre), false},
 		{"jump deleted", func(f *netfilter.Fake) error {
 			return f.IPTablesRestore(ctx, v6, []byte("*nat\n-D OUTPUT -j "+chainServices+"\nCOMMIT\n"))
-		}, pkt(lb.TCP, "[fd00::10]:80", out)},
+		}, pkt(lb.TCP, "[fd00::10]:80", out), false},
 		{"masquerade jump deleted", func(f *netfilter.Fake) error {
 			return f.IPTablesRestore(ctx, v4, []byte("*nat\n-D POSTROUTING -j "+chainPost+"\nCOMMIT\n"))
-		}, pkt(lb.TCP, "203.0.113.10:80", pre)},
+		}, pkt(lb.TCP, "203.0.113.10:80", pre), false},
 		{"rule inserted before ours", func(f *netfilter.Fake) error {
 			return f.IPTablesRestore(ctx, v4, []byte("*nat\n-I "+chainServices+" 1 -j RETURN\nCOMMIT\n"))
-		}, pkt(lb.TCP, "10.96.0.10:80", out)},
+		}, pkt(lb.TCP, "10.96.0.10:80", out), false},
 		{"hairpin member deleted", func(f *netfilter.Fake) error {
 			return f.IPSetRestore(ctx, []byte("del svcproxy-dnat-hairpin-v4 10.244.1.1,tcp:8080,10.244.1.1\n"))
-		}, from(pkt(lb.TCP, "10.96.0.10:80", pre), "10.244.1.1:5")},
+		}, from(pkt(lb.TCP, "10.96.0.10:80", pre), "10.244.1.1:5"), true},
 		{"stray chain and set", func(f *netfilter.Fake) error {
 			return errors.Join(
 				f.IPSetRestore(ctx, []byte("create svcproxy-dnat-old hash:ip,port family inet\nadd svcproxy-dnat-old 8.8.8.8,tcp:443\n")),
 				f.IPTablesRestore(ctx, v4, []byte("*nat\n:SVCPROXY-DNAT-OLD - [0:0]\n-A SVCPROXY-DNAT-OLD -p tcp -m set --match-set svcproxy-dnat-old dst,dst -j DNAT --to-destination 10.0.0.1:1\n-I PREROUTING 1 -j SVCPROXY-DNAT-OLD\nCOMMIT\n")))
-		}, pkt(lb.TCP, "8.8.8.8:443", pre)},
+		}, pkt(lb.TCP, "8.8.8.8:443", pre), false},
 		{"duplicate jump", func(f *netfilter.Fake) error {
 			return f.IPTablesRestore(ctx, v4, []byte("*filter\n-A INPUT -j "+chainFilter+"\n-A INPUT -s 10.0.0.0/8 -j "+chainFilter+"\nCOMMIT\n"))
-		}, netfilter.Packet{}},
+		}, netfilter.Packet{}, false},
+		{"set destroyed", func(f *netfilter.Fake) error {
+			return errors.Join(
+				f.IPTablesRestore(ctx, v6, []byte("*nat\n-F "+chainPost+"\nCOMMIT\n")),
+				f.IPSetDestroy(ctx, "svcproxy-dnat-hairpin-v6"))
+		}, netfilter.Packet{}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, f := newFakeMode(t, Config{IPv6: true})
@@ -511,6 +520,13 @@ func TestRepair(t *testing.T) {
 				t.Errorf("an incremental sync counted a repair")
 			}
 			mustApply(t, m, snap, true)
+			if tc.hourly {
+				if m.Repairs() != 0 {
+					t.Errorf("Repairs = %d: the check within the full-sync period found it", m.Repairs())
+				}
+				m.now = func() time.Time { return time.Now().Add(time.Hour) }
+				mustApply(t, m, snap, true)
+			}
 			if m.Repairs() != 1 {
 				t.Errorf("Repairs = %d, want 1", m.Repairs())
 			}

@@ -20,6 +20,7 @@ import (
 
 type scaleFigures struct {
 	scratch, resync       time.Duration
+	check                 time.Duration // a full Apply within the full-sync period
 	scratchTools          string        // where the first full sync's time went
 	endpoint, add, remove time.Duration // medians
 	endpointMax           time.Duration
@@ -97,7 +98,12 @@ func measureScale(t testing.TB, variant string, n, rounds int) scaleFigures {
 		ms(f.scratch-spent["iptables-restore"]-spent["ipset-restore"]-spent["iptables-save"]))
 	start = time.Now()
 	mustApply(t, m, snap, true)
+	f.check = time.Since(start)
+	m.now = func() time.Time { return time.Now().Add(time.Hour) }
+	start = time.Now()
+	mustApply(t, m, snap, true)
 	f.resync = time.Since(start)
+	m.now = time.Now
 	out, err := e.IPTablesSave(ctx, netfilter.IPv4, "nat")
 	if err != nil {
 		t.Fatal(err)
@@ -143,6 +149,7 @@ func measureScale(t testing.TB, variant string, n, rounds int) scaleFigures {
 	f.endpointMax = slices.Max(eps)
 	f.endpointRestore = median(restores)
 	// The incremental syncs left exactly what a full sync expects.
+	m.now = func() time.Time { return time.Now().Add(2 * time.Hour) }
 	mustApply(t, m, st.Snapshot(), true)
 	if m.Repairs() != 0 {
 		t.Errorf("Repairs = %d", m.Repairs())
@@ -176,10 +183,10 @@ func TestPrivilegedScale(t *testing.T) {
 		for _, n := range []int{1000, 10000} {
 			t.Run(fmt.Sprintf("%s/services=%d", variantName(variant), n), func(t *testing.T) {
 				f := measureScale(t, variant, n, 20)
-				t.Logf("backend %s, %d Services x (1 ClusterIP, 10 endpoints), %d nat rules: from scratch %s (%s), full resync %s, "+
+				t.Logf("backend %s, %d Services x (1 ClusterIP, 10 endpoints), %d nat rules: from scratch %s (%s), full resync %s, periodic check %s, "+
 					"one endpoint changed %s (iptables-restore %s; max %s), one Service added %s, removed %s (medians of 20); "+
 					"targets: from scratch well under kube-proxy's minutes, an endpoint change < 200 ms on nf_tables",
-					variantName(variant), n, f.rules, ms(f.scratch), f.scratchTools, ms(f.resync),
+					variantName(variant), n, f.rules, ms(f.scratch), f.scratchTools, ms(f.resync), ms(f.check),
 					ms(f.endpoint), ms(f.endpointRestore), ms(f.endpointMax), ms(f.add), ms(f.remove))
 			})
 		}

@@ -289,18 +289,27 @@ func writeLines(b *strings.Builder, groups ...[]string) {
 }
 
 // desiredChains is every chain st needs in family fam, with its rules: the
-// fixed chains (listChains with every Service's rules, sorted, then the
-// fixed tail) and the Services' own chains.
+// fixed chains (desiredFixed) and the Services' own chains.
 func (m *Mode) desiredChains(st *state, fam netfilter.Family) map[chainKey][]string {
+	out := m.desiredFixed(st, fam)
+	for _, s := range st.svcs {
+		for _, ch := range s.rules[fam].chains {
+			out[chainKey{"nat", ch.name}] = ch.rules
+		}
+	}
+	return out
+}
+
+// desiredFixed is the fixed chains st needs in family fam: listChains with
+// every Service's rules, sorted, then the fixed tail; the others as they
+// are.
+func (m *Mode) desiredFixed(st *state, fam netfilter.Family) map[chainKey][]string {
 	out := make(map[chainKey][]string, 2*len(st.svcs)+8)
 	heads := map[chainKey][]string{}
 	for _, s := range st.svcs {
 		r := &s.rules[fam]
 		for _, k := range listChains {
 			heads[k] = append(heads[k], r.list(k)...)
-		}
-		for _, ch := range r.chains {
-			out[chainKey{"nat", ch.name}] = ch.rules
 		}
 	}
 	for k, rules := range m.fixed[fam] {
@@ -312,6 +321,79 @@ func (m *Mode) desiredChains(st *state, fam netfilter.Family) map[chainKey][]str
 		out[k] = rules
 	}
 	return out
+}
+
+// check compares what a cheap read finds with st (what the last sync
+// wrote): the fixed chains, the built-in chains that jump into them, and
+// that every wanted set exists. It reads a few small chains (the dispatch
+// chain is the big one: a rule per frontend), not the tables, so it can run
+// every sync period where a full sync of 10,000 Services costs seconds. It
+// misses a Service's own chain or a set member changed behind its back;
+// the hourly full sync finds those.
+func (m *Mode) check(ctx context.Context, st *state) ([]string, error) {
+	var diffs []string
+	for _, fam := range m.families {
+		want := m.desiredFixed(st, fam)
+		var jumps []jumpRule
+		for _, tbl := range []string{"nat", "filter"} {
+			var chains []string
+			for _, j := range ourJumps {
+				if j.table == tbl && !slices.Contains(chains, j.from) {
+					chains = append(chains, j.from)
+				}
+			}
+			for k := range m.fixed[fam] {
+				if k.table == tbl {
+					chains = append(chains, k.chain)
+				}
+			}
+			slices.Sort(chains)
+			out, err := m.exec.IPTablesSaveChains(ctx, fam, tbl, chains)
+			if err != nil {
+				return nil, fmt.Errorf("reading %v %s chains: %w", fam, tbl, err)
+			}
+			got, err := netfilter.ReadOwned(fam, tbl, out, chainPrefix)
+			if err != nil {
+				return nil, fmt.Errorf("parsing %v %s chains: %w", fam, tbl, err)
+			}
+			for k, w := range want {
+				if k.table != tbl {
+					continue
+				}
+				switch g, ok := got.Chains[k.chain]; {
+				case !ok:
+					diffs = append(diffs, fmt.Sprintf("%v %s chain %s missing", fam, tbl, k.chain))
+				case !m.sameChain(fam, k, g, w):
+					diffs = append(diffs, fmt.Sprintf("%v %s chain %s changed", fam, tbl, k.chain))
+				}
+			}
+			for _, j := range got.Jumps {
+				if !strings.HasPrefix(j.Chain, chainPrefix) {
+					jumps = append(jumps, jumpRule{tbl, j})
+				}
+			}
+		}
+		keep, del := jumpPlan(jumps)
+		for _, j := range ourJumps {
+			if !keep[j] {
+				diffs = append(diffs, fmt.Sprintf("%v jump %s %s -> %s missing", fam, j.table, j.from, j.to))
+			}
+		}
+		for _, j := range del {
+			diffs = append(diffs, fmt.Sprintf("%v stray rule %s %s %s", fam, j.table, j.Chain, j.Spec))
+		}
+	}
+	names, err := m.exec.IPSetNames(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing ipsets: %w", err)
+	}
+	for _, d := range m.wantedSets() {
+		if !slices.Contains(names, d.name) {
+			diffs = append(diffs, "set "+d.name+" missing")
+		}
+	}
+	slices.Sort(diffs)
+	return diffs, nil
 }
 
 // observed is what a full sync found in the kernel.
