@@ -123,6 +123,7 @@ func run(o *options) error {
 		return err
 	}
 	startSuccessorOnSIGUSR2(ctx, log)
+	go newMemoryReturner(reg, log).Run(ctx)
 
 	tracker := health.NewTracker(2*o.syncPeriod, nil)
 	web := &httpServers{log: log, inherited: webInherited}

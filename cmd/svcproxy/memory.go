@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"runtime"
+	"runtime/debug"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// memoryReturner hands memory back to the kernel once a load spike is over.
+//
+// The Go runtime returns freed memory lazily: the heap goal stays where the
+// last GC under load put it, an idle process only collects when sysmon
+// forces a GC every two minutes, and a pooled object survives one more
+// collection in sync.Pool's victim cache. After 10,000 connections closed,
+// svcproxy would hold the peak's memory for minutes. Connections are
+// goroutines here (two per proxied TCP connection), so the goroutine count
+// is the load signal: when it has fallen to under half of the highest count
+// seen since the last return, and that high was a real spike, two
+// collections (the second empties the victim caches) and a scavenge give
+// the memory back — what Envoy's overload manager calls shrink_heap. Under
+// steady load the count does not halve, so nothing runs; a load falling in
+// steps returns memory at most once per halving.
+type memoryReturner struct {
+	every   time.Duration
+	spike   int // the least high-water mark that counts as a spike
+	log     *zap.Logger
+	returns prometheus.Counter
+	count   func() int // the load signal; runtime.NumGoroutine
+	free    func()     // runtime.GC then debug.FreeOSMemory
+}
+
+func newMemoryReturner(reg prometheus.Registerer, log *zap.Logger) *memoryReturner {
+	r := &memoryReturner{
+		every: 10 * time.Second,
+		spike: 2000,
+		log:   log,
+		returns: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "svcproxy", Subsystem: "memory", Name: "returns_total",
+			Help: "Times memory was handed back to the kernel after a load spike ended.",
+		}),
+		count: runtime.NumGoroutine,
+		free: func() {
+			runtime.GC()
+			debug.FreeOSMemory()
+		},
+	}
+	reg.MustRegister(r.returns)
+	return r
+}
+
+// Run samples the load signal every r.every until ctx ends.
+func (r *memoryReturner) Run(ctx context.Context) {
+	t := time.NewTicker(r.every)
+	defer t.Stop()
+	high := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		high = r.step(high)
+	}
+}
+
+// step takes one sample given the high-water mark and returns the new one.
+func (r *memoryReturner) step(high int) int {
+	n := r.count()
+	if n > high {
+		return n
+	}
+	if high < r.spike || 2*n >= high {
+		return high
+	}
+	start := time.Now()
+	r.free()
+	r.returns.Inc()
+	r.log.Debug("returned memory after a load spike", zap.Int("goroutines_high", high), zap.Int("goroutines", n),
+		zap.Duration("took", time.Since(start)))
+	return n
+}
