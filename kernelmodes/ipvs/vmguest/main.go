@@ -32,9 +32,9 @@ import (
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/sys/unix"
 
+	"github.com/svcproxy/svcproxy/internal/vmtest"
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/internal/cases"
-	"github.com/svcproxy/svcproxy/internal/vmtest"
 	"github.com/svcproxy/svcproxy/lb"
 )
 
