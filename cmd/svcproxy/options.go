@@ -94,7 +94,7 @@ func parseFlags(args []string) (*options, error) {
 	algorithm := fs.String("algorithm", "round-robin", "default picker: round-robin, random, least-conn or maglev")
 	fs.StringVar(&o.hostname, "hostname-override", host, "this node's name, matched against endpoints' nodeName for Local traffic policies")
 	fs.StringVar(&o.zone, "zone", "", "this node's topology zone, for topology-aware routing hints")
-	fs.DurationVar(&o.syncPeriod, "sync-period", 30*time.Second, "longest time between full syncs; /healthz fails when an update waits twice this")
+	fs.DurationVar(&o.syncPeriod, "sync-period", 30*time.Second, "longest time between syncs that check and repair the rules (the iptables mode rewrites everything hourly); /healthz fails when an update waits twice this")
 	fs.DurationVar(&o.minSyncPeriod, "min-sync-period", 0, "shortest time between syncs; bursts of changes in it are applied together")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics; empty: off")
 	fs.StringVar(&o.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez; empty: off")
