@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -374,4 +376,45 @@ func raiseFileLimit(t *testing.T, n uint64) uint64 {
 	}
 	t.Cleanup(func() { _ = unix.Setrlimit(unix.RLIMIT_NOFILE, &old) })
 	return n
+}
+
+// TestPrivilegedLeastPrivilege runs svcproxy as the DaemonSet does: uid 0
+// but with every capability dropped except CAP_NET_ADMIN and CAP_NET_RAW
+// (setpriv bounds, inheritable and ambient sets). Steering, NodePort claims,
+// SO_MARK and a clean exit's rule removal all work with just those.
+func TestPrivilegedLeastPrivilege(t *testing.T) {
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("setpriv (util-linux) is not installed")
+	}
+	const caps = "-all,+net_admin,+net_raw"
+	wrapper := filepath.Join(t.TempDir(), "svcproxy-capped")
+	script := fmt.Sprintf("#!/bin/sh\nexec %s --bounding-set=%s --inh-caps=%s --ambient-caps=%s %s \"$@\"\n",
+		setpriv, caps, caps, caps, bins.svcproxyNoRace)
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c := newClusterWith(t, 2, wrapper)
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.proxy.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = 1<<12 | 1<<13 // CAP_NET_ADMIN, CAP_NET_RAW
+	for _, line := range strings.Split(string(status), "\n") {
+		for _, set := range []string{"CapEff:", "CapPrm:", "CapBnd:"} {
+			if f := strings.Fields(line); len(f) == 2 && f[0] == set {
+				if got, err := strconv.ParseUint(f[1], 16, 64); err != nil || got != want {
+					t.Fatalf("svcproxy's %s %s, want %#016x (NET_ADMIN and NET_RAW only)", set, f[1], want)
+				}
+			}
+		}
+	}
+	client := c.topo.Clients[0]
+	c.spread(client, webVIP+":80", 30)
+	c.spread(c.topo.Node, webVIP+":80", 30)
+	c.spread(client, fmt.Sprintf("%s:%d", topology.NodeAddr, webNode), 30)
+	c.stopProxy()
+	if got := c.nodeRules(); got != c.saved {
+		t.Fatalf("rules after a clean exit differ from before:\nbefore:\n%s\nafter:\n%s", c.saved, got)
+	}
 }
