@@ -314,9 +314,10 @@ func (k listenKey) socketName(i int) string {
 	return fmt.Sprintf("tcp/%s/%s/%d", kind, k.addr, i)
 }
 
-// acceptLoop accepts until ln closes. On EMFILE and its kin it backs off
-// (5ms doubling to 1s) instead of spinning on a connection it cannot take:
-// open connections keep flowing meanwhile.
+// acceptLoop accepts until ln closes. On EMFILE and its kin it first
+// closes idle pooled splice pipes and retries, then backs off (5ms doubling
+// to 1s) instead of spinning on a connection it cannot take: open
+// connections keep flowing meanwhile.
 func (f *Forwarder) acceptLoop(ln *net.TCPListener, redirect bool) {
 	defer f.accepts.Done()
 	var backoff time.Duration
@@ -329,6 +330,9 @@ func (f *Forwarder) acceptLoop(ln *net.TCPListener, redirect bool) {
 			}
 			if isFDLimit(err) {
 				f.m.acceptFDLimit.Inc()
+				if shedPipes() > 0 { // idle splice pipes hold descriptors: retry with theirs
+					continue
+				}
 				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 				if now := time.Now(); now.Sub(lastLog) > 10*time.Second {
 					lastLog = now

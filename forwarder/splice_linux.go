@@ -48,7 +48,11 @@ type pipe struct {
 
 var livePipes atomic.Int64
 
-var pipePool = sync.Pool{New: func() any {
+// pipePool holds idle, empty pipes. It has no New, so shedPipes can empty
+// it.
+var pipePool sync.Pool
+
+func newPipe() *pipe {
 	if livePipes.Add(1) > maxPipes {
 		livePipes.Add(-1)
 		return nil
@@ -63,11 +67,29 @@ var pipePool = sync.Pool{New: func() any {
 	p := &pipe{r: fds[0], w: fds[1]}
 	runtime.SetFinalizer(p, (*pipe).close)
 	return p
-}}
+}
 
 func getPipe() *pipe {
-	p, _ := pipePool.Get().(*pipe)
-	return p
+	if p, ok := pipePool.Get().(*pipe); ok {
+		return p
+	}
+	return newPipe()
+}
+
+// shedPipes closes every idle pooled pipe and returns how many file
+// descriptors that freed: accept calls it when the process is out of
+// them, as two descriptors per idle pipe are worth more as a connection.
+func shedPipes() int {
+	n := 0
+	for {
+		p, ok := pipePool.Get().(*pipe)
+		if !ok {
+			return n
+		}
+		runtime.SetFinalizer(p, nil)
+		p.close()
+		n += 2
+	}
 }
 
 // putPipe pools p if it is empty and closes it otherwise: bytes stranded

@@ -1,0 +1,5 @@
+//go:build !race
+
+package forwarder
+
+const raceEnabled = false
