@@ -30,7 +30,7 @@ run-static: build
 test:
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
-	$(MAKE) fuzz FUZZEXECS=3000
+	$(MAKE) fuzz FUZZEXECS=10000
 	$(MAKE) test-kube
 
 # End to end against a real kube-apiserver and etcd, built once from the Go
