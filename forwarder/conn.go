@@ -69,6 +69,10 @@ type conn struct {
 	rec connlog.Record
 }
 
+// testHookAdded, set only by tests, runs as a new connection joins the open
+// set, before it is checked against the snapshot once more.
+var testHookAdded atomic.Pointer[func()]
+
 var connPool = sync.Pool{New: func() any {
 	c := &conn{watchDone: make(chan struct{}, 1), in: newSplicer(), out: newSplicer()}
 	c.watchTimer = time.AfterFunc(time.Hour, c.watchClient)
@@ -143,9 +147,15 @@ func (c *conn) open(redirect bool) bool {
 	f.m.activeTCP.Inc()
 
 	f.conns.add(c)
+	if hook := testHookAdded.Load(); hook != nil {
+		(*hook)()
+	}
 	// A snapshot applied between Route and add has not seen c: check once.
+	// Its endpoint left while it was being dialled; it drains like every
+	// other connection to that endpoint (closing it here would fail a
+	// client that did nothing wrong).
 	if !f.snap.Load().HasEndpoint(pool.Service.Name, backend.Addr) {
-		c.kill(reasonDrain, c.gen)
+		f.drain(c)
 	}
 	now := time.Now().UnixNano()
 	c.lastIn.Store(now)

@@ -396,19 +396,26 @@ func (f *Forwarder) Shutdown(ctx context.Context) error {
 // the backend is listed again by then. Called with f.mu held.
 func (f *Forwarder) startDrains(snap *lb.Snapshot) {
 	f.conns.each(func(c *conn) {
-		name, addr := c.pool.Service.Name, c.backend.Addr
-		if c.draining.Load() || snap.HasEndpoint(name, addr) {
-			return
+		if !c.draining.Load() && !snap.HasEndpoint(c.pool.Service.Name, c.backend.Addr) {
+			f.drain(c)
 		}
-		c.draining.Store(true)
-		f.m.Draining.Inc()
-		c.mu.Lock()
-		gen := c.gen
-		c.drainTimer = time.AfterFunc(f.cfg.DrainTimeout, func() {
-			if !f.snap.Load().HasEndpoint(name, addr) {
-				c.kill(reasonDrain, gen)
-			}
-		})
-		c.mu.Unlock()
 	})
+}
+
+// drain marks c as a connection to an endpoint that left its Service: it
+// goes on until DrainTimeout, then is closed unless the endpoint came back.
+func (f *Forwarder) drain(c *conn) {
+	if c.draining.Swap(true) {
+		return
+	}
+	name, addr := c.pool.Service.Name, c.backend.Addr
+	f.m.Draining.Inc()
+	c.mu.Lock()
+	gen := c.gen
+	c.drainTimer = time.AfterFunc(f.cfg.DrainTimeout, func() {
+		if !f.snap.Load().HasEndpoint(name, addr) {
+			c.kill(reasonDrain, gen)
+		}
+	})
+	c.mu.Unlock()
 }

@@ -457,3 +457,36 @@ func TestClientLeavingCancelsDial(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestEndpointRemovedWhileDialling: a snapshot that removes the backend
+// lands after the connection was routed and dialled but before it joined
+// the open set (so Apply's drain pass did not see it). The connection
+// drains like any other to that backend instead of failing the client.
+func TestEndpointRemovedWhileDialling(t *testing.T) {
+	leakCheck(t)
+	fe := freeFrontend(t)
+	a, b := startBackend(t, "a", modeName), startBackend(t, "b", modeName)
+	h := newHarness(t, Config{DrainTimeout: 5 * time.Second}, service("race", fe, a.addr))
+	hook := func() {
+		testHookAdded.Store(nil)
+		h.replace(service("race", fe, b.addr))
+	}
+	testHookAdded.Store(&hook)
+	defer testHookAdded.Store(nil)
+	c := dial(t, fe)
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	name, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		t.Fatalf("the client of a connection whose backend left mid-dial: %v", err)
+	}
+	if name != "a\n" {
+		t.Errorf("served by %q, want a (the backend it was dialled to)", name)
+	}
+	if got := testutil.ToFloat64(h.m.Draining); got != 1 {
+		t.Errorf("draining connections = %v, want 1", got)
+	}
+	if got := askName(t, fe); got != "b" {
+		t.Errorf("the next connection went to %q, want b", got)
+	}
+}
