@@ -54,6 +54,7 @@ func run(o *options) error {
 		return err
 	}
 	defer log.Sync() //nolint:errcheck // stderr
+	disableTHP(log)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

@@ -401,6 +401,11 @@ func TestPrivilegedLeastPrivilege(t *testing.T) {
 	}
 	const want = 1<<12 | 1<<13 // CAP_NET_ADMIN, CAP_NET_RAW
 	for _, line := range strings.Split(string(status), "\n") {
+		// Not a privilege, but read here anyway: svcproxy opts out of
+		// transparent huge pages (cmd/svcproxy/memory.go).
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "THP_enabled:" && f[1] != "0" {
+			t.Errorf("svcproxy's THP_enabled is %s, want 0", f[1])
+		}
 		for _, set := range []string{"CapEff:", "CapPrm:", "CapBnd:"} {
 			if f := strings.Fields(line); len(f) == 2 && f[0] == set {
 				if got, err := strconv.ParseUint(f[1], 16, 64); err != nil || got != want {
