@@ -35,7 +35,11 @@ type Config struct {
 	// Perf records a CPU profile of each proxy (perf record -g) during
 	// keep-alive and new-connection load in round 1, saved as
 	// perf-<mode>-<load>.txt with the results.
-	Perf     bool
+	Perf bool
+	// IPVSVM runs svcproxy-ipvs inside a QEMU VM (this machine's kernel has
+	// no IPVS), beside direct and the other svcproxy modes measured in the
+	// same VM; its figures are reported apart from the host's (see vm.go).
+	IPVSVM   bool
 	Progress io.Writer // the live progress line; nil: none
 	// Rerender, when set, is a results folder whose results.md and charts
 	// are written again from its results.json; nothing is run.
@@ -112,6 +116,7 @@ func parseFlags(args []string) (Config, error) {
 	note := fs.String("note", "", "a line of text for the head of results.md, e.g. which svcproxy commit a --svcproxy binary is")
 	rerender := fs.String("rerender", "", "write results.md and the charts of this results folder again from its results.json, and run nothing")
 	perf := fs.Bool("perf", false, "also record a CPU profile of each proxy with perf (round 1), saved as perf-<mode>-<load>.txt")
+	ipvsVM := fs.Bool("ipvs-vm", false, "run svcproxy-ipvs inside a QEMU VM (TCG, a Debian cloud kernel with IPVS) after the host's modes, beside direct and whichever of svcproxy-userspace and svcproxy-iptables --modes names, measured in the same VM: keep-alive, new connections and the control plane (the host's scales, and 10,000 when the guest predicts it fits its time budget); reported apart as emulated CPU, not comparable with the host rows")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, err
 	}
@@ -186,6 +191,10 @@ func parseFlags(args []string) (Config, error) {
 	c.Out, c.Svcproxy, c.Backend, c.Loadgen = *out, *svcproxy, *backend, *loadgen
 	c.Syscalls = (c.Syscalls || *syscalls) && !*noSyscalls
 	c.Perf = *perf
+	c.IPVSVM = *ipvsVM
+	if c.IPVSVM && c.Modes != nil && !slices.Contains(c.Modes, "svcproxy-ipvs") {
+		return Config{}, fmt.Errorf("--ipvs-vm runs svcproxy-ipvs in a VM, but --modes does not name it")
+	}
 	c.Note = *note
 	c.Rerender = *rerender
 	return c, nil

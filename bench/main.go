@@ -6,14 +6,17 @@
 //
 // Modes: direct (client to backend, no proxy: the floor), svcproxy-userspace,
 // kube-dnat (kernel DNAT with kube-proxy-shaped rules the bench writes
-// itself), the peers haproxy and nginx-stream when installed, and
-// svcproxy-iptables / svcproxy-ipvs, reported as skipped with the reason
-// until they can run here. Modes are interleaved over rounds (A B C, A B C)
-// and medians reported.
+// itself), the peers haproxy and nginx-stream when installed,
+// svcproxy-iptables, and svcproxy-ipvs, which this machine's kernel cannot
+// run: it is reported as skipped, or with --ipvs-vm run inside a QEMU VM
+// beside baselines measured in the same VM and reported apart (emulated
+// CPU: not comparable with the host rows). Modes are interleaved over rounds
+// (A B C, A B C) and medians reported.
 //
 //	sudo go run ./bench --quick      # 1 round, short tests, 1,000 Services (< 3 min)
 //	sudo go run ./bench --full       # 3 rounds, 1,000 and 10,000 Services (< 15 min)
 //	sudo go run ./bench --modes direct,svcproxy-userspace --rounds 2 --duration 3s
+//	sudo go run ./bench --ipvs-vm    # also svcproxy-ipvs in a QEMU VM
 //
 // It needs root, iproute2, iptables (with iptables-legacy for kube-dnat) and
 // ipset; wrk and iperf3 are the load generators when installed (a built-in Go

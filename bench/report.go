@@ -190,6 +190,7 @@ func (r *Results) markdown(charts map[string]barChart) string {
 	r.ratios(&b, ran)
 	r.targets(&b)
 	r.controlPlane(&b)
+	r.vmSection(&b)
 	r.syscallTable(&b)
 
 	p("## Charts\n\n")
@@ -618,6 +619,9 @@ func (r *Results) caveats() []string {
 		"HAProxy and nginx listen on the VIP (added to the node's lo); svcproxy and kube-dnat steer the VIP with netfilter. Peers are configured as described under Modes (configs saved next to this file); they are not tuned beyond that.",
 		"The keep-alive test's p99 is wrk's latency (without connection set-up). The new-connection test's latency is not reported: wrk does not time the handshake.",
 		"The fault test and the idle-connection test always use the built-in Go client; so does every test when wrk or iperf3 is missing (the Load generators line says which ran).",
+	}
+	if vc := r.vmCaveat(); vc != "" {
+		c = append(c, vc)
 	}
 	c = append(c, "kube-dnat masquerades only connections from outside the cluster CIDR (198.18.1.0/24, the client namespace), as kube-proxy does with a cluster CIDR: the client \"pod\"'s connections are DNATed, not SNATed. kube-dnat-masq masquerades every one (kube-proxy's --masquerade-all; the same as any NodePort or external client with externalTrafficPolicy Cluster): the backend then sees the node's address, and a source port still in TIME_WAIT on the backend costs a SYN retransmit (1 s), which the SYN-retransmit column counts.")
 	return c

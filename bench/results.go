@@ -30,6 +30,9 @@ type Results struct {
 	Loads []LoadSample `json:"loads,omitempty"`
 	// Profiles are the --perf CPU profiles saved with the results.
 	Profiles []PerfProfile `json:"profiles,omitempty"`
+	// VM is svcproxy-ipvs run inside a QEMU VM (--ipvs-vm) with its in-VM
+	// baselines: emulated CPU, kept apart from Samples and ControlPlane.
+	VM *VMResults `json:"vm,omitempty"`
 
 	mu sync.Mutex
 }
@@ -57,7 +60,7 @@ type Settings struct {
 type ModeResult struct {
 	Name     string   `json:"name"`
 	Describe string   `json:"describe"`
-	Status   string   `json:"status"` // "ran", "failed" (some round or test failed), "skipped"
+	Status   string   `json:"status"` // "ran", "ran in the VM" (--ipvs-vm: figures in Results.VM), "failed" (some round or test failed), "skipped"
 	Reason   string   `json:"reason,omitempty"`
 	Errors   []string `json:"errors,omitempty"`
 	Notes    []string `json:"notes,omitempty"`

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/svcproxy/svcproxy/bench/internal/vmwire"
 	"github.com/svcproxy/svcproxy/internal/topology"
 )
 
@@ -70,6 +71,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	res.Machine.Svcproxy = svcproxyVersion(cfg.Svcproxy, e.Svcproxy)
 
 	var runnable []Mode
+	inVM := false // svcproxy-ipvs runs in the QEMU VM, after the host's modes
 	for _, name := range cfg.Modes {
 		m := modeByName(name)
 		if m == nil {
@@ -77,6 +79,11 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 		}
 		mr := &ModeResult{Name: name, Describe: m.Describe(), Status: "ran"}
 		res.Modes = append(res.Modes, mr)
+		if name == vmwire.ModeIPVS && cfg.IPVSVM {
+			inVM = true
+			mr.Status, mr.Describe = statusVM, vmDescribe
+			continue
+		}
 		if err := m.Available(e); err != nil {
 			mr.Status, mr.Reason = "skipped", skipReason(err)
 			prog.logf("%s: skipped: %s", name, mr.Reason)
@@ -111,6 +118,9 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 				steps += len(cfg.Scales)
 			}
 		}
+	}
+	if inVM {
+		steps++
 	}
 	prog.plan(steps)
 
@@ -169,6 +179,28 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 					mr.Errors = append(mr.Errors, fmt.Sprintf("control plane, %d Services: %s", scale, s.Error))
 					prog.logf("%s, control plane at %d Services: %s", m.Name(), scale, s.Error)
 				}
+			}
+		}
+	}
+
+	// svcproxy-ipvs in the VM, alone on the machine: the VM takes both cores.
+	if inVM && ctx.Err() == nil {
+		prog.step("svcproxy-ipvs in a QEMU VM")
+		vm, err := runVM(ctx, e, res.Dir)
+		res.VM = vm
+		mr := res.mode(vmwire.ModeIPVS)
+		switch {
+		case errors.Is(err, errSkip):
+			mr.Status, mr.Reason = "skipped", skipReason(err)
+			prog.logf("%s: skipped: %s", mr.Name, mr.Reason)
+		case err != nil:
+			mr.Status = "failed"
+			mr.Errors = append(mr.Errors, "in the VM: "+err.Error())
+			prog.logf("%s: %v", mr.Name, err)
+		default:
+			if errs := vm.errors(); len(errs) > 0 && ctx.Err() == nil {
+				mr.Status, mr.Errors = "failed", append(mr.Errors, errs...)
+				prog.logf("%s: %s", mr.Name, strings.Join(errs, "; "))
 			}
 		}
 	}

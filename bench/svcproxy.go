@@ -59,7 +59,7 @@ func (m svcproxyMode) Available(e *Env) error {
 	}
 	if m.kernelMode == "ipvs" {
 		if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
-			return skipf("this kernel has no IPVS (/proc/net/ip_vs is missing and modules cannot be loaded); IPVS runs here only inside a qemu VM, whose figures would not be comparable with the others")
+			return skipf("this kernel has no IPVS (/proc/net/ip_vs is missing and modules cannot be loaded); --ipvs-vm runs it inside a QEMU VM, reported apart (emulated CPU, not comparable with the host rows)")
 		}
 	}
 	return nil // Start finds out whether the mode is built in

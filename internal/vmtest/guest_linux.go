@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -139,4 +141,25 @@ func PowerOff() {
 	// Still here (not PID 1?): exit, which panics the kernel, which
 	// reboots (panic=-1).
 	os.Exit(1)
+}
+
+// NewNetNS creates a network namespace without entering it.
+func NewNetNS() (netns.NsHandle, error) {
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return netns.None(), err
+	}
+	defer orig.Close()
+	ns, err := netns.New()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return netns.None(), err
+	}
+	if err := netns.Set(orig); err != nil {
+		panic(fmt.Sprintf("cannot return to the initial namespace: %v", err)) // the thread stays locked and dies
+	}
+	runtime.UnlockOSThread()
+	return ns, nil
 }

@@ -2,6 +2,7 @@ package vmtest
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 )
 
@@ -219,4 +221,65 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 	n, err := c.w.Write(p)
 	c.n += int64(n)
 	return n, err
+}
+
+// IPTablesLegacyTools are the host programs AddIPTablesLegacy copies.
+var IPTablesLegacyTools = []string{
+	"/usr/sbin/xtables-legacy-multi", "/usr/sbin/iptables-legacy", "/usr/sbin/iptables-legacy-restore",
+	"/usr/sbin/iptables-legacy-save", "/usr/sbin/ipset",
+}
+
+// AddIPTablesLegacy copies iptables-legacy, ipset, their libraries, the
+// iptables extensions and /etc/protocols (they resolve "tcp" with
+// getprotobyname) into the initramfs. It adds nothing when one of the
+// tools is missing on the host.
+func (r *Initramfs) AddIPTablesLegacy() error {
+	for _, p := range IPTablesLegacyTools {
+		if _, err := os.Stat(p); err != nil {
+			return err
+		}
+	}
+	for _, p := range IPTablesLegacyTools {
+		if err := r.AddHostBinary(p); err != nil {
+			return err
+		}
+	}
+	if err := r.AddHostFile("/etc/protocols"); err != nil {
+		return err
+	}
+	exts, _ := filepath.Glob("/usr/lib/x86_64-linux-gnu/xtables/*.so")
+	for _, x := range exts {
+		if err := r.AddHostFile(x); err != nil {
+			return err
+		}
+	}
+	return r.AddHostLibraries(exts...)
+}
+
+// WriteFile writes the archive to path and returns its size.
+func (r *Initramfs) WriteFile(path string) (int64, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return 0, err
+	}
+	n, err := r.WriteTo(f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return n, err
+}
+
+// BuildStatic builds the Go package pkg as a static linux/amd64 binary at
+// out, for the guest: /init or a program it runs.
+func BuildStatic(ctx context.Context, out, pkg string) error {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	build := exec.CommandContext(ctx, goBin, "build", "-o", out, pkg)
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
+	if b, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("building %s: %w\n%s", pkg, err, b)
+	}
+	return nil
 }

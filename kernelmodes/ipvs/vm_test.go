@@ -3,8 +3,6 @@ package ipvs
 import (
 	"context"
 	"errors"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -25,13 +23,6 @@ var guestModules = []string{
 	"xt_mark", "xt_MASQUERADE", "xt_addrtype", "xt_conntrack", "xt_tcpudp", "xt_set",
 	"ip_set", "ip_set_hash_ip", "ip_set_hash_ipport", "ip_set_hash_ipportip", "ip_set_bitmap_port",
 	"dummy", "veth",
-}
-
-// guestTools are the host programs copied into the initramfs (with their
-// libraries and the iptables extensions), when present.
-var guestTools = []string{
-	"/usr/sbin/xtables-legacy-multi", "/usr/sbin/iptables-legacy", "/usr/sbin/iptables-legacy-restore",
-	"/usr/sbin/iptables-legacy-save", "/usr/sbin/ipset",
 }
 
 // TestPrivilegedIPVSInVM runs the Service table against a real kernel with
@@ -64,27 +55,18 @@ func TestPrivilegedIPVSInVM(t *testing.T) {
 
 	dir := t.TempDir()
 	initBin := filepath.Join(dir, "init")
-	build := exec.CommandContext(ctx, goTool(), "build", "-o", initBin, "github.com/svcproxy/svcproxy/kernelmodes/ipvs/vmguest")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building the guest: %v\n%s", err, out)
+	if err := vmtest.BuildStatic(ctx, initBin, "github.com/svcproxy/svcproxy/kernelmodes/ipvs/vmguest"); err != nil {
+		t.Fatal(err)
 	}
 
 	img := vmtest.NewInitramfs()
 	img.AddFileFrom("/init", initBin, 0o755)
 	img.AddModules(mods)
-	if err := addTools(img); err != nil {
+	if err := img.AddIPTablesLegacy(); err != nil {
 		t.Logf("no iptables-legacy/ipset for the guest (%v): it uses the fake Rules", err)
 	}
 	initrd := filepath.Join(dir, "initrd")
-	f, err := os.Create(initrd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	size, err := img.WriteTo(f)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
+	size, err := img.WriteFile(initrd)
 	if err != nil {
 		t.Fatalf("writing the initramfs: %v", err)
 	}
@@ -104,54 +86,5 @@ func TestPrivilegedIPVSInVM(t *testing.T) {
 			}
 		},
 	})
-	res := vmtest.ParseResults(console)
-	t.Logf("VM ran %v: %d passed, %d failed", time.Since(bootStart).Round(100*time.Millisecond), len(res.Pass), len(res.Fail))
-	if err != nil || !res.Done || len(res.Fail) > 0 || len(res.Pass) == 0 {
-		t.Logf("console:\n%s", console)
-	}
-	if err != nil {
-		t.Fatalf("VM: %v", err)
-	}
-	for _, f := range res.Fail {
-		t.Errorf("in the VM: %s", f)
-	}
-	if !res.Done {
-		t.Errorf("the guest did not finish")
-	}
-	if len(res.Pass) == 0 {
-		t.Errorf("the guest reported no passed checks")
-	}
-}
-
-// addTools copies iptables-legacy, ipset, their libraries, the iptables
-// extensions and /etc/protocols into the initramfs.
-func addTools(img *vmtest.Initramfs) error {
-	for _, p := range guestTools {
-		if _, err := os.Stat(p); err != nil {
-			return err
-		}
-	}
-	for _, p := range guestTools {
-		if err := img.AddHostBinary(p); err != nil {
-			return err
-		}
-	}
-	// ipset and iptables resolve protocol names ("tcp") with getprotobyname.
-	if err := img.AddHostFile("/etc/protocols"); err != nil {
-		return err
-	}
-	exts, _ := filepath.Glob("/usr/lib/x86_64-linux-gnu/xtables/*.so")
-	for _, e := range exts {
-		if err := img.AddHostFile(e); err != nil {
-			return err
-		}
-	}
-	return img.AddHostLibraries(exts...)
-}
-
-func goTool() string {
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	return filepath.Join(os.Getenv("GOROOT"), "bin", "go")
+	vmtest.Report(t, console, err, bootStart)
 }

@@ -628,27 +628,6 @@ func (g *guest) checkDrained(ctx context.Context, step string, h cases.Held, hel
 
 // --- topology ---
 
-// newNS creates a network namespace without entering it.
-func newNS() (netns.NsHandle, error) {
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return netns.None(), err
-	}
-	defer orig.Close()
-	ns, err := netns.New()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return netns.None(), err
-	}
-	if err := netns.Set(orig); err != nil {
-		panic(fmt.Sprintf("cannot return to the initial namespace: %v", err)) // the thread stays locked and dies
-	}
-	runtime.UnlockOSThread()
-	return ns, nil
-}
-
 // inNS runs fn on a thread in ns (netns.None(): this one): sockets fn
 // creates belong to ns.
 func inNS(ns netns.NsHandle, fn func() error) error {
@@ -698,7 +677,7 @@ func buildTopology() (*topology, error) {
 		return nil, err
 	}
 	add := func(name string, ip netip.Addr) (host, error) {
-		ns, err := newNS()
+		ns, err := vmtest.NewNetNS()
 		if err != nil {
 			return host{}, err
 		}
