@@ -4,6 +4,8 @@
 // serving certificate, a service-account key pair, static token auth (an
 // admin token in group system:masters) and RBAC, and hands back a client.
 // No controller manager runs: tests write EndpointSlices themselves.
+// Outage tests can kill the API server and restart it at the same address
+// (Kill, Restart) and start a second one on the same etcd (StartPeer).
 package apiserver
 
 import (
@@ -53,7 +55,8 @@ type Options struct {
 	Logf func(format string, args ...any)
 }
 
-// Server is a running etcd and kube-apiserver.
+// Server is a running etcd and kube-apiserver, or (from StartPeer) a
+// second kube-apiserver on another Server's etcd.
 type Server struct {
 	URL        string // https://127.0.0.1:port
 	Token      string // the admin's bearer token (group system:masters)
@@ -64,10 +67,25 @@ type Server struct {
 	Client     kubernetes.Interface
 	Dir        string
 
-	ownDir bool
-	procs  []*exec.Cmd
-	logs   []*os.File
-	stop   sync.Once
+	ownDir  bool
+	bins    Binaries
+	opts    Options
+	etcdURL string // etcd's client URL
+	port    int    // kube-apiserver's --secure-port
+	logName string // kube-apiserver's log: Dir/logName.log
+
+	mu    sync.Mutex
+	procs []*proc // in start order: etcd (not for a peer), kube-apiserver
+	stop  sync.Once
+}
+
+// proc is a started process; done is closed once it has exited and been
+// reaped.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  *os.File
+	done chan struct{}
 }
 
 // StartT builds (or finds cached) binaries and starts a server for tb,
@@ -106,7 +124,7 @@ func Start(ctx context.Context, bins Binaries, opts Options) (_ *Server, err err
 	if opts.Logf == nil {
 		opts.Logf = func(string, ...any) {}
 	}
-	s := &Server{Dir: opts.Dir}
+	s := &Server{Dir: opts.Dir, logName: "kube-apiserver"}
 	if s.Dir == "" {
 		if s.Dir, err = os.MkdirTemp("", "svcproxy-apiserver-"); err != nil {
 			return nil, err
@@ -128,7 +146,7 @@ func Start(ctx context.Context, bins Binaries, opts Options) (_ *Server, err err
 	clientURL := "http://127.0.0.1:" + strconv.Itoa(ports[0])
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(ports[1])
 	start := time.Now()
-	if err := s.run("etcd", bins.Etcd,
+	if _, err := s.run("etcd", bins.Etcd,
 		"--name=default", "--data-dir="+filepath.Join(s.Dir, "etcd"),
 		"--listen-client-urls="+clientURL, "--advertise-client-urls="+clientURL,
 		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
@@ -140,31 +158,11 @@ func Start(ctx context.Context, bins Binaries, opts Options) (_ *Server, err err
 		return nil, fmt.Errorf("etcd did not become healthy: %w\n%s", err, s.logTail("etcd"))
 	}
 
-	s.URL = "https://127.0.0.1:" + strconv.Itoa(ports[2])
-	d := func(name string) string { return filepath.Join(s.Dir, name) }
-	if err := s.run("kube-apiserver", bins.APIServer,
-		"--etcd-servers="+clientURL,
-		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(ports[2]),
-		"--advertise-address="+opts.AdvertiseAddress,
-		"--tls-cert-file="+d("serving.crt"), "--tls-private-key-file="+d("serving.key"),
-		"--cert-dir="+d("certs"),
-		"--token-auth-file="+d("tokens.csv"),
-		"--authorization-mode=RBAC",
-		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-account-key-file="+d("sa.pub"), "--service-account-signing-key-file="+d("sa.key"),
-		"--service-cluster-ip-range="+opts.ServiceCIDR,
-		"--allow-privileged=true",
-		"--profiling=false",
-		"--v=0"); err != nil {
-		return nil, err
-	}
+	s.bins, s.opts, s.etcdURL, s.port = bins, opts, clientURL, ports[2]
+	s.URL = "https://127.0.0.1:" + strconv.Itoa(s.port)
 	s.Config = s.ConfigFor(s.Token)
-	hc, err := rest.HTTPClientFor(s.Config)
-	if err != nil {
+	if err := s.startAPIServer(ctx); err != nil {
 		return nil, err
-	}
-	if err := waitHTTP(ctx, hc, s.URL+"/readyz", s.Token, 90*time.Second, s.exited); err != nil {
-		return nil, fmt.Errorf("kube-apiserver did not become ready: %w\n%s", err, s.logTail("kube-apiserver"))
 	}
 	if s.Client, err = kubernetes.NewForConfig(s.Config); err != nil {
 		return nil, err
@@ -194,7 +192,7 @@ func Start(ctx context.Context, bins Binaries, opts Options) (_ *Server, err err
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	s.Kubeconfig = d("admin.kubeconfig")
+	s.Kubeconfig = filepath.Join(s.Dir, "admin.kubeconfig")
 	if err := s.WriteKubeconfig(s.Kubeconfig, s.Token); err != nil {
 		return nil, err
 	}
@@ -233,25 +231,130 @@ func WriteKubeconfig(path, server string, ca []byte, token string) error {
 	return nil
 }
 
-// Stop stops kube-apiserver then etcd, and removes the state directory if
-// Start made it.
+// startAPIServer starts kube-apiserver on s.port against s.etcdURL and
+// waits until it is ready.
+func (s *Server) startAPIServer(ctx context.Context) error {
+	d := func(name string) string { return filepath.Join(s.Dir, name) }
+	if _, err := s.run(s.logName, s.bins.APIServer,
+		"--etcd-servers="+s.etcdURL,
+		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(s.port),
+		"--advertise-address="+s.opts.AdvertiseAddress,
+		"--tls-cert-file="+d("serving.crt"), "--tls-private-key-file="+d("serving.key"),
+		"--cert-dir="+d("certs"),
+		"--token-auth-file="+d("tokens.csv"),
+		"--authorization-mode=RBAC",
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file="+d("sa.pub"), "--service-account-signing-key-file="+d("sa.key"),
+		"--service-cluster-ip-range="+s.opts.ServiceCIDR,
+		"--allow-privileged=true",
+		"--profiling=false",
+		"--v=0"); err != nil {
+		return err
+	}
+	hc, err := rest.HTTPClientFor(s.Config)
+	if err != nil {
+		return err
+	}
+	if err := waitHTTP(ctx, hc, s.URL+"/readyz", s.Token, 90*time.Second, s.exited); err != nil {
+		return fmt.Errorf("kube-apiserver did not become ready: %w\n%s", err, s.logTail(s.logName))
+	}
+	return nil
+}
+
+// Kill SIGKILLs kube-apiserver, as a crash or an OOM kill would, and waits
+// until it is gone; etcd keeps running. Clients of the server then see
+// their connections closed and new ones refused until Restart.
+func (s *Server) Kill() error {
+	p := s.apiserver()
+	if p == nil {
+		return errors.New("kube-apiserver was never started")
+	}
+	if err := p.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("killing kube-apiserver: %w", err)
+	}
+	<-p.done
+	return nil
+}
+
+// Restart starts kube-apiserver again after Kill (or after it died) with
+// the same flags: the same address and port, certificates, token and etcd,
+// so Config, Client and Kubeconfig work again as they are. It waits until
+// the server is ready. Its log goes on in the same file.
+func (s *Server) Restart(ctx context.Context) error {
+	p := s.apiserver()
+	if p == nil {
+		return errors.New("kube-apiserver was never started")
+	}
+	select {
+	case <-p.done:
+	default:
+		return errors.New("kube-apiserver is still running: Kill it first")
+	}
+	start := time.Now()
+	if err := s.startAPIServer(ctx); err != nil {
+		return err
+	}
+	s.opts.Logf("kube-apiserver restarted at %s, ready in %v", s.URL, time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// StartPeer starts another kube-apiserver on s's etcd, on a new port, with
+// the same certificates, token and Service range, as a highly available
+// control plane has: what is written through one is read through the
+// other. It waits until the peer is ready. The peer shares s's state
+// directory (its log is kube-apiserver-<port>.log); its Stop, Kill and
+// Restart act on it alone. Stop it before s, whose Stop also stops etcd.
+func (s *Server) StartPeer(ctx context.Context) (_ *Server, err error) {
+	if s.etcdURL == "" {
+		return nil, errors.New("StartPeer: the server was never started")
+	}
+	ports, err := freePorts(1)
+	if err != nil {
+		return nil, err
+	}
+	peer := &Server{
+		URL:     "https://127.0.0.1:" + strconv.Itoa(ports[0]),
+		Token:   s.Token,
+		CAData:  s.CAData,
+		CAFile:  s.CAFile,
+		Dir:     s.Dir,
+		bins:    s.bins,
+		opts:    s.opts,
+		etcdURL: s.etcdURL,
+		port:    ports[0],
+		logName: "kube-apiserver-" + strconv.Itoa(ports[0]),
+	}
+	defer func() {
+		if err != nil {
+			_ = peer.Stop()
+		}
+	}()
+	peer.Config = peer.ConfigFor(peer.Token)
+	start := time.Now()
+	if err := peer.startAPIServer(ctx); err != nil {
+		return nil, err
+	}
+	if peer.Client, err = kubernetes.NewForConfig(peer.Config); err != nil {
+		return nil, err
+	}
+	peer.Kubeconfig = filepath.Join(s.Dir, "admin-"+strconv.Itoa(peer.port)+".kubeconfig")
+	if err := peer.WriteKubeconfig(peer.Kubeconfig, peer.Token); err != nil {
+		return nil, err
+	}
+	s.opts.Logf("peer kube-apiserver ready at %s in %v (same etcd as %s)", peer.URL, time.Since(start).Round(time.Millisecond), s.URL)
+	return peer, nil
+}
+
+// Stop stops kube-apiserver then etcd (a peer: its kube-apiserver only),
+// and removes the state directory if Start made it.
 func (s *Server) Stop() error {
 	var errs []error
 	s.stop.Do(func() {
-		for i := len(s.procs) - 1; i >= 0; i-- {
-			p := s.procs[i]
-			_ = p.Process.Signal(syscall.SIGTERM)
-			done := make(chan struct{})
-			go func() { _ = p.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(15 * time.Second):
-				_ = p.Process.Kill()
-				<-done
-			}
-		}
-		for _, f := range s.logs {
-			f.Close()
+		s.mu.Lock()
+		procs := s.procs
+		s.mu.Unlock()
+		for i := len(procs) - 1; i >= 0; i-- {
+			procs[i].terminate(15 * time.Second)
 		}
 		if s.ownDir {
 			if err := os.RemoveAll(s.Dir); err != nil {
@@ -262,7 +365,8 @@ func (s *Server) Stop() error {
 	return errors.Join(errs...)
 }
 
-// Log returns the named process's log ("etcd" or "kube-apiserver").
+// Log returns the named process's log ("etcd" or "kube-apiserver"; a
+// peer's is "kube-apiserver-<port>"), across restarts.
 func (s *Server) Log(name string) string {
 	data, _ := os.ReadFile(filepath.Join(s.Dir, name+".log"))
 	return string(data)
@@ -270,31 +374,83 @@ func (s *Server) Log(name string) string {
 
 func (s *Server) logTail(name string) string { return tail(s.Log(name), 3000) }
 
-func (s *Server) run(name, bin string, args ...string) error {
-	log, err := os.Create(filepath.Join(s.Dir, name+".log"))
+// run starts bin, appending its output to Dir/name.log, and replaces any
+// earlier process of that name in s.procs (one that has exited: Restart).
+func (s *Server) run(name, bin string, args ...string) (*proc, error) {
+	log, err := os.OpenFile(filepath.Join(s.Dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	s.logs = append(s.logs, log)
+	if fi, err := log.Stat(); err == nil && fi.Size() > 0 {
+		fmt.Fprintf(log, "\n=== test harness: %s started again at %s ===\n", name, time.Now().Format(time.RFC3339Nano))
+	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = log, log
 	// Die with the test process, even when it is killed.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("starting %s: %w", name, err)
+		log.Close()
+		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
-	s.procs = append(s.procs, cmd)
+	p := &proc{name: name, cmd: cmd, log: log, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		log.Close()
+		close(p.done)
+	}()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, old := range s.procs {
+		if old.name == name {
+			s.procs[i] = p
+			return p, nil
+		}
+	}
+	s.procs = append(s.procs, p)
+	return p, nil
+}
+
+// apiserver returns the kube-apiserver process last started, or nil.
+func (s *Server) apiserver() *proc {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range s.procs {
+		if p.name == s.logName {
+			return p
+		}
+	}
 	return nil
 }
 
 // exited reports a started process that has already died.
 func (s *Server) exited() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	for _, p := range s.procs {
-		if err := p.Process.Signal(syscall.Signal(0)); err != nil {
-			return fmt.Errorf("%s exited", filepath.Base(p.Path))
+		select {
+		case <-p.done:
+			return fmt.Errorf("%s exited: %v", p.name, p.cmd.ProcessState)
+		default:
 		}
 	}
 	return nil
+}
+
+// terminate sends SIGTERM and waits up to grace for p to exit, then
+// SIGKILLs it. A process that has already exited is left alone.
+func (p *proc) terminate(grace time.Duration) {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
 }
 
 func waitHTTP(ctx context.Context, c *http.Client, url, token string, timeout time.Duration, dead func() error) error {
@@ -418,7 +574,7 @@ func (s *Server) writeCredentials() error {
 // Dump returns the named process's last log lines, for a failing test.
 func (s *Server) Dump() string {
 	var b bytes.Buffer
-	for _, name := range []string{"etcd", "kube-apiserver"} {
+	for _, name := range []string{"etcd", s.logName} {
 		fmt.Fprintf(&b, "--- %s log (tail) ---\n%s\n", name, strings.TrimSpace(s.logTail(name)))
 	}
 	return b.String()
