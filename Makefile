@@ -5,7 +5,7 @@ GO       ?= go
 BIN      := bin
 PKGS     := ./...
 
-.PHONY: all build run run-static bench bench-full test test-kube bench-kube test-short test-vm bench-go fuzz deps clean
+.PHONY: all build run run-static bench bench-full bench-ipvs-vm test test-kube bench-kube test-short test-vm bench-go fuzz deps clean
 
 all: build
 
@@ -29,7 +29,7 @@ run-static: build
 # missing; `.ci/run` installs them so CI runs everything.
 test:
 	$(GO) vet $(PKGS)
-	$(GO) test -race -count=1 -timeout 30m $(PKGS)
+	$(GO) test -race -count=1 -timeout 60m $(PKGS)
 	$(MAKE) fuzz FUZZEXECS=10000
 	$(MAKE) test-kube
 
@@ -52,6 +52,7 @@ test-short:
 # qemu-system-x86_64 is installed, and skips it with a message otherwise.
 test-vm:
 	$(GO) test -count=1 -v -run TestPrivilegedIPVSInVM ./kernelmodes/ipvs/
+	$(GO) test -count=1 -v -timeout 30m -run TestPrivilegedSoakInVM ./internal/e2e/
 
 # The benchmark suite: userspace vs kernel DNAT vs direct and peer proxies,
 # in its own namespaces; results/<time>/results.md, results.json, charts.
@@ -60,6 +61,11 @@ bench:
 
 bench-full:
 	$(GO) run ./bench --full --out results
+
+# The quick suite plus svcproxy-ipvs measured in a QEMU VM (emulated CPU:
+# its figures get their own section, never the host's ratios).
+bench-ipvs-vm:
+	$(GO) run ./bench --ipvs-vm --out results
 
 # Go micro-benchmarks of the hot paths.
 bench-go:
