@@ -51,20 +51,9 @@ import (
 )
 
 func main() {
-	if os.Getpid() != 1 {
-		fmt.Fprintln(os.Stderr, "ipvsguest is the /init of the bench's IPVS VM and runs only as PID 1 inside it")
-		os.Exit(2)
-	}
+	r, done := vmtest.StartGuest("ipvsguest (the bench's IPVS VM)")
+	defer done()
 	start := time.Now()
-	r := vmtest.NewReporter(os.Stdout)
-	defer vmtest.PowerOff()
-	defer func() {
-		if p := recover(); p != nil {
-			r.Fail("guest", "panic: %v", p)
-		}
-		r.Done()
-	}()
-	os.Setenv("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
 	if !r.Check("mount /proc, /sys", vmtest.MountBasics()) {
 		return
 	}

@@ -163,3 +163,33 @@ func NewNetNS() (netns.NsHandle, error) {
 	runtime.UnlockOSThread()
 	return ns, nil
 }
+
+// StartGuest begins a guest /init's main: it exits unless the program runs
+// as PID 1, sets PATH, and returns the console Reporter and the function
+// main must defer, which reports a panic as a failure, says DONE and
+// powers the VM off.
+func StartGuest(name string) (*Reporter, func()) {
+	if os.Getpid() != 1 {
+		fmt.Fprintf(os.Stderr, "%s is the /init of a VM and runs only as PID 1 inside it\n", name)
+		os.Exit(2)
+	}
+	os.Setenv("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+	r := NewReporter(os.Stdout)
+	return r, func() {
+		if p := recover(); p != nil {
+			r.Fail("guest", "panic: %v", p)
+		}
+		r.Done()
+		PowerOff()
+	}
+}
+
+// KernelNote says which kernel runs and how long after boot /init started
+// (once /proc is mounted).
+func KernelNote() string {
+	var uts unix.Utsname
+	_ = unix.Uname(&uts)
+	uptime, _ := os.ReadFile("/proc/uptime")
+	up, _, _ := strings.Cut(string(uptime), " ")
+	return fmt.Sprintf("kernel %s, /init started %ss after boot", unix.ByteSliceToString(uts.Release[:]), up)
+}

@@ -98,10 +98,8 @@ type options struct {
 }
 
 func main() {
-	if os.Getpid() != 1 {
-		fmt.Fprintln(os.Stderr, "soakguest is the /init of the soak VM test and runs only as PID 1 inside the VM")
-		os.Exit(2)
-	}
+	r, done := vmtest.StartGuest("soakguest (the soak VM test)")
+	defer done()
 	var o options
 	fs := flag.NewFlagSet("soakguest", flag.ContinueOnError)
 	fs.IntVar(&o.conns, "conns", 10000, "connections held open through svcproxy")
@@ -117,14 +115,6 @@ func main() {
 	fs.BoolVar(&o.noTHP, "svcproxy-prctl-thp-disable", false, "start svcproxy with prctl(PR_SET_THP_DISABLE): no transparent huge pages for any of its memory")
 	fs.DurationVar(&o.rssWait, "rss-wait", 60*time.Second, "how long svcproxy's RSS may take to come back after the connections close")
 
-	r := vmtest.NewReporter(os.Stdout)
-	defer vmtest.PowerOff()
-	defer func() {
-		if p := recover(); p != nil {
-			r.Fail("guest", "panic: %v", p)
-		}
-		r.Done()
-	}()
 	// The kernel passes what follows "--" on its command line as arguments.
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		r.Fail("arguments", "%v", err)
@@ -133,12 +123,7 @@ func main() {
 	if !r.Check("mount /proc, /sys", vmtest.MountBasics()) {
 		return
 	}
-	var uts unix.Utsname
-	_ = unix.Uname(&uts)
-	uptime, _ := os.ReadFile("/proc/uptime")
-	up, _, _ := strings.Cut(string(uptime), " ")
-	r.Note("kernel %s, %d CPUs, /init started %ss after boot; conns=%d churn=%v workers=%d",
-		unix.ByteSliceToString(uts.Release[:]), runtime.NumCPU(), up, o.conns, o.churn, o.workers)
+	r.Note("%s; %d CPUs; conns=%d churn=%v workers=%d", vmtest.KernelNote(), runtime.NumCPU(), o.conns, o.churn, o.workers)
 	if !r.Check("raise limits, bring up lo", setup(r, o.thp)) {
 		return
 	}

@@ -39,27 +39,12 @@ import (
 )
 
 func main() {
-	if os.Getpid() != 1 {
-		fmt.Fprintln(os.Stderr, "guest is the /init of the IPVS VM test and runs only as PID 1 inside the VM")
-		os.Exit(2)
-	}
-	r := vmtest.NewReporter(os.Stdout)
-	defer vmtest.PowerOff()
-	defer func() {
-		if p := recover(); p != nil {
-			r.Fail("guest", "panic: %v", p)
-		}
-		r.Done()
-	}()
-	os.Setenv("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+	r, done := vmtest.StartGuest("the IPVS VM test's guest")
+	defer done()
 	if !r.Check("mount /proc, /sys", vmtest.MountBasics()) {
 		return
 	}
-	var uts unix.Utsname
-	_ = unix.Uname(&uts)
-	uptime, _ := os.ReadFile("/proc/uptime")
-	up, _, _ := strings.Cut(string(uptime), " ")
-	r.Note("kernel %s, /init started %ss after boot", unix.ByteSliceToString(uts.Release[:]), up)
+	r.Note("%s", vmtest.KernelNote())
 	start := time.Now()
 	mods, err := vmtest.LoadModules()
 	if !r.Check("load modules", err) {
