@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/svcproxy/svcproxy/internal/vmtest"
 )
 
 // bodySize is every response's body: 1 KiB, as the bench's keep-alive test.
@@ -40,7 +42,7 @@ type server struct {
 
 func startServer(h host, port uint16) (*server, error) {
 	s := &server{conns: map[net.Conn]struct{}{}}
-	if err := inNS(h.ns, func() error {
+	if err := vmtest.InNetNS(h.ns, func() error {
 		var err error
 		s.ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", port))
 		return err
@@ -144,7 +146,7 @@ func readResponse(rd *bufio.Reader) error {
 // dial connects from h to target; the socket lives in h's namespace.
 func dial(ctx context.Context, h host, target netip.AddrPort) (net.Conn, error) {
 	var c net.Conn
-	err := inNS(h.ns, func() error {
+	err := vmtest.InNetNS(h.ns, func() error {
 		var err error
 		d := net.Dialer{Timeout: 2 * time.Second}
 		c, err = d.DialContext(ctx, "tcp4", target.String())
@@ -347,7 +349,7 @@ func cpuBusy() (float64, error) {
 // synRetrans is TcpExt TCPSynRetrans of h's namespace.
 func synRetrans(h host) (int64, error) {
 	var out int64
-	err := inNS(h.ns, func() error {
+	err := vmtest.InNetNS(h.ns, func() error {
 		b, err := os.ReadFile("/proc/thread-self/net/netstat")
 		if err != nil {
 			return err

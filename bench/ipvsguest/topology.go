@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"strconv"
 
 	"github.com/vishvananda/netlink"
@@ -52,11 +51,6 @@ type topology struct {
 
 // initNode makes the initial namespace the node: loopback up, forwarding on.
 func initNode() error {
-	ns, err := netns.GetFromPath("/proc/1/ns/net")
-	if err != nil {
-		return fmt.Errorf("opening the initial network namespace: %w", err)
-	}
-	initialNS = ns
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644); err != nil {
 		return err
 	}
@@ -121,33 +115,6 @@ func (t *topology) close() {
 	}
 }
 
-// initialNS is the VM's initial network namespace (the node's); initNode
-// opens it once /proc is mounted.
-var initialNS = netns.None()
-
-// inNS runs fn on a thread in ns (netns.None(): the node's): sockets fn
-// creates belong to ns.
-func inNS(ns netns.NsHandle, fn func() error) error {
-	if ns == netns.None() {
-		return fn()
-	}
-	runtime.LockOSThread()
-	if err := netns.Set(ns); err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	ferr := fn()
-	if err := netns.Set(initialNS); err != nil {
-		panic(fmt.Sprintf("cannot return to the initial namespace: %v", err))
-	}
-	runtime.UnlockOSThread()
-	return ferr
-}
-
-func hostRoute(link netlink.Link, dst netip.Addr) *netlink.Route {
-	return &netlink.Route{LinkIndex: link.Attrs().Index, Dst: &net.IPNet{IP: dst.AsSlice(), Mask: net.CIDRMask(32, 32)}, Scope: netlink.SCOPE_LINK}
-}
-
 // addHost makes a namespace with a veth to the node.
 func addHost(name string, ip netip.Addr) (host, error) {
 	node, err := netlink.NewHandle(unix.NETLINK_ROUTE)
@@ -182,7 +149,7 @@ func addHost(name string, ip netip.Addr) (host, error) {
 	if err := node.LinkSetUp(nl); err != nil {
 		return fail(err)
 	}
-	if err := node.RouteAdd(hostRoute(nl, ip)); err != nil {
+	if err := node.RouteAdd(vmtest.HostRoute(nl, ip)); err != nil {
 		return fail(err)
 	}
 	in, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
@@ -206,7 +173,7 @@ func addHost(name string, ip netip.Addr) (host, error) {
 	if err := in.AddrAdd(eth0, &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
 		return fail(err)
 	}
-	if err := in.RouteAdd(hostRoute(eth0, nodeIP)); err != nil {
+	if err := in.RouteAdd(vmtest.HostRoute(eth0, nodeIP)); err != nil {
 		return fail(err)
 	}
 	if err := in.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: nodeIP.AsSlice()}); err != nil {

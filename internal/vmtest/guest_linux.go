@@ -4,12 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/netip"
 	"os"
 	"runtime"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -192,4 +195,38 @@ func KernelNote() string {
 	uptime, _ := os.ReadFile("/proc/uptime")
 	up, _, _ := strings.Cut(string(uptime), " ")
 	return fmt.Sprintf("kernel %s, /init started %ss after boot", unix.ByteSliceToString(uts.Release[:]), up)
+}
+
+// initialNetNS is the guest's initial network namespace (PID 1's), opened
+// once, after /proc is mounted.
+var initialNetNS = sync.OnceValues(func() (netns.NsHandle, error) { return netns.GetFromPath("/proc/1/ns/net") })
+
+// InNetNS runs fn on a thread in ns (netns.None(): the initial namespace,
+// where fn runs as is): sockets fn creates belong to ns. The thread goes
+// back to the initial namespace afterwards.
+func InNetNS(ns netns.NsHandle, fn func() error) error {
+	if ns == netns.None() {
+		return fn()
+	}
+	initial, err := initialNetNS()
+	if err != nil {
+		return fmt.Errorf("opening the initial network namespace: %w", err)
+	}
+	runtime.LockOSThread()
+	if err := netns.Set(ns); err != nil {
+		runtime.UnlockOSThread()
+		return err
+	}
+	ferr := fn()
+	if err := netns.Set(initial); err != nil {
+		panic(fmt.Sprintf("cannot return to the initial namespace: %v", err)) // the thread stays locked and dies
+	}
+	runtime.UnlockOSThread()
+	return ferr
+}
+
+// HostRoute is a /32 route to dst through link, scope link: the route each
+// end of a CNI-ptp-shaped veth pair needs to the other.
+func HostRoute(link netlink.Link, dst netip.Addr) *netlink.Route {
+	return &netlink.Route{LinkIndex: link.Attrs().Index, Dst: &net.IPNet{IP: dst.AsSlice(), Mask: net.CIDRMask(32, 32)}, Scope: netlink.SCOPE_LINK}
 }

@@ -18,7 +18,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -373,7 +372,7 @@ func localAddr(c net.Conn) netip.Addr {
 
 func (g *guest) tcpProbe(from host, to netip.AddrPort) cases.Result {
 	var conn net.Conn
-	err := inNS(from.ns, func() error {
+	err := vmtest.InNetNS(from.ns, func() error {
 		var err error
 		conn, err = net.DialTimeout("tcp4", to.String(), dialTimeout)
 		return err
@@ -410,7 +409,7 @@ func resetClose(c net.Conn) {
 
 func udpDial(from host, to netip.AddrPort) (*net.UDPConn, error) {
 	var conn *net.UDPConn
-	err := inNS(from.ns, func() error {
+	err := vmtest.InNetNS(from.ns, func() error {
 		var err error
 		conn, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(to))
 		return err
@@ -493,7 +492,7 @@ func (g *guest) hold(h cases.Held) (*heldConn, error) {
 			continue
 		}
 		var conn net.Conn
-		if err := inNS(from.ns, func() error {
+		if err := vmtest.InNetNS(from.ns, func() error {
 			var err error
 			conn, err = net.DialTimeout("tcp4", h.To.String(), dialTimeout)
 			return err
@@ -613,35 +612,6 @@ func (g *guest) checkDrained(ctx context.Context, step string, h cases.Held, hel
 
 // --- topology ---
 
-// inNS runs fn on a thread in ns (netns.None(): this one): sockets fn
-// creates belong to ns.
-func inNS(ns netns.NsHandle, fn func() error) error {
-	if ns == netns.None() {
-		return fn()
-	}
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer orig.Close()
-	if err := netns.Set(ns); err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	ferr := fn()
-	if err := netns.Set(orig); err != nil {
-		panic(fmt.Sprintf("cannot return to the initial namespace: %v", err))
-	}
-	runtime.UnlockOSThread()
-	return ferr
-}
-
-func hostRoute(link netlink.Link, dst netip.Addr) *netlink.Route {
-	return &netlink.Route{LinkIndex: link.Attrs().Index, Dst: &net.IPNet{IP: dst.AsSlice(), Mask: net.CIDRMask(32, 32)}, Scope: netlink.SCOPE_LINK}
-}
-
 // buildTopology makes the pod and backend namespaces, each with a veth
 // pair to the node: /32 addresses on both ends, the node as every other
 // host's default gateway (the CNI ptp shape).
@@ -681,7 +651,7 @@ func buildTopology() (*topology, error) {
 		if err := node.LinkSetUp(nl); err != nil {
 			return h, err
 		}
-		if err := node.RouteAdd(hostRoute(nl, ip)); err != nil {
+		if err := node.RouteAdd(vmtest.HostRoute(nl, ip)); err != nil {
 			return h, err
 		}
 		in, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
@@ -702,7 +672,7 @@ func buildTopology() (*topology, error) {
 		if err := in.AddrAdd(eth0, &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
 			return h, err
 		}
-		if err := in.RouteAdd(hostRoute(eth0, cases.NodeIP)); err != nil {
+		if err := in.RouteAdd(vmtest.HostRoute(eth0, cases.NodeIP)); err != nil {
 			return h, err
 		}
 		if err := in.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: cases.NodeIP.AsSlice()}); err != nil {
@@ -728,7 +698,7 @@ func buildTopology() (*topology, error) {
 func serve(b host, i int) error {
 	var ln net.Listener
 	var pc net.PacketConn
-	if err := inNS(b.ns, func() error {
+	if err := vmtest.InNetNS(b.ns, func() error {
 		var err error
 		if ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", cases.TCPPort)); err != nil {
 			return err
