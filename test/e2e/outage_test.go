@@ -157,7 +157,7 @@ func TestPrivilegedKubeAPIServerOutage(t *testing.T) {
 	// The outage.
 	webAtKill, goneAtKill := webLoad.snapshot(), goneLoad.snapshot()
 	killed := time.Now()
-	proxy.relay.down()
+	proxy.relay.cut()
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +225,7 @@ func TestPrivilegedKubeAPIServerOutage(t *testing.T) {
 	if err := srv.Restart(ctx); err != nil {
 		t.Fatalf("restarting kube-apiserver: %v", err)
 	}
-	proxy.relay.up()
+	proxy.relay.resume()
 	back := time.Now()
 	down := back.Sub(killed)
 	bound := convergenceBound(down)
@@ -386,7 +386,7 @@ func needTools(t *testing.T, tools ...string) {
 
 // outageProxy is the svcproxy process on the topology's node.
 type outageProxy struct {
-	relay  *outageRelay // the API server's address in the node's namespace
+	relay  *relay // the API server's address in the node's namespace, relayed to this process's loopback
 	cmd    *exec.Cmd
 	node   *topology.Host
 	out    *lockedBuffer
@@ -405,7 +405,9 @@ func startOutageProxy(t *testing.T, topo *topology.Topology, bin string, srv *ap
 	}
 	// The Node svcproxy reads at start (zone, proxy-mode annotation) is
 	// created by the caller.
-	p := &outageProxy{relay: startOutageRelay(t, topo.Node, u.Host), node: topo.Node, out: &lockedBuffer{}, exited: make(chan struct{})}
+	p := &outageProxy{relay: startRelayOn(t, u.Host, u.Host, func(addr string) (net.Listener, error) {
+		return topo.Node.Listen(context.Background(), "tcp", addr)
+	}), node: topo.Node, out: &lockedBuffer{}, exited: make(chan struct{})}
 	p.cmd = topo.Node.Command(context.Background(), bin,
 		"--kubeconfig", srv.Kubeconfig,
 		"--proxy-mode", "userspace",
@@ -479,88 +481,6 @@ func (p *outageProxy) metric(t *testing.T, name string) float64 {
 		}
 	}
 	return sum
-}
-
-// outageRelay makes an API server on this process's loopback reachable at
-// the same address inside another namespace: it accepts connections there
-// and relays each to addr as this process reaches it. It is plumbing, not
-// a load balancer: the test takes it down and up with the API server, so
-// that while the server is down its address refuses connections, as on
-// the server's own host.
-type outageRelay struct {
-	t    *testing.T
-	h    *topology.Host
-	addr string
-
-	mu    sync.Mutex
-	ln    net.Listener // nil while down
-	conns map[net.Conn]bool
-}
-
-func startOutageRelay(t *testing.T, h *topology.Host, addr string) *outageRelay {
-	t.Helper()
-	r := &outageRelay{t: t, h: h, addr: addr, conns: map[net.Conn]bool{}}
-	r.up()
-	t.Cleanup(r.down)
-	return r
-}
-
-// up listens again.
-func (r *outageRelay) up() {
-	r.t.Helper()
-	ln, err := r.h.Listen(context.Background(), "tcp", r.addr)
-	if err != nil {
-		r.t.Fatalf("relaying the API server into %s: %v", r.h.Name, err)
-	}
-	r.mu.Lock()
-	r.ln = ln
-	r.mu.Unlock()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go r.relay(c)
-		}
-	}()
-}
-
-// down stops listening and closes every relayed connection.
-func (r *outageRelay) down() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.ln != nil {
-		r.ln.Close()
-		r.ln = nil
-	}
-	for c := range r.conns {
-		c.Close()
-	}
-}
-
-func (r *outageRelay) relay(c net.Conn) {
-	defer c.Close()
-	up, err := net.DialTimeout("tcp", r.addr, 5*time.Second)
-	if err != nil {
-		return
-	}
-	defer up.Close()
-	r.mu.Lock()
-	if r.ln == nil { // went down meanwhile
-		r.mu.Unlock()
-		return
-	}
-	r.conns[c], r.conns[up] = true, true
-	r.mu.Unlock()
-	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
-	<-done
-	r.mu.Lock()
-	delete(r.conns, c)
-	delete(r.conns, up)
-	r.mu.Unlock()
 }
 
 // outageBackend listens on several ports of a backend host; each

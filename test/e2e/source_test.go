@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"syscall"
@@ -213,25 +214,34 @@ func hasLabelValue(m *dto.Metric, v string) bool {
 // connection closed, new ones refused) and resumed on the same address.
 type relay struct {
 	t      testing.TB
+	listen func(addr string) (net.Listener, error)
 	addr   string
 	target string
 
 	mu    sync.Mutex
-	ln    net.Listener
+	ln    net.Listener // nil while cut
 	conns map[net.Conn]bool
 }
 
+// startRelay relays a port on this process's loopback to target.
 func startRelay(t testing.TB, target string) *relay {
-	r := &relay{t: t, addr: "127.0.0.1:0", target: target, conns: map[net.Conn]bool{}}
+	return startRelayOn(t, "127.0.0.1:0", target, func(addr string) (net.Listener, error) { return net.Listen("tcp", addr) })
+}
+
+// startRelayOn relays what listen accepts at addr to target (as this
+// process reaches it).
+func startRelayOn(t testing.TB, addr, target string, listen func(addr string) (net.Listener, error)) *relay {
+	r := &relay{t: t, listen: listen, addr: addr, target: target, conns: map[net.Conn]bool{}}
 	r.resume()
 	t.Cleanup(r.cut)
 	return r
 }
 
 func (r *relay) resume() {
+	r.t.Helper()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	ln, err := net.Listen("tcp", r.addr)
+	ln, err := r.listen(r.addr)
 	if err != nil {
 		r.t.Fatalf("relay: %v", err)
 	}
@@ -248,35 +258,23 @@ func (r *relay) resume() {
 }
 
 func (r *relay) pipe(c net.Conn) {
-	up, err := net.Dial("tcp", r.target)
+	defer c.Close()
+	up, err := net.DialTimeout("tcp", r.target, 5*time.Second)
 	if err != nil {
-		c.Close()
 		return
 	}
+	defer up.Close()
 	r.mu.Lock()
+	if r.ln == nil { // cut meanwhile
+		r.mu.Unlock()
+		return
+	}
 	r.conns[c], r.conns[up] = true, true
 	r.mu.Unlock()
 	done := make(chan struct{}, 2)
-	cp := func(dst, src net.Conn) {
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := src.Read(buf)
-			if n > 0 {
-				if _, werr := dst.Write(buf[:n]); werr != nil {
-					break
-				}
-			}
-			if err != nil {
-				break
-			}
-		}
-		done <- struct{}{}
-	}
-	go cp(up, c)
-	go cp(c, up)
+	go func() { _, _ = io.Copy(up, c); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
 	<-done
-	c.Close()
-	up.Close()
 	r.mu.Lock()
 	delete(r.conns, c)
 	delete(r.conns, up)
