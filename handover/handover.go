@@ -26,6 +26,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -130,6 +131,10 @@ func (h *Handover) Ready(ctx context.Context) error {
 type Server struct {
 	path string
 	ln   *net.UnixListener
+
+	// handedOver is set once a successor has taken over: the socket
+	// file at path is then the successor's, and Close must leave it.
+	handedOver atomic.Bool
 }
 
 // Listen listens for a successor at path, replacing a stale socket file.
@@ -148,10 +153,15 @@ func Listen(path string) (*Server, error) {
 	return &Server{path: path, ln: ln}, nil
 }
 
-// Close stops listening and removes the socket file.
+// Close stops listening and removes the socket file, unless a successor
+// has taken over: by then the path may already be the successor's own
+// listener, and removing it would leave the successor unreachable for the
+// next restart (and this process, if it were still listening, orphaned).
 func (s *Server) Close() error {
 	err := s.ln.Close()
-	_ = os.Remove(s.path)
+	if !s.handedOver.Load() {
+		_ = os.Remove(s.path)
+	}
 	return err
 }
 
@@ -220,7 +230,11 @@ func (s *Server) serveOne(c *net.UnixConn, sockets func() (map[string]*os.File, 
 		return false, fmt.Errorf("successor did not get ready: %q, %v", msg, err)
 	}
 	stop()
+	// Let go of the path before saying done: the successor binds it next,
+	// and nothing of ours may touch it after that.
+	s.handedOver.Store(true)
 	s.ln.Close()
+	_ = os.Remove(s.path)
 	return true, send(c, done, nil)
 }
 

@@ -145,3 +145,49 @@ func TestFailedSuccessorDoesNotStopPredecessor(t *testing.T) {
 		t.Fatalf("Serve = %v, stopped = %v", err, stopped)
 	}
 }
+
+// TestChainOfRestarts is three processes in a row, with the predecessor's
+// Close landing after its successor already listens at the path (as a
+// deferred Close does under load): the third must still find the second.
+func TestChainOfRestarts(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "handover.sock")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	none := func() (map[string]*os.File, error) { return map[string]*os.File{}, nil }
+
+	first, err := Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- first.Serve(ctx, none, func() {}) }()
+
+	h, err := Take(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("first Serve: %v", err)
+	}
+	second, err := Listen(path) // the successor, now listening for the next
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	first.Close() // late: must not take the path from the second
+
+	go func() { served <- second.Serve(ctx, none, func() {}) }()
+	h, err = Take(ctx, path)
+	if err != nil {
+		t.Fatalf("the third process cannot reach the second: %v", err)
+	}
+	if err := h.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("second Serve: %v", err)
+	}
+}

@@ -239,6 +239,9 @@ func (c *cluster) startProxy() {
 	cmd := c.topo.Node.Command(context.Background(), bin, args...)
 	cmd.Stdout = c.proxyOut
 	cmd.Stderr = c.proxyOut
+	// A successor started by SIGUSR2 inherits the output pipe; Wait must
+	// not wait for it once this process has gone.
+	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Start(); err != nil {
 		c.t.Fatalf("starting svcproxy: %v", err)
 	}
@@ -282,9 +285,13 @@ func (c *cluster) stopProxy() {
 		return
 	}
 	if pid := c.pid(); pid != 0 && pid != c.proxy.Process.Pid {
+		// A successor started by SIGUSR2 is not our child: signal it
+		// by PID, and if it will not go, have it print its goroutines
+		// (SIGQUIT) into the shared output and kill it.
 		_ = syscall.Kill(pid, syscall.SIGINT)
-		for i := 0; i < 150 && syscall.Kill(pid, 0) == nil; i++ {
-			time.Sleep(100 * time.Millisecond)
+		if !waitGone(pid, 15*time.Second) {
+			c.t.Errorf("svcproxy successor %d did not exit within 15s of SIGINT", pid)
+			quit(pid)
 		}
 	}
 	_ = c.proxy.Process.Signal(os.Interrupt)
@@ -293,9 +300,43 @@ func (c *cluster) stopProxy() {
 	select {
 	case <-done:
 	case <-time.After(15 * time.Second):
-		_ = c.proxy.Process.Kill()
-		<-done
 		c.t.Error("svcproxy did not exit within 15s of SIGINT")
+		quit(c.proxy.Process.Pid)
+		<-done
+	}
+}
+
+// waitGone reports whether process pid ended within d (an exited child
+// not yet waited for counts as ended).
+func waitGone(pid int, d time.Duration) bool {
+	for deadline := time.Now().Add(d); ; {
+		if !running(pid) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// running reports whether process pid exists and is not a zombie.
+func running(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...: comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(stat, ')')
+	return i < 0 || i+2 >= len(stat) || stat[i+2] != 'Z'
+}
+
+// quit has a stuck Go process print its goroutines (SIGQUIT), so the test
+// log says where it hung, then kills it.
+func quit(pid int) {
+	_ = syscall.Kill(pid, syscall.SIGQUIT)
+	if !waitGone(pid, 3*time.Second) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -103,8 +104,10 @@ func TestPrivilegedRestartUnderLoad(t *testing.T) {
 	}
 
 	time.Sleep(time.Second)
+	var predecessors []int
 	for restart := 1; restart <= 3; restart++ {
 		old := c.pid()
+		predecessors = append(predecessors, old)
 		before := ok.Load()
 		if err := syscall.Kill(old, syscall.SIGUSR2); err != nil {
 			t.Fatalf("restart %d: signalling svcproxy %d: %v", restart, old, err)
@@ -132,7 +135,19 @@ func TestPrivilegedRestartUnderLoad(t *testing.T) {
 			t.Errorf("stream %d: err %v, byte-exact %v", i, s.err, bytes.Equal(s.sent[:], s.got[:]))
 		}
 	}
-	if failed.Load() > 0 {
+	// Every successor took the sockets over (none bound anew beside a
+	// predecessor that would then serve on, orphaned), and every
+	// predecessor, its streams ended, has drained and exited.
+	if n := strings.Count(c.proxyOut.String(), "taking over the sockets of the running svcproxy"); n != 3 {
+		t.Errorf("%d of 3 successors took over their predecessor's sockets", n)
+	}
+	for _, pid := range predecessors {
+		if !waitGone(pid, 15*time.Second) {
+			t.Errorf("predecessor %d still runs 15s after its last connection ended", pid)
+			quit(pid)
+		}
+	}
+	if failed.Load() > 0 || t.Failed() {
 		t.Logf("output:\n%s", c.proxyOut)
 	}
 	t.Logf("%d connections across 3 restarts, %d failed; %d long-lived streams byte-exact", ok.Load()+failed.Load(), failed.Load(), streams)
