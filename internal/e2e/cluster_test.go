@@ -342,14 +342,19 @@ func quit(pid int) {
 
 // get does GET / against addr from host and returns the backend's name.
 func (c *cluster) get(h *topology.Host, addr string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	return c.getWithin(h, addr, 3*time.Second)
+}
+
+// getWithin is get with budget d for the dial and again for the exchange.
+func (c *cluster) getWithin(h *topology.Host, addr string, d time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	conn, err := h.Dial(ctx, "tcp", addr)
 	if err != nil {
 		return "", err
 	}
 	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(3 * time.Second))
+	_ = conn.SetDeadline(time.Now().Add(d))
 	if _, err := io.WriteString(conn, "GET / HTTP/1.0\r\nHost: svc\r\n\r\n"); err != nil {
 		return "", err
 	}
