@@ -73,6 +73,7 @@ func run(o *options) error {
 	var kubeClient kubernetes.Interface
 	var node *corev1.Node
 	if o.kubeconfig != "" || o.inCluster {
+		kube.RegisterRESTClientMetrics(reg)
 		if kubeClient, err = kube.NewClient(kube.ClientConfig{Kubeconfig: o.kubeconfig}); err != nil {
 			return err
 		}
