@@ -109,7 +109,10 @@ func run(o *options) error {
 	if choice.Mode != choice.Requested {
 		log.Warn("proxy mode fell back", zap.Stringer("choice", choice))
 	}
-	succ, inherited := takeOver(ctx, o.handoverSocket, log)
+	succ, inherited, err := takeOver(ctx, o.handoverSocket, takeOverPatience, log)
+	if err != nil {
+		return err
+	}
 	webInherited := map[string]*os.File{}
 	for name, f := range inherited {
 		if strings.HasPrefix(name, "http/") {

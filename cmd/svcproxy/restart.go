@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -29,29 +30,54 @@ type succession struct {
 	handedOver chan struct{} // closed when a successor has taken over
 }
 
+// takeOverPatience is how long a starting svcproxy keeps trying to take
+// over from a predecessor that answers but does not hand over (busy with
+// another successor, which may take minutes over its first sync; or
+// failing). Then it gives up and exits rather than serve beside it.
+const takeOverPatience = 2 * time.Minute
+
 // takeOver takes the sockets of a running svcproxy at path, if one answers.
-func takeOver(ctx context.Context, path string, log *zap.Logger) (*succession, map[string]*os.File) {
+// With no predecessor (nothing at path, or a stale socket file) it returns
+// no sockets and the caller binds anew. A predecessor that answers but does
+// not hand over within patience is an error: binding anew beside it would
+// leave two processes serving, each with its own rules and drains, and the
+// old one never exiting.
+func takeOver(ctx context.Context, path string, patience time.Duration, log *zap.Logger) (*succession, map[string]*os.File, error) {
 	s := &succession{path: path, log: log, handedOver: make(chan struct{})}
 	if path == "" {
-		return s, nil
+		return s, nil, nil
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		log.Warn("cannot create the handover directory; restarts will not be seamless", zap.Error(err))
-		return s, nil
+		return s, nil, nil
 	}
-	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	h, err := handover.Take(tctx, path)
-	switch {
-	case errors.Is(err, handover.ErrNoPredecessor):
-		return s, nil
-	case err != nil:
-		log.Warn("could not take over from the running svcproxy; binding anew", zap.Error(err))
-		return s, nil
+	deadline := time.Now().Add(patience)
+	for attempt := 1; ; attempt++ {
+		tctx, cancel := context.WithTimeout(ctx, min(10*time.Second, max(time.Until(deadline), time.Millisecond)))
+		h, err := handover.Take(tctx, path)
+		cancel()
+		switch {
+		case errors.Is(err, handover.ErrNoPredecessor):
+			if attempt > 1 {
+				log.Info("the running svcproxy went away before handing over; binding anew")
+			}
+			return s, nil, nil
+		case err == nil:
+			log.Info("taking over the sockets of the running svcproxy", zap.Int("sockets", len(h.Files)))
+			s.from = h
+			return s, h.Files, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return nil, nil, fmt.Errorf("taking over from the running svcproxy at %s (%d attempts in %v): %w; "+
+				"refusing to serve beside it: stop it, or start this one with another --handover-socket",
+				path, attempt, patience, err)
+		}
+		log.Warn("the running svcproxy answered but did not hand over; trying again", zap.Int("attempt", attempt), zap.Error(err))
+		select {
+		case <-ctx.Done():
+		case <-time.After(min(time.Second, time.Until(deadline))):
+		}
 	}
-	log.Info("taking over the sockets of the running svcproxy", zap.Int("sockets", len(h.Files)))
-	s.from = h
-	return s, h.Files
 }
 
 // serving is called once the dataplane serves: the predecessor, if any,
