@@ -7,7 +7,9 @@
 // iptables DNAT mode, the IPVS mode's helper rules) talks to an Executor:
 // Exec runs the real tools (optionally in a network namespace, with the
 // legacy or nft variant of iptables), Fake keeps the nat and filter tables of
-// both families and the ipsets in memory.
+// both families and the ipsets in memory. (The IPVS mode runs its helper
+// rules through the same Exec; its own narrower Rules interface has a fake
+// beside it that also models IPVS.)
 //
 // The Fake models the subset of the rule language svcproxy writes: -s, -d,
 // -p with --dport; the mark, addrtype (--dst-type), conntrack (--ctstate),

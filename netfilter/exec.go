@@ -264,6 +264,12 @@ func (e *Exec) IPSetList(ctx context.Context, name string) ([]string, error) {
 	return members, nil
 }
 
+// IPSetSave returns `ipset save`: the create and add lines of every set.
+// It is not part of Executor (the IPVS mode's Rules call it).
+func (e *Exec) IPSetSave(ctx context.Context) ([]byte, error) {
+	return e.run(ctx, nil, "ipset", "save")
+}
+
 // IPSetNames implements Executor.
 func (e *Exec) IPSetNames(ctx context.Context) ([]string, error) {
 	out, err := e.run(ctx, nil, "ipset", "list", "-n")

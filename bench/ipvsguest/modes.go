@@ -66,7 +66,7 @@ func (k *kernelTools) newProxy(ctx context.Context, mode string) (proxy, []strin
 		m, err := ipvs.New(ipvs.Config{
 			IPVS:      timedIPVS{k.ipvs, &k.calls},
 			Links:     timedLinks{k.links, &k.calls},
-			Rules:     timedRules{&ipvs.Exec{Variant: "legacy"}, &k.calls},
+			Rules:     timedRules{legacy, &k.calls},
 			Conntrack: ipvs.NewConntrack(netns.None()),
 			Logger:    k.log,
 		})

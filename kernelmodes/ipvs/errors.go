@@ -1,6 +1,10 @@
 package ipvs
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/svcproxy/svcproxy/netfilter"
+)
 
 // Errors callers branch on.
 var (
@@ -9,10 +13,9 @@ var (
 	ErrUnavailable = errors.New("IPVS is not available")
 	// ErrNoLink: the network interface does not exist.
 	ErrNoLink = errors.New("no such interface")
-	// ErrNoSet: the named ipset does not exist.
-	ErrNoSet = errors.New("ipset does not exist")
-	// ErrSetInUse: the ipset is still referenced by a rule (with the
-	// nf_tables backend, references may be released shortly after the rule
-	// is deleted).
-	ErrSetInUse = errors.New("ipset is in use")
+	// ErrNoSet: the named ipset does not exist (netfilter's, which
+	// netfilter.Exec wraps).
+	ErrNoSet = netfilter.ErrNoSet
+	// ErrSetInUse: the ipset is still referenced by a rule (netfilter's).
+	ErrSetInUse = netfilter.ErrSetInUse
 )

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 
 	"github.com/moby/ipvs"
+
+	"github.com/svcproxy/svcproxy/netfilter"
 )
 
 // The kernel boundaries. Each interface is exactly what Mode calls; the real
@@ -54,6 +56,8 @@ type Links interface {
 
 // Rules runs iptables-restore/-save and ipset: the whole rule set of a
 // family in one iptables-restore, set contents in one ipset restore.
+//
+// *netfilter.Exec is the real one.
 type Rules interface {
 	// IPTablesRestore feeds data to iptables-restore (ip6tables-restore
 	// for IPv6) with --noflush --wait: only the chains data declares are
@@ -93,21 +97,15 @@ type Sysctls interface {
 	SetSysctl(name, value string) error
 }
 
-// Family is an IP address family.
-type Family uint8
+// Family is an IP address family: netfilter's, so *netfilter.Exec is the
+// real Rules.
+type Family = netfilter.Family
 
 // The families. IPv4 is always programmed; IPv6 when Config.IPv6 is set.
 const (
-	IPv4 Family = iota
-	IPv6
+	IPv4 = netfilter.IPv4
+	IPv6 = netfilter.IPv6
 )
-
-func (f Family) String() string {
-	if f == IPv6 {
-		return "IPv6"
-	}
-	return "IPv4"
-}
 
 func familyOf(a netip.Addr) Family {
 	if a.Unmap().Is4() {
@@ -115,3 +113,5 @@ func familyOf(a netip.Addr) Family {
 	}
 	return IPv6
 }
+
+var _ Rules = (*netfilter.Exec)(nil)

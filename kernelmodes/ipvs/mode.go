@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 )
 
 // DummyInterface holds every virtual IP. It is left down.
@@ -63,7 +64,7 @@ type Config struct {
 	SweepInterval time.Duration
 
 	// The kernel boundaries. Nil: the real ones in this process's network
-	// namespace (NewIPVS, NewLinks, &Exec{}, NewConntrack, ProcSysctls{}).
+	// namespace (NewIPVS, NewLinks, &netfilter.Exec{}, NewConntrack, ProcSysctls{}).
 	IPVS      IPVS
 	Links     Links
 	Rules     Rules
@@ -170,7 +171,7 @@ func New(cfg Config) (*Mode, error) {
 		m.families = append(m.families, IPv6)
 	}
 	if m.rules == nil {
-		m.rules = &Exec{}
+		m.rules = &netfilter.Exec{}
 	}
 	if m.sysctls == nil {
 		m.sysctls = ProcSysctls{}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/internal/cases"
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 )
 
 // TestPrivilegedRulesInNamespace writes the IPVS mode's sets and rules with
@@ -44,7 +45,7 @@ func TestPrivilegedRulesInNamespace(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
 			ns := newNamespace(t)
-			e := &Exec{NetNS: ns, Variant: variant}
+			e := &netfilter.Exec{NetNS: ns, Variant: variant}
 			foreign := "*nat\n:FOREIGN - [0:0]\n-A PREROUTING -j FOREIGN\n-A POSTROUTING -o eth9 -j MASQUERADE\nCOMMIT\n*filter\n-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT\nCOMMIT\n"
 			if err := e.IPTablesRestore(ctx, IPv4, []byte(foreign)); err != nil {
 				t.Fatal(err)
@@ -123,7 +124,7 @@ func newNamespace(t *testing.T) string {
 
 // rulesState is iptables-save (without counters and comments) and ipset
 // save of the namespace, sorted within each table.
-func rulesState(t *testing.T, e *Exec) string {
+func rulesState(t *testing.T, e *netfilter.Exec) string {
 	t.Helper()
 	ctx := context.Background()
 	var b strings.Builder

@@ -35,6 +35,7 @@ import (
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/internal/cases"
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 )
 
 func main() {
@@ -93,7 +94,7 @@ func run(r *vmtest.Reporter) error {
 			return fmt.Errorf("starting backend%d: %w", i, err)
 		}
 	}
-	var rules ipvs.Rules = &ipvs.Exec{Variant: "legacy"}
+	var rules ipvs.Rules = &netfilter.Exec{Variant: "legacy"}
 	if _, err := os.Stat("/usr/sbin/iptables-legacy-restore"); err != nil {
 		rules = ipvs.NewFakeRules()
 		r.Note("no iptables-legacy in the initramfs: using the fake Rules (masquerade and reject checks will fail)")
