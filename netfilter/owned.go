@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -116,4 +117,68 @@ func DestroySet(ctx context.Context, e Executor, name string) error {
 			delay *= 2
 		}
 	}
+}
+
+// Cleanup removes everything named as a mode's own: in both families, the
+// chains of the nat and filter tables whose names start with chainPrefix
+// and every rule of other chains jumping into one (one iptables-restore per
+// family), then the sets whose names start with setPrefix. Everything else
+// stays as it was, also what another process installed under those names.
+// IPv6 failures count only when ipv6 is set: a node may have no ip6tables.
+func Cleanup(ctx context.Context, e Executor, chainPrefix, setPrefix string, ipv6 bool) error {
+	var errs []error
+	for _, fam := range []Family{IPv4, IPv6} {
+		if err := removeOwned(ctx, e, fam, chainPrefix); err != nil && (fam == IPv4 || ipv6) {
+			errs = append(errs, err)
+		}
+	}
+	names, err := e.IPSetNames(ctx)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("listing ipsets: %w", err))
+	}
+	for _, n := range names {
+		if strings.HasPrefix(n, setPrefix) {
+			if err := DestroySet(ctx, e, n); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// removeOwned removes family's chains starting with prefix, and the jumps
+// into them, from the nat and filter tables.
+func removeOwned(ctx context.Context, e Executor, family Family, prefix string) error {
+	var b strings.Builder
+	for _, tbl := range []string{"nat", "filter"} {
+		save, err := e.IPTablesSave(ctx, family, tbl)
+		if err != nil {
+			return fmt.Errorf("reading %v %s table: %w", family, tbl, err)
+		}
+		o, err := ReadOwned(family, tbl, save, prefix)
+		if err != nil {
+			return fmt.Errorf("parsing %v %s table: %w", family, tbl, err)
+		}
+		if len(o.Chains)+len(o.Jumps) == 0 {
+			continue
+		}
+		var decl, del, drop []string
+		for name := range o.Chains {
+			decl = append(decl, ":"+name+" - [0:0]")
+			drop = append(drop, "-X "+name)
+		}
+		for _, j := range o.Jumps {
+			del = append(del, "-D "+j.Chain+" "+j.Spec)
+		}
+		slices.Sort(decl)
+		slices.Sort(drop)
+		fmt.Fprintf(&b, "*%s\n%s\nCOMMIT\n", tbl, strings.Join(slices.Concat(decl, del, drop), "\n"))
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	if err := e.IPTablesRestore(ctx, family, []byte(b.String())); err != nil {
+		return fmt.Errorf("removing %v rules: %w", family, err)
+	}
+	return nil
 }

@@ -449,7 +449,7 @@ func (r *Redirector) fullSync(ctx context.Context, want *desired) error {
 		if slices.ContainsFunc(r.wantedSets(), func(id setID) bool { return setDefs[id].name == name }) {
 			continue
 		}
-		if err := r.destroySet(ctx, name); err != nil {
+		if err := netfilter.DestroySet(ctx, r.exec, name); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -480,78 +480,16 @@ func sortDecl(extra map[string][]string) map[string][]string {
 	return extra
 }
 
-// destroySet destroys a set, waiting out references the nf_tables backend
-// releases asynchronously after their rule is deleted.
-func (r *Redirector) destroySet(ctx context.Context, name string) error {
-	return netfilter.DestroySet(ctx, r.exec, name)
-}
-
 // Cleanup removes every rule, chain and set svcproxy installs, found by name
 // (SVCPROXY-* chains and every rule jumping to one, svcproxy-* sets) in
-// both families, also when another process installed them. Everything else
-// in the tables stays as it was. netfilter.IPv6 errors are ignored when Config.IPv6 is
-// off (the node may have no ip6tables).
+// both families, also when another process installed them: this covers the
+// kernel modes' SVCPROXY-DNAT-* and SVCPROXY-IPVS-* too, which is what
+// `svcproxy --cleanup` wants. Everything else in the tables stays as it
+// was. IPv6 errors are ignored when Config.IPv6 is off (the node may have
+// no ip6tables).
 func (r *Redirector) Cleanup(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.cur = nil
-	var errs []error
-	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
-		err := r.cleanupRules(ctx, fam)
-		if err != nil && fam == netfilter.IPv6 && !r.cfg.IPv6 {
-			r.log.Debug("cleaning up netfilter.IPv6 rules", zap.Error(err))
-			continue
-		}
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	names, err := r.exec.IPSetNames(ctx)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("listing ipsets: %w", err))
-	}
-	for _, n := range names {
-		if strings.HasPrefix(n, setPrefix) {
-			if err := r.destroySet(ctx, n); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
-
-func (r *Redirector) cleanupRules(ctx context.Context, fam netfilter.Family) error {
-	chains, jumps, err := r.readRules(ctx, fam)
-	if err != nil {
-		return err
-	}
-	if len(chains) == 0 && len(jumps) == 0 {
-		return nil
-	}
-	var b strings.Builder
-	for _, tbl := range []string{"nat", "filter"} {
-		var decl, del, drop []string
-		for k := range chains {
-			if k.table == tbl {
-				decl = append(decl, ":"+k.chain+" - [0:0]")
-				drop = append(drop, "-X "+k.chain)
-			}
-		}
-		for _, j := range jumps {
-			if j.table == tbl && !strings.HasPrefix(j.chain, chainPrefix) {
-				del = append(del, "-D "+j.chain+" "+j.spec)
-			}
-		}
-		if len(decl)+len(del) == 0 {
-			continue
-		}
-		slices.Sort(decl)
-		slices.Sort(drop)
-		fmt.Fprintf(&b, "*%s\n%s\n", tbl, strings.Join(slices.Concat(decl, del, drop), "\n"))
-		b.WriteString("COMMIT\n")
-	}
-	if err := r.exec.IPTablesRestore(ctx, fam, []byte(b.String())); err != nil {
-		return fmt.Errorf("removing %v rules: %w", fam, err)
-	}
-	return nil
+	return netfilter.Cleanup(ctx, r.exec, chainPrefix, setPrefix, r.cfg.IPv6)
 }

@@ -264,64 +264,7 @@ func (m *Mode) Cleanup(ctx context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.cur = nil
-	var errs []error
-	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
-		err := m.cleanupRules(ctx, fam)
-		if err != nil && fam == netfilter.IPv6 && !m.cfg.IPv6 {
-			m.log.Debug("cleaning up IPv6 rules", zap.Error(err))
-			continue
-		}
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	names, err := m.exec.IPSetNames(ctx)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("listing ipsets: %w", err))
-	}
-	for _, n := range names {
-		if strings.HasPrefix(n, setPrefix) {
-			if err := netfilter.DestroySet(ctx, m.exec, n); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
-
-func (m *Mode) cleanupRules(ctx context.Context, fam netfilter.Family) error {
-	o, err := m.readRules(ctx, fam)
-	if err != nil {
-		return err
-	}
-	var b strings.Builder
-	for _, tbl := range []string{"nat", "filter"} {
-		var decl, del, drop []string
-		for k := range o.chains {
-			if k.table == tbl {
-				decl = append(decl, ":"+k.chain+" - [0:0]")
-				drop = append(drop, "-X "+k.chain)
-			}
-		}
-		for _, j := range o.jumps {
-			if j.table == tbl {
-				del = append(del, "-D "+j.Chain+" "+j.Spec)
-			}
-		}
-		if len(decl)+len(del) == 0 {
-			continue
-		}
-		slices.Sort(decl)
-		slices.Sort(drop)
-		fmt.Fprintf(&b, "*%s\n%s\nCOMMIT\n", tbl, strings.Join(slices.Concat(decl, del, drop), "\n"))
-	}
-	if b.Len() == 0 {
-		return nil
-	}
-	if err := m.exec.IPTablesRestore(ctx, fam, []byte(b.String())); err != nil {
-		return fmt.Errorf("removing %v rules: %w", fam, err)
-	}
-	return nil
+	return netfilter.Cleanup(ctx, m.exec, chainPrefix, setPrefix, m.cfg.IPv6)
 }
 
 // Available reports why this node cannot run the DNAT mode, or nil: it
