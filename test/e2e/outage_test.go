@@ -152,6 +152,7 @@ func TestPrivilegedKubeAPIServerOutage(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	versionBefore := proxy.metric(t, "svcproxy_forwarder_snapshot_version")
 	watchErrorsBefore := proxy.metric(t, "svcproxy_kube_watch_errors_total")
+	unreachableBefore := proxy.metric(t, `svcproxy_kube_rest_client_requests_total{code="<error>"}`)
 	fullBefore := proxy.metric(t, `svcproxy_kube_flushes_total{type="full"}`)
 
 	// The outage.
@@ -333,7 +334,13 @@ func TestPrivilegedKubeAPIServerOutage(t *testing.T) {
 		watchErrors, full, strings.Count(proxy.out.String(), "keeping the last state"), versionBefore, proxy.metric(t, "svcproxy_forwarder_snapshot_version"))
 	// Not asserted: client-go's reflectors retry a refused watch inside
 	// their watch loop, with backoff, without telling the source's watch
-	// error handler; svcproxy may count none for a whole outage.
+	// error handler; svcproxy may count none for a whole outage. Every one
+	// of those retries is a request, though, and the outage shows there.
+	if unreachable := proxy.metric(t, `svcproxy_kube_rest_client_requests_total{code="<error>"}`) - unreachableBefore; unreachable == 0 {
+		t.Error(`svcproxy_kube_rest_client_requests_total{code="<error>"} did not rise during the outage`)
+	} else {
+		t.Logf("svcproxy: %v API requests found no server during the outage", unreachable)
+	}
 	if failed := proxy.metric(t, `svcproxy_forwarder_connections_total{protocol="TCP",result="dial_failed"}`); failed > 0 {
 		t.Errorf("svcproxy counted %v connections whose backend dials all failed", failed)
 	}
@@ -456,7 +463,8 @@ func (p *outageProxy) alive(t *testing.T) {
 }
 
 // metric sums the series of svcproxy's /metrics whose name, or name with
-// labels as exposed ({a="x",b="y"}), is name.
+// labels as exposed ({a="x",b="y"}), is name, or which have name's name and
+// at least its labels.
 func (p *outageProxy) metric(t *testing.T, name string) float64 {
 	t.Helper()
 	hc := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: p.node.Dial, DisableKeepAlives: true}}
@@ -475,12 +483,32 @@ func (p *outageProxy) metric(t *testing.T, name string) float64 {
 		if !ok || strings.HasPrefix(line, "#") {
 			continue
 		}
-		if series == name || (!strings.Contains(name, "{") && strings.HasPrefix(series, name+"{")) {
+		if series == name || (!strings.Contains(name, "{") && strings.HasPrefix(series, name+"{")) || hasLabels(series, name) {
 			v, _ := strconv.ParseFloat(strings.TrimSpace(value), 64)
 			sum += v
 		}
 	}
 	return sum
+}
+
+// hasLabels says whether series (name{a="x",b="y"}) has the name of want
+// and every label of it.
+func hasLabels(series, want string) bool {
+	wname, wlabels, ok := strings.Cut(want, "{")
+	sname, slabels, _ := strings.Cut(series, "{")
+	if !ok || wname != sname {
+		return false
+	}
+	have := map[string]bool{}
+	for _, l := range strings.Split(strings.TrimSuffix(slabels, "}"), ",") {
+		have[l] = true
+	}
+	for _, l := range strings.Split(strings.TrimSuffix(wlabels, "}"), ",") {
+		if !have[l] {
+			return false
+		}
+	}
+	return true
 }
 
 // outageBackend listens on several ports of a backend host; each
