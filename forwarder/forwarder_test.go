@@ -492,10 +492,11 @@ func TestEndpointRemovedWhileDialling(t *testing.T) {
 	}
 }
 
-// TestSmallMessagesNeverStall: small chunks are passed on from inside the
-// wait for the next one (see How bytes move). Ping-pong of random sizes,
-// back-to-back bursts and the odd bulk chunk, over several connections at
-// once, must arrive byte-exact and never wait for bytes that were sent.
+// TestSmallMessagesNeverStall: a direction switches between buffered and
+// spliced chunks as message sizes change (see How bytes move). Ping-pong of
+// random sizes, back-to-back bursts and the odd bulk chunk, over several
+// connections at once, must arrive byte-exact and never wait for bytes that
+// were sent.
 func TestSmallMessagesNeverStall(t *testing.T) {
 	leakCheck(t)
 	fe := freeFrontend(t)

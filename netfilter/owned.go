@@ -146,19 +146,35 @@ func Cleanup(ctx context.Context, e Executor, chainPrefix, setPrefix string, ipv
 	return errors.Join(errs...)
 }
 
-// removeOwned removes family's chains starting with prefix, and the jumps
-// into them, from the nat and filter tables.
-func removeOwned(ctx context.Context, e Executor, family Family, prefix string) error {
-	var b strings.Builder
-	for _, tbl := range []string{"nat", "filter"} {
+// OwnedTables are the tables svcproxy's modes write rules into.
+var OwnedTables = []string{"nat", "filter"}
+
+// ReadOwnedTables reads each of OwnedTables of family with iptables-save
+// and returns, by table name, what ReadOwned finds there for prefix.
+func ReadOwnedTables(ctx context.Context, e Executor, family Family, prefix string) (map[string]*Owned, error) {
+	owned := make(map[string]*Owned, len(OwnedTables))
+	for _, tbl := range OwnedTables {
 		save, err := e.IPTablesSave(ctx, family, tbl)
 		if err != nil {
-			return fmt.Errorf("reading %v %s table: %w", family, tbl, err)
+			return nil, fmt.Errorf("reading %v %s table: %w", family, tbl, err)
 		}
-		o, err := ReadOwned(family, tbl, save, prefix)
-		if err != nil {
-			return fmt.Errorf("parsing %v %s table: %w", family, tbl, err)
+		if owned[tbl], err = ReadOwned(family, tbl, save, prefix); err != nil {
+			return nil, fmt.Errorf("parsing %v %s table: %w", family, tbl, err)
 		}
+	}
+	return owned, nil
+}
+
+// removeOwned removes family's chains starting with prefix, and the jumps
+// into them, from OwnedTables.
+func removeOwned(ctx context.Context, e Executor, family Family, prefix string) error {
+	owned, err := ReadOwnedTables(ctx, e, family, prefix)
+	if err != nil {
+		return err
+	}
+	var b strings.Builder
+	for _, tbl := range OwnedTables {
+		o := owned[tbl]
 		if len(o.Chains)+len(o.Jumps) == 0 {
 			continue
 		}

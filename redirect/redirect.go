@@ -286,17 +286,14 @@ func isV6Set(name string) bool {
 // readRules parses iptables-save of nat and filter for fam and returns
 // svcproxy's chains and every rule elsewhere that jumps into one.
 func (r *Redirector) readRules(ctx context.Context, fam netfilter.Family) (map[chainKey][]string, []jumpRule, error) {
+	owned, err := netfilter.ReadOwnedTables(ctx, r.exec, fam, chainPrefix)
+	if err != nil {
+		return nil, nil, err
+	}
 	chains := map[chainKey][]string{}
 	var jumps []jumpRule
-	for _, tbl := range []string{"nat", "filter"} {
-		out, err := r.exec.IPTablesSave(ctx, fam, tbl)
-		if err != nil {
-			return nil, nil, fmt.Errorf("reading %v %s table: %w", fam, tbl, err)
-		}
-		owned, err := netfilter.ReadOwned(fam, tbl, out, chainPrefix)
-		if err != nil {
-			return nil, nil, fmt.Errorf("parsing %v %s table: %w", fam, tbl, err)
-		}
+	for _, tbl := range netfilter.OwnedTables {
+		owned := owned[tbl]
 		for name, rs := range owned.Chains {
 			chains[chainKey{tbl, name}] = rs
 		}

@@ -415,23 +415,18 @@ type jumpRule struct {
 }
 
 func (m *Mode) readRules(ctx context.Context, fam netfilter.Family) (*owned, error) {
+	tables, err := netfilter.ReadOwnedTables(ctx, m.exec, fam, chainPrefix)
+	if err != nil {
+		return nil, err
+	}
 	o := &owned{chains: map[chainKey][]string{}}
-	for _, tbl := range []string{"nat", "filter"} {
-		out, err := m.exec.IPTablesSave(ctx, fam, tbl)
-		if err != nil {
-			return nil, fmt.Errorf("reading %v %s table: %w", fam, tbl, err)
-		}
-		got, err := netfilter.ReadOwned(fam, tbl, out, chainPrefix)
-		if err != nil {
-			return nil, fmt.Errorf("parsing %v %s table: %w", fam, tbl, err)
-		}
+	for _, tbl := range netfilter.OwnedTables {
+		got := tables[tbl]
 		for name, rs := range got.Chains {
 			o.chains[chainKey{tbl, name}] = rs
 		}
-		for _, j := range got.Jumps {
-			if !strings.HasPrefix(j.Chain, chainPrefix) {
-				o.jumps = append(o.jumps, jumpRule{tbl, j})
-			}
+		for _, j := range got.Jumps { // ReadOwned reports no jumps from owned chains
+			o.jumps = append(o.jumps, jumpRule{tbl, j})
 		}
 	}
 	return o, nil
