@@ -9,10 +9,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -56,7 +54,7 @@ func run(o *options) error {
 	defer log.Sync() //nolint:errcheck // stderr
 	disableTHP(log)
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop, term := notifyTermination(o.successorWait, log)
 	defer stop()
 
 	if o.cleanup {
@@ -113,6 +111,7 @@ func run(o *options) error {
 	if err != nil {
 		return err
 	}
+	term.follow(succ)
 	webInherited := map[string]*os.File{}
 	for name, f := range inherited {
 		if strings.HasPrefix(name, "http/") {
@@ -223,7 +222,11 @@ func run(o *options) error {
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), o.drainTimeout+5*time.Second)
 	defer cancel()
 	web.shutdown(shutdownCtx)
-	return errors.Join(err, dp.Shutdown(shutdownCtx, handedOver))
+	err = errors.Join(err, dp.Shutdown(shutdownCtx, handedOver))
+	if handedOver {
+		term.linger(ctx)
+	}
+	return err
 }
 
 // cleanup removes everything svcproxy installs, whichever mode installed it.

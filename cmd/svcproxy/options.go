@@ -35,6 +35,7 @@ type options struct {
 	masqueradeAll     bool
 	ipvsScheduler     string
 	pidFile           string
+	successorWait     time.Duration
 
 	workers            int
 	dialTimeouts       []time.Duration
@@ -79,6 +80,7 @@ func parseFlags(args []string) (*options, error) {
 	redirectPort := fs.Uint("redirect-port", 15001, "TCP port the redirect rules send connections to (with --steering=redirect)")
 	nodePortAddresses := fs.String("nodeport-addresses", "", "comma-separated CIDRs: NodePorts only on the node's addresses inside them; empty: all of them")
 	fs.StringVar(&o.handoverSocket, "handover-socket", "auto", "unix socket for zero-downtime restarts: a new svcproxy takes the running one's sockets through it (SIGUSR2 starts one from the binary on disk); auto: /run/svcproxy/handover-<network namespace inode>.sock, so svcproxys in different network namespaces never meet; empty: off")
+	fs.DurationVar(&o.successorWait, "successor-wait", 0, "on SIGTERM, keep serving up to this long for a successor to take over (a DaemonSet whose new pod starts before the old one stops), which then keeps the rules; after handing over, stay until terminated, so kubelet does not restart the old version; 0: exit at once")
 	fs.StringVar(&o.pidFile, "pid-file", "", "write the process ID here (a successor overwrites it)")
 	clusterCIDRs := fs.String("cluster-cidr", "", "iptables mode: comma-separated pod CIDRs (one per family); ClusterIP traffic from outside them is masqueraded")
 	fs.BoolVar(&o.masqueradeAll, "masquerade-all", false, "iptables and ipvs modes: masquerade all Service traffic")
