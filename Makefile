@@ -30,6 +30,7 @@ run-static: build
 test:
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 60m $(PKGS)
+	SVCPROXY_FORWARDER_ENGINE=goroutines $(GO) test -race -count=1 -timeout 10m ./forwarder/
 	$(MAKE) fuzz FUZZEXECS=10000
 	$(MAKE) test-kube
 

@@ -22,6 +22,12 @@ type Config struct {
 	// listening address. Zero: GOMAXPROCS.
 	Workers int
 
+	// Engine chooses how TCP connections are moved: EngineEventLoop (per-core
+	// epoll loops; Linux only) or EngineGoroutines (a goroutine per
+	// connection through Go's poller). Empty: EngineEventLoop on Linux,
+	// EngineGoroutines elsewhere.
+	Engine Engine
+
 	// Redirect are the addresses steering rules redirect connections to;
 	// connections there are routed by their original destination. A zero
 	// port lets the kernel choose one (see RedirectPorts).
@@ -82,11 +88,28 @@ type Config struct {
 	Metrics *Metrics     // nil: metrics kept but not registered
 }
 
+// Engine names a TCP engine (see Config.Engine).
+type Engine string
+
+const (
+	EngineEventLoop  Engine = "eventloop"
+	EngineGoroutines Engine = "goroutines"
+)
+
 var defaultDialTimeouts = []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second}
 
 func (c Config) withDefaults() (Config, error) {
 	if c.Workers == 0 {
 		c.Workers = runtime.GOMAXPROCS(0)
+	}
+	if c.Engine == "" {
+		c.Engine = defaultEngine
+	}
+	if c.Engine != EngineEventLoop && c.Engine != EngineGoroutines {
+		return c, fmt.Errorf("engine: want %q or %q, got %q", EngineEventLoop, EngineGoroutines, c.Engine)
+	}
+	if c.Engine == EngineEventLoop && defaultEngine != EngineEventLoop {
+		return c, fmt.Errorf("engine: %q is built for Linux only", EngineEventLoop)
 	}
 	if c.Workers < 0 {
 		return c, fmt.Errorf("workers: must not be negative, got %d", c.Workers)

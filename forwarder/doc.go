@@ -28,12 +28,24 @@
 //
 // # The hot path
 //
-// Both sides stay raw TCP sockets. Bulk streams move with splice(2) through
-// a pipe, never through user space; small messages with read/write through
-// a pooled buffer; a direction switches between the two as its chunks grow
-// and shrink, and pipes and buffers are borrowed only while bytes are in
-// flight, so idle connections hold neither (see splice_linux.go).
-// Idle detection is one read deadline per direction, moved only when it
-// passes. The per-connection state comes from a sync.Pool; metrics children
-// are resolved once; the connection log takes a copy of a fixed-size record.
+// On Linux the TCP data path is an event loop per worker (loop_linux.go):
+// each worker owns an epoll instance, one SO_REUSEPORT socket of every
+// listening address and every connection accepted there, and drives each
+// connection through a state machine (relay_linux.go) with no goroutine,
+// lock or timer of its own. Both sides stay raw non-blocking sockets,
+// registered edge-triggered with EPOLLRDHUP; dials are non-blocking
+// connects completed by EPOLLOUT in the same loop; dial, idle and drain
+// deadlines live in the worker's timer heap, which sets the loop's wait.
+// Small messages pass through the worker's one read buffer; bulk streams
+// move with splice(2) through a pipe borrowed while bytes are in it; a
+// sink that cannot keep up holds its source unread until it drains. Idle
+// connections hold no buffer, no pipe and no goroutine stack.
+//
+// Elsewhere, and on Linux with Config.Engine = EngineGoroutines, each
+// connection has a goroutine that dials and two that copy through Go's
+// poller (conn.go, splice_linux.go): the same behaviour, slower, and run
+// by the same tests (make test runs the package on both engines).
+//
+// The connection log takes a copy of a fixed-size record; metrics children
+// are resolved once.
 package forwarder

@@ -170,9 +170,16 @@ type harness struct {
 	m     *Metrics
 }
 
+// testEngine is the TCP engine the tests run on: the platform's default,
+// or SVCPROXY_FORWARDER_ENGINE (make test runs the package on both).
+var testEngine = Engine(os.Getenv("SVCPROXY_FORWARDER_ENGINE"))
+
 func newHarness(t testing.TB, cfg Config, services ...lb.Service) *harness {
 	t.Helper()
 	cfg.BindFrontends = true
+	if cfg.Engine == "" {
+		cfg.Engine = testEngine
+	}
 	if cfg.Mark == 0 {
 		cfg.Mark = -1
 	}
@@ -219,6 +226,18 @@ func (h *harness) settle() {
 	for h.fwd.Active() != 0 {
 		if time.Now().After(deadline) {
 			h.t.Fatalf("%d connections still open", h.fwd.Active())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// waitFor polls cond until it holds or 5s pass.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: still not so after 5s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

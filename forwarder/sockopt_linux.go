@@ -12,10 +12,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// reusePort is a ListenConfig.Control that sets SO_REUSEPORT, so several
+// listenControl is a ListenConfig.Control that sets SO_REUSEPORT, so several
 // sockets (one per worker) share a port and the kernel spreads connections
 // over them.
-func reusePort(network, address string, c syscall.RawConn) error {
+func listenControl(network, address string, c syscall.RawConn) error {
 	var serr error
 	err := c.Control(func(fd uintptr) {
 		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)

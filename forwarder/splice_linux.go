@@ -29,14 +29,14 @@ import (
 // descriptors sized 1 MiB — for each direction of each connection for its
 // whole life: 40,000 descriptors for 10,000 idle connections.
 //
-// A chunk that empties the socket is followed by one more read that says
-// EAGAIN before the direction waits: a third system call per small message
-// that nginx and HAProxy do not make. They skip it because epoll tells them
-// EPOLLRDHUP (a FIN is queued); Go's poller keeps readiness only, and a FIN
-// read together with the last bytes brings no new edge, so skipping the
-// read would leave such a close unseen until the idle timeout
-// (TestReplyThenCloseReachesClient). Saving it needs an event loop of our
-// own.
+// This is the goroutine engine's copy. A chunk that empties the socket is
+// followed by one more read that says EAGAIN before the direction waits: a
+// third system call per small message. Go's poller keeps readiness only,
+// and a FIN read together with the last bytes brings no new edge, so
+// skipping the read would leave such a close unseen until the idle
+// timeout (TestReplyThenCloseReachesClient). The event loop
+// (relay_linux.go) skips it: it sees EPOLLRDHUP. The pipes and buffers
+// below serve both engines.
 //
 // When no pipe can be had (the process is out of file descriptors, or
 // maxPipes are alive) a chunk is buffered, so open connections keep
