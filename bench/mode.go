@@ -85,6 +85,7 @@ type CPResult struct {
 var modes = []Mode{
 	directMode{},
 	svcproxyMode{name: "svcproxy-userspace"},
+	svcproxyMode{name: "svcproxy-vip", onVIP: true},
 	&kubeDNATMode{},
 	kubeDNATMasqMode{&kubeDNATMode{masqueradeAll: true}},
 	svcproxyMode{name: "svcproxy-iptables", kernelMode: "iptables"},

@@ -23,11 +23,17 @@ type svcproxyMode struct {
 	// kernelMode is "" for the userspace mode, else the --proxy-mode value
 	// ("iptables", "ipvs").
 	kernelMode string
+	// onVIP runs the userspace mode on the peers' footing: listening on the
+	// VIPs put on the node's lo, no steering rules, no connection log.
+	onVIP bool
 }
 
 func (m svcproxyMode) Name() string { return m.name }
 
 func (m svcproxyMode) Describe() string {
+	if m.onVIP {
+		return "svcproxy, userspace mode listening on the VIPs (on the node's lo) as the peer proxies do: no steering rules, --conn-log off"
+	}
 	if m.kernelMode == "" {
 		return "svcproxy, userspace mode: REDIRECT steering (ipset) into the splice forwarder, 2 workers (GOMAXPROCS), --conn-log off"
 	}
@@ -70,9 +76,12 @@ func (m svcproxyMode) args(e *Env, services string) []string {
 	args := []string{"--services", services, "--conn-log=", "--hostname-override", "node",
 		"--metrics-bind-address", "127.0.0.1:10249", "--healthz-bind-address", "127.0.0.1:10256", "--drain-timeout", "1s",
 		"--log-format=json"}
-	if m.kernelMode == "" {
+	switch {
+	case m.onVIP:
+		args = append(args, "--steering=none")
+	case m.kernelMode == "":
 		args = append(args, "--steering=redirect")
-	} else {
+	default:
 		args = append(args, "--proxy-mode="+m.kernelMode)
 	}
 	if hasFlag(e, "handover-socket") {
@@ -253,6 +262,11 @@ func servicesFile(c *Cluster, services []SvcPort) (string, error) {
 }
 
 func (m svcproxyMode) Start(ctx context.Context, c *Cluster) (*Running, error) {
+	if m.onVIP {
+		if err := addVIPs(c); err != nil {
+			return nil, err
+		}
+	}
 	file, err := servicesFile(c, c.Services)
 	if err != nil {
 		return nil, err
