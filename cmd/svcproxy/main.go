@@ -133,7 +133,7 @@ func run(o *options) error {
 	tracker := health.NewTracker(2*o.syncPeriod, nil)
 	web := &httpServers{log: log, inherited: webInherited}
 	web.serve("metrics", o.metricsAddr, promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	web.serve("healthz", o.healthzAddr, health.Handler(tracker))
+	web.serve("healthz", o.healthzAddr, health.Handler(tracker, nil))
 	web.serve("profiling", o.profilingAddr, profilingHandler())
 	sockets := func() (map[string]*os.File, error) { return web.sockets(nil) }
 	stopAccepting := func() {}
