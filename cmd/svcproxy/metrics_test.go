@@ -5,12 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -380,4 +385,129 @@ func TestNoLocalEndpoints(t *testing.T) {
 			}
 		})
 	}
+}
+
+// freePort returns a loopback port nothing listens on now.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// TestBinaryServesKubeProxyEndpoints runs the real svcproxy binary on a
+// services file (userspace mode, frontends on loopback: no root, no rules)
+// and scrapes it: /proxyMode, kube-proxy's metric names beside svcproxy's,
+// a reload counted as a sync that moves the last-sync timestamp, and every
+// /healthz answer counted.
+func TestBinaryServesKubeProxyEndpoints(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("skipping: no go tool to build svcproxy")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "svcproxy")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("building svcproxy: %v\n%s", err, out)
+	}
+	svcPort, metricsPort, healthzPort := freePort(t), freePort(t), freePort(t)
+	services := filepath.Join(dir, "services.yaml")
+	writeServices := func(ports ...int) {
+		var b strings.Builder
+		b.WriteString("services:\n  - name: web\n    clusterIPs: [127.0.0.1]\n    ports:\n")
+		for _, p := range ports {
+			fmt.Fprintf(&b, "      - port: %d\n        name: p%d\n", p, p)
+		}
+		b.WriteString("    endpoints:\n      - ip: 127.0.0.1\n")
+		if err := os.WriteFile(services, []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeServices(svcPort)
+	cmd := exec.Command(bin, "--services", services, "--handover-socket=", "--mark=0",
+		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", metricsPort),
+		"--healthz-bind-address", fmt.Sprintf("127.0.0.1:%d", healthzPort))
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			t.Errorf("svcproxy did not exit within 15s of SIGTERM")
+		}
+		if t.Failed() {
+			t.Logf("svcproxy output:\n%s", out.String())
+		}
+	})
+	d := &daemon{t: t, metrics: fmt.Sprintf("http://127.0.0.1:%d", metricsPort), healthz: fmt.Sprintf("http://127.0.0.1:%d", healthzPort)}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if resp, err := http.Get(d.metrics + "/proxyMode"); err == nil {
+			resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("svcproxy's metrics address did not answer within 30s; output:\n%s", out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if body, resp := d.get(d.metrics + "/proxyMode"); body != "userspace" || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/plain") {
+		t.Errorf("/proxyMode = %q (%s), want userspace as text/plain", body, resp.Header.Get("Content-Type"))
+	}
+	s := d.waitMetric(lastSync, func(v float64) bool { return v > 0 })
+	for _, key := range []string{syncCount, fullCount, partialCount, lastQueued, programming, epPending, epTotal,
+		svcPending, svcTotal, noLocalInt, noLocalExt, healthz200, livez200, ownLastSync, ownSyncCount, ownFailures, ownProgrammed,
+		`svcproxy_proxy_mode{mode="userspace",requested="userspace"}`} {
+		if _, ok := s[key]; !ok {
+			t.Errorf("%s missing from /metrics", key)
+		}
+	}
+
+	// A reload is a sync: counted, and the last-sync timestamp moves.
+	writeServices(svcPort, freePort(t))
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	after := d.waitMetric(syncCount, func(v float64) bool { return v > s[syncCount] })
+	after = d.waitMetric(lastSync, func(v float64) bool { return v > s[lastSync] })
+	if after[ownLastSync] <= s[ownLastSync] || after[ownFailures] != 0 {
+		t.Errorf("after a reload: svcproxy last sync %v → %v, failures %v", s[ownLastSync], after[ownLastSync], after[ownFailures])
+	}
+
+	h0 := after[healthz200]
+	for i := 0; i < 2; i++ {
+		if body, resp := d.get(d.healthz + "/healthz"); resp.StatusCode != 200 || !strings.Contains(body, `"nodeEligible":true`) {
+			t.Fatalf("/healthz = %d %s", resp.StatusCode, body)
+		}
+	}
+	if got := d.scrape()[healthz200]; got != h0+2 {
+		t.Errorf("kubeproxy_proxy_healthz_total{code=\"200\"} %v → %v, want +2", h0, got)
+	}
+}
+
+// syncBuffer is a bytes buffer safe for a process's two output pipes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
