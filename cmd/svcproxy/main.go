@@ -17,7 +17,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
@@ -28,7 +27,6 @@ import (
 	"github.com/svcproxy/svcproxy/healthcheck"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/proxymode"
-	"github.com/svcproxy/svcproxy/runner"
 	"github.com/svcproxy/svcproxy/source/file"
 	"github.com/svcproxy/svcproxy/source/kube"
 )
@@ -132,8 +130,8 @@ func run(o *options) error {
 
 	tracker := health.NewTracker(2*o.syncPeriod, nil)
 	web := &httpServers{log: log, inherited: webInherited}
-	web.serve("metrics", o.metricsAddr, promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	web.serve("healthz", o.healthzAddr, health.Handler(tracker))
+	web.serve("metrics", o.metricsAddr, metricsHandler(reg, string(choice.Mode)))
+	web.serve("healthz", o.healthzAddr, health.Handler(tracker, m.health))
 	web.serve("profiling", o.profilingAddr, profilingHandler())
 	sockets := func() (map[string]*os.File, error) { return web.sockets(nil) }
 	stopAccepting := func() {}
@@ -147,20 +145,9 @@ func run(o *options) error {
 		}
 		stopAccepting = h.StopAccepting
 	}
-	syncer := runner.New(func(ctx context.Context, full bool) error {
-		snap := store.Snapshot()
-		if err := dp.Apply(ctx, snap, full); err != nil {
-			return fmt.Errorf("applying snapshot %d: %w", snap.Version, err)
-		}
-		m.networkProgramming.Observe(time.Since(snap.Time).Seconds())
-		tracker.Applied()
+	syncer := newSyncer(store, dp, m, tracker, o.minSyncPeriod, o.syncPeriod, func(ctx context.Context) {
 		succ.serving(ctx, sockets, stopAccepting)
-		return nil
-	}, o.minSyncPeriod, o.syncPeriod)
-	syncer.OnSync = func(full bool, took time.Duration, err error) {
-		m.syncDuration.Observe(took.Seconds())
-		m.lastSync.SetToCurrentTime()
-	}
+	})
 	changes := store.Subscribe() // before any source can publish
 	go func() {
 		for range changes {
@@ -190,7 +177,7 @@ func run(o *options) error {
 		defer hc.Close()
 		go func() {
 			watchErr <- kube.Run(ctx, kube.Options{Client: kubeClient, NodeName: o.hostname, MinSyncPeriod: o.minSyncPeriod,
-				Logger: log, Metrics: kube.NewMetrics(reg), Health: tracker, HealthCheck: hc, OnSync: watcher.OnReload}, store)
+				Logger: log, Metrics: kube.NewMetrics(reg), Health: tracker, HealthCheck: hc, Changes: m.changes, OnSync: watcher.OnReload}, store)
 		}()
 	} else {
 		go func() { watchErr <- watcher.Run(ctx) }()
