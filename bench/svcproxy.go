@@ -1,10 +1,13 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -287,6 +290,7 @@ func (m svcproxyMode) Start(ctx context.Context, c *Cluster) (*Running, error) {
 	}
 	if m.kernelMode == "" {
 		run.PIDs = func() []int { return []int{sp.Pid()} }
+		run.Goroutines = func() (int, error) { return goroutines(c) }
 	} // a kernel mode's process only programs: the data path is the kernel's
 	if backend != "" {
 		run.Notes = append(run.Notes, "Its iptables rules use the "+backend+" backend (the node's default iptables)")
@@ -436,4 +440,37 @@ func countEndpoints(services []SvcPort) int {
 		n += len(s.Endpoints)
 	}
 	return n
+}
+
+// goroutines reads go_goroutines from the svcproxy on c's node (its
+// metrics listen on the node's loopback, see args).
+func goroutines(c *Cluster) (int, error) {
+	var n int
+	err := c.Topo.Node.Do(func() error {
+		// net/http would dial from a goroutine of its own, outside the
+		// node's namespace: dial here and speak HTTP/1.0 by hand.
+		conn, err := net.DialTimeout("tcp", "127.0.0.1:10249", 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(conn, "GET /metrics HTTP/1.0\r\n\r\n"); err != nil {
+			return err
+		}
+		sc := bufio.NewScanner(conn)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			if v, ok := strings.CutPrefix(sc.Text(), "go_goroutines "); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				n = int(f)
+				return err
+			}
+		}
+		if err := sc.Err(); err != nil {
+			return err
+		}
+		return fmt.Errorf("no go_goroutines in svcproxy's metrics")
+	})
+	return n, err
 }
