@@ -11,7 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/svcproxy/svcproxy/kernelmodes/ipvs")
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
+)
 
 const header = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
 
