@@ -450,6 +450,9 @@ func parseFlags(args []string, env environment) (*options, error) {
 		return nil, fmt.Errorf("--mark: want a 32-bit number such as 0x80000, got %q", *mark)
 	}
 	o.mark = int(m)
+	if m > 0 && uint32(m)&o.masqueradeMark != 0 {
+		return nil, fmt.Errorf("--iptables-masquerade-bit: mark %#x overlaps --mark %#x (the forwarder's own connections)", o.masqueradeMark, m)
+	}
 	if m <= 0 {
 		if o.steering == "redirect" {
 			return nil, fmt.Errorf("--mark: --steering=redirect needs a mark, so the forwarder's own connections are not redirected")

@@ -56,6 +56,7 @@ func TestParseFlags(t *testing.T) {
 		{"bad content type", []string{"--kube-api-content-type=text/plain"}, outsidePod, "--kube-api-content-type"},
 		{"bad bind address", []string{"--bind-address=node-a"}, outsidePod, "--bind-address"},
 		{"bad masquerade bit", []string{"--iptables-masquerade-bit=32"}, outsidePod, "--iptables-masquerade-bit"},
+		{"masquerade bit on the forwarder's mark", []string{"--iptables-masquerade-bit=19"}, outsidePod, "--iptables-masquerade-bit"},
 		{"scheduler the ipvs mode lacks", []string{"--ipvs-scheduler=lblc"}, outsidePod, "--ipvs-scheduler"},
 		{"bad oom score adj", []string{"--oom-score-adj=-1001"}, outsidePod, "--oom-score-adj"},
 		{"bad logging format", []string{"--logging-format=xml"}, outsidePod, "--logging-format"},
