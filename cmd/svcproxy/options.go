@@ -378,7 +378,8 @@ func parseFlags(args []string, env environment) (*options, error) {
 	if o.proxyMode, err = proxymode.Parse(*proxyMode); err != nil {
 		return nil, fmt.Errorf("--proxy-mode: %w", err)
 	}
-	if o.proxyMode == proxymode.IPTables || o.proxyMode == proxymode.IPVS {
+	serving := !o.cleanup && !o.initOnly && o.writeConfigTo == ""
+	if serving && (o.proxyMode == proxymode.IPTables || o.proxyMode == proxymode.IPVS) {
 		if o.services == "" && o.kubeconfig == "" && o.master == "" && !o.inCluster {
 			return nil, fmt.Errorf("--proxy-mode=%s: no source of Services: give --services, --kubeconfig or --master, or run in a pod (the embedded example file is for the userspace mode only: a kernel mode would leave its Services in the kernel)", o.proxyMode)
 		}

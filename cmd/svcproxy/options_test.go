@@ -70,6 +70,9 @@ func TestParseFlags(t *testing.T) {
 		{"iptables with a kubeconfig", []string{"--proxy-mode=iptables", "--kubeconfig=k"}, outsidePod, ""},
 		{"iptables with a master", []string{"--proxy-mode=iptables", "--master=https://10.0.0.1:6443"}, outsidePod, ""},
 		{"iptables in a pod", []string{"--proxy-mode=iptables"}, environment{inPod: true}, ""},
+		{"cleanup needs no source", []string{"--proxy-mode=iptables", "--cleanup"}, outsidePod, ""},
+		{"writing the config needs no source", []string{"--proxy-mode=ipvs", "--write-config-to=-"}, outsidePod, ""},
+		{"init-only needs no source", []string{"--proxy-mode=ipvs", "--init-only"}, outsidePod, ""},
 		{"userspace without a source", []string{"--proxy-mode=userspace"}, outsidePod, ""},
 	}
 	for _, tc := range tests {
