@@ -367,7 +367,9 @@ func parseFlags(args []string, env environment) (*options, error) {
 		if err != nil {
 			return nil, err
 		}
-		o.warnings = append(o.warnings, cfg.Warnings...)
+		for _, w := range cfg.Warnings {
+			o.warnings = append(o.warnings, "--config "+*configPath+": "+w)
+		}
 	}
 	set := map[string]bool{} // flags given on the command line or by the file
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })

@@ -252,7 +252,7 @@ svcproxy: {proxyName: svcproxy-b}
 		{"clientConnection.contentType", o.kubeAPIContentType == "application/json"},
 		{"configSyncPeriod", o.configSyncPeriod == time.Minute},
 		{"svcproxy.proxyName", o.proxyName == "svcproxy-b"},
-		{"ipvs.strictARP warned", slices.ContainsFunc(o.warnings, func(w string) bool { return strings.Contains(w, "ipvs.strictARP") })},
+		{"ipvs.strictARP warned", slices.ContainsFunc(o.warnings, func(w string) bool { return strings.HasPrefix(w, "--config "+path+": line 8: ipvs.strictARP") })},
 	} {
 		if !c.ok {
 			t.Errorf("%s not honoured: %+v", c.field, *o)
