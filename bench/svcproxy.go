@@ -56,7 +56,7 @@ func hasFlag(e *Env, name string) bool {
 		out, _ := exec.Command(e.Svcproxy, "--help").CombinedOutput()
 		svcproxyHelp.text = string(out)
 	})
-	return regexp.MustCompile(`(?m)^\s+-` + regexp.QuoteMeta(name) + `\b`).MatchString(svcproxyHelp.text)
+	return regexp.MustCompile(`(?m)^\s+--?` + regexp.QuoteMeta(name) + `\b`).MatchString(svcproxyHelp.text) // "-name" (Go's usage), "--name" (grouped help)
 }
 
 func (m svcproxyMode) Available(e *Env) error {

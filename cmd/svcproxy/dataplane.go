@@ -140,6 +140,7 @@ func newUserspace(o *options, reg prometheus.Registerer, log *zap.Logger, clog *
 		MaxConnsPerService: o.maxConnsPerService,
 		Logger:             log,
 		ConnLog:            clog,
+		UDPIdleTimeout:     o.udpIdleTimeout,
 		Metrics:            forwarder.NewMetrics(reg),
 		Inherited:          inherited,
 	}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -32,11 +33,14 @@ import (
 )
 
 func main() {
-	opts, err := parseFlags(os.Args[1:])
-	if errors.Is(err, flag.ErrHelp) {
+	opts, err := parseFlags(os.Args[1:], hostEnvironment())
+	switch {
+	case errors.Is(err, flag.ErrHelp):
 		return
-	}
-	if err != nil {
+	case errors.Is(err, errVersion):
+		fmt.Println(readBuildInfo())
+		return
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "svcproxy:", err)
 		os.Exit(2)
 	}
@@ -52,6 +56,16 @@ func run(o *options) error {
 		return err
 	}
 	defer log.Sync() //nolint:errcheck // stderr
+	for _, w := range o.warnings {
+		log.Warn(w)
+	}
+	if o.initOnly {
+		log.Info("--init-only: svcproxy needs no privileged initialisation step; exiting")
+		return nil
+	}
+	if err := setOOMScoreAdj("/proc/self/oom_score_adj", o.oomScoreAdj); err != nil {
+		log.Warn("leaving oom_score_adj as it is", zap.Error(err))
+	}
 	disableTHP(log)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -66,13 +80,15 @@ func run(o *options) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerBuildInfo(reg, readBuildInfo())
 	m := newDaemonMetrics(reg)
 
 	var kubeClient kubernetes.Interface
 	var node *corev1.Node
-	if o.kubeconfig != "" || o.inCluster {
+	if o.kubeconfig != "" || o.master != "" || o.inCluster {
 		kube.RegisterRESTClientMetrics(reg)
-		if kubeClient, err = kube.NewClient(kube.ClientConfig{Kubeconfig: o.kubeconfig}); err != nil {
+		if kubeClient, err = kube.NewClient(kube.ClientConfig{Kubeconfig: o.kubeconfig, Master: o.master,
+			QPS: o.kubeAPIQPS, Burst: o.kubeAPIBurst, ContentType: o.kubeAPIContentType}); err != nil {
 			return err
 		}
 		nctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -84,6 +100,9 @@ func run(o *options) error {
 		if o.zone == "" {
 			o.zone = kube.Zone(node)
 		}
+	}
+	if w := o.resolvePrimary(node); w != "" {
+		log.Warn(w)
 	}
 	store := lb.NewStore(lb.StoreOptions{
 		Node:             lb.Node{Name: o.hostname, Zone: o.zone},
@@ -107,6 +126,10 @@ func run(o *options) error {
 	if choice.Mode != choice.Requested {
 		log.Warn("proxy mode fell back", zap.Stringer("choice", choice))
 	}
+	if choice.Mode != proxymode.Userspace && o.udpIdleTimeout != 0 {
+		log.Warn("conntrack.udpTimeout (--conntrack-udp-timeout) ignored: the kernel modes leave the kernel's conntrack timeouts as they are", zap.Stringer("mode", choice))
+	}
+	warnKubeProxy(ctx, hostKubeProxyTraces(), log)
 	succ, inherited, err := takeOver(ctx, o.handoverSocket, takeOverPatience, log)
 	if err != nil {
 		return err
@@ -176,7 +199,8 @@ func run(o *options) error {
 		hc := healthcheck.New(healthcheck.Config{Healthy: func() bool { return tracker.Status().Healthy }, Logger: log})
 		defer hc.Close()
 		go func() {
-			watchErr <- kube.Run(ctx, kube.Options{Client: kubeClient, NodeName: o.hostname, MinSyncPeriod: o.minSyncPeriod,
+			watchErr <- kube.Run(ctx, kube.Options{Client: kubeClient, NodeName: o.hostname, ProxyName: o.proxyName,
+				MinSyncPeriod: o.minSyncPeriod, ResyncPeriod: o.configSyncPeriod,
 				Logger: log, Metrics: kube.NewMetrics(reg), Health: tracker, HealthCheck: hc, Changes: m.changes, OnSync: watcher.OnReload}, store)
 		}()
 	} else {
@@ -219,6 +243,17 @@ func cleanup(ctx context.Context, o *options, log *zap.Logger) error {
 		return err
 	}
 	log.Info("removed every svcproxy rule and set")
+	return nil
+}
+
+// setOOMScoreAdj writes adj, if set, to path (/proc/self/oom_score_adj).
+func setOOMScoreAdj(path string, adj *int) error {
+	if adj == nil {
+		return nil
+	}
+	if err := os.WriteFile(path, []byte(strconv.Itoa(*adj)), 0); err != nil {
+		return fmt.Errorf("setting oom_score_adj to %d: %w", *adj, err)
+	}
 	return nil
 }
 
