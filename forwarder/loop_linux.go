@@ -596,7 +596,7 @@ func (w *worker) pauseAccept(ln *loopListener, err error) {
 	w.timers.set(&ln.retry, w.now+int64(ln.backoff))
 	if w.now-ln.lastLog > int64(10*time.Second) || ln.lastLog == 0 {
 		ln.lastLog = w.now
-		w.log.Warn("accept failing for lack of file descriptors; backing off",
+		w.log.Warn("accepting paused for lack of file descriptors; backing off",
 			zap.Stringer("listener", ln.local), zap.Duration("backoff", ln.backoff), zap.Error(err))
 	}
 }

@@ -40,6 +40,10 @@ const (
 	relayClosed
 )
 
+// maxFreeRelays bounds a worker's finished relays kept for reuse: enough
+// for connection churn, not the peak of a spike.
+const maxFreeRelays = 256
+
 // errDialTimeout is a connect attempt that took longer than its
 // DialTimeouts entry.
 var errDialTimeout = errors.New("connect timed out")
@@ -81,6 +85,7 @@ type relay struct {
 	attempt  int   // attempts started
 	dialFrom int64 // monotime the current attempt started
 	clientIP netip.Addr
+	ln       *loopListener // where it was accepted
 
 	reason   closeReason
 	draining bool
@@ -117,6 +122,7 @@ func (w *worker) open(ln *loopListener, fd int) {
 	r := w.newRelay()
 	r.state = relayDialling
 	r.id = f.nextID.Add(1)
+	r.ln = ln
 	r.client = side{fd: fd, writable: true}
 	r.up = side{fd: -1}
 	start := time.Now()
@@ -184,6 +190,9 @@ func (r *relay) dial(now time.Time) {
 		r.backend = b
 		r.dialFrom = monotime()
 		fd, err := connectSocket(b.Addr, f.cfg.Mark, w.e.upstreamOpts, &w.sa4, &w.sa6)
+		if isFDLimit(err) && shedPipes() > 0 { // idle splice pipes hold descriptors
+			fd, err = connectSocket(b.Addr, f.cfg.Mark, w.e.upstreamOpts, &w.sa4, &w.sa6)
+		}
 		if err == nil {
 			if err = w.register(fd, fdEntry{r: r, upstream: true}, unix.EPOLLIN|unix.EPOLLOUT|unix.EPOLLRDHUP|unix.EPOLLET); err != nil {
 				unix.Close(fd)
@@ -192,10 +201,17 @@ func (r *relay) dial(now time.Time) {
 		if err != nil {
 			if isLocalDialError(err) {
 				// This host is out of descriptors or ports: every backend
-				// would fail alike, and none of them is to blame.
+				// would fail alike, and none of them is to blame. The
+				// client is reset, and accepting pauses as when accept
+				// itself finds no descriptor, rather than accepting and
+				// resetting every client that comes meanwhile.
 				f.m.dialError.Inc()
-				w.log.Debug("cannot open a backend connection", zap.Stringer("backend", b.Addr), zap.Error(err))
 				r.noteAttempt(err)
+				if isFDLimit(err) && r.ln != nil && !r.ln.paused {
+					w.pauseAccept(r.ln, err)
+				} else {
+					w.log.Debug("cannot open a backend connection", zap.Stringer("backend", b.Addr), zap.Error(err))
+				}
 				break
 			}
 			r.attemptFailed(err, false)
@@ -639,6 +655,8 @@ func (r *relay) release() {
 	w.relays = w.relays[:last]
 	w.timers.stop(&r.dialT)
 	*r = relay{w: w, dialT: r.dialT, idleT: r.idleT, drainT: r.drainT, idx: -1}
-	w.free = append(w.free, r)
+	if len(w.free) < maxFreeRelays { // past a spike, the rest is garbage to return
+		w.free = append(w.free, r)
+	}
 	w.f.handlers.Done()
 }

@@ -149,7 +149,11 @@ func run(o *options) error {
 		return err
 	}
 	startSuccessorOnSIGUSR2(ctx, log)
-	go newMemoryReturner(reg, log).Run(ctx)
+	var conns func() int64
+	if u, ok := dp.(*userspace); ok {
+		conns = u.fwd.Active
+	}
+	go newMemoryReturner(reg, log, conns).Run(ctx)
 
 	tracker := health.NewTracker(2*o.syncPeriod, nil)
 	web := &httpServers{log: log, inherited: webInherited}
