@@ -277,7 +277,7 @@ func (w *worker) run() {
 // return (true) or park until the epoll fd is readable again (false).
 func (w *worker) poll(uintptr) bool {
 	for {
-		n, err := unix.EpollWait(w.ep, w.events, 0)
+		n, err := sysEpollPoll(w.ep, w.events)
 		if err != nil && err != unix.EINTR {
 			w.log.Error("epoll_wait failed", zap.Error(err))
 			return true
@@ -393,7 +393,7 @@ func (w *worker) closeFD(fd int) {
 	if fd < len(w.fds) {
 		w.fds[fd] = fdEntry{}
 	}
-	unix.Close(fd)
+	sysClose(fd)
 }
 
 // post queues fn to run on the worker's goroutine.
@@ -605,7 +605,7 @@ func (w *worker) pauseAccept(ln *loopListener, err error) {
 // peer's address in rsa.
 func accept4(fd int, rsa *unix.RawSockaddrAny) (int, error) {
 	l := uint32(unix.SizeofSockaddrAny)
-	nfd, _, e := unix.Syscall6(unix.SYS_ACCEPT4, uintptr(fd), uintptr(unsafe.Pointer(rsa)), uintptr(unsafe.Pointer(&l)),
+	nfd, _, e := unix.RawSyscall6(unix.SYS_ACCEPT4, uintptr(fd), uintptr(unsafe.Pointer(rsa)), uintptr(unsafe.Pointer(&l)),
 		unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0, 0)
 	if e != 0 {
 		return -1, e

@@ -208,6 +208,7 @@ func (r *relay) dial(now time.Time) {
 				f.m.dialError.Inc()
 				r.noteAttempt(err)
 				if isFDLimit(err) && r.ln != nil && !r.ln.paused {
+					f.m.acceptFDLimit.Inc()
 					w.pauseAccept(r.ln, err)
 				} else {
 					w.log.Debug("cannot open a backend connection", zap.Stringer("backend", b.Addr), zap.Error(err))
@@ -365,7 +366,7 @@ func (r *relay) flow(h *half, src, dst *side) bool {
 		// Bytes already taken from src go first.
 		if h.p != nil {
 			for h.p.data > 0 {
-				m, err := unix.Splice(h.p.r, nil, dst.fd, nil, h.p.data, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+				m, err := sysSplice(h.p.r, dst.fd, h.p.data)
 				switch {
 				case err == unix.EINTR:
 					continue
@@ -376,15 +377,15 @@ func (r *relay) flow(h *half, src, dst *side) bool {
 					r.fail(h, err)
 					return false
 				}
-				h.p.data -= int(m)
-				h.bytes += m
+				h.p.data -= m
+				h.bytes += int64(m)
 			}
 			putPipe(h.p)
 			h.p = nil
 		}
 		if h.buf != nil {
 			for h.off < h.n {
-				m, err := unix.Write(dst.fd, (*h.buf)[h.off:h.n])
+				m, err := sysWrite(dst.fd, (*h.buf)[h.off:h.n])
 				switch {
 				case err == unix.EINTR:
 					continue
@@ -405,7 +406,7 @@ func (r *relay) flow(h *half, src, dst *side) bool {
 			return true
 		}
 		if h.eof {
-			_ = unix.Shutdown(dst.fd, unix.SHUT_WR)
+			sysShutdownWrite(dst.fd)
 			h.done = true
 			if h == &r.in {
 				r.setReason(reasonClientEOF)
@@ -437,7 +438,7 @@ func (r *relay) flow(h *half, src, dst *side) bool {
 // spliceIn moves what src has into p, which becomes h's pipe.
 func (r *relay) spliceIn(h *half, p *pipe, src *side) bool {
 	for {
-		m, err := unix.Splice(src.fd, nil, p.w, nil, pipeSize, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+		m, err := sysSplice(src.fd, p.w, pipeSize)
 		switch {
 		case err == unix.EINTR:
 			continue
@@ -457,7 +458,7 @@ func (r *relay) spliceIn(h *half, p *pipe, src *side) bool {
 		// A short splice says nothing of what is left (the pipe may be out
 		// of slots), so src stays readable until it says EAGAIN.
 		r.last = r.w.now
-		p.data = int(m)
+		p.data = m
 		h.p = p
 		if m < smallChunk {
 			if h.small++; h.small >= smallRun {
@@ -477,7 +478,7 @@ func (r *relay) readIn(h *half, src, dst *side) bool {
 	var n int
 	for {
 		var err error
-		n, err = unix.Read(src.fd, buf)
+		n, err = sysRead(src.fd, buf)
 		switch {
 		case err == unix.EINTR:
 			continue
@@ -507,7 +508,7 @@ func (r *relay) readIn(h *half, src, dst *side) bool {
 	}
 	off := 0
 	for off < n {
-		m, err := unix.Write(dst.fd, buf[off:n])
+		m, err := sysWrite(dst.fd, buf[off:n])
 		switch {
 		case err == unix.EINTR:
 			continue

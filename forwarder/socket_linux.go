@@ -176,18 +176,18 @@ func connectSocket(a netip.AddrPort, mark int, keepalive []sockopt, sa4 *unix.Ra
 		return -1, err
 	}
 	if mark > 0 {
-		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_MARK, mark); err != nil {
-			unix.Close(fd)
+		if err := sysSetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_MARK, mark); err != nil {
+			sysClose(fd)
 			return -1, err
 		}
 	}
-	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
-		unix.Close(fd)
+	if err := sysSetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+		sysClose(fd)
 		return -1, err
 	}
 	for _, o := range keepalive {
-		if err := unix.SetsockoptInt(fd, o.level, o.name, o.value); err != nil {
-			unix.Close(fd)
+		if err := sysSetsockoptInt(fd, o.level, o.name, o.value); err != nil {
+			sysClose(fd)
 			return -1, err
 		}
 	}
@@ -205,14 +205,14 @@ func connectSocket(a netip.AddrPort, mark int, keepalive []sockopt, sa4 *unix.Ra
 		p, l = unsafe.Pointer(sa6), unix.SizeofSockaddrInet6
 	}
 	for {
-		_, _, e := unix.Syscall(unix.SYS_CONNECT, uintptr(fd), uintptr(p), l)
+		_, _, e := unix.RawSyscall(unix.SYS_CONNECT, uintptr(fd), uintptr(p), l)
 		switch e {
 		case 0, unix.EINPROGRESS:
 			return fd, nil
 		case unix.EINTR:
 			continue
 		}
-		unix.Close(fd)
+		sysClose(fd)
 		return -1, e
 	}
 }
@@ -245,4 +245,58 @@ func peerGone(fd int) bool {
 // host's (out of descriptors or memory), not the backend's.
 func isLocalDialError(err error) bool {
 	return isFDLimit(err) || err == unix.EADDRNOTAVAIL
+}
+
+// System calls of the event loop's hot path, made raw: every one of them is
+// on a non-blocking descriptor (or an epoll_wait with a zero timeout) and
+// returns at once, so there is nothing to gain from telling the scheduler
+// (entersyscall/exitsyscall), and much to lose: a P seen in a system call
+// is handed to another thread by sysmon, which itself then polls every
+// 20 µs instead of backing off (the nanosleep and futex calls of the first
+// bench's strace profile).
+
+func sysRead(fd int, p []byte) (int, error) {
+	n, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}
+
+func sysWrite(fd int, p []byte) (int, error) {
+	n, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}
+
+func sysSplice(in, out, n int) (int, error) {
+	m, _, e := unix.RawSyscall6(unix.SYS_SPLICE, uintptr(in), 0, uintptr(out), 0, uintptr(n), unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+	if e != 0 {
+		return 0, e
+	}
+	return int(m), nil
+}
+
+// sysEpollPoll harvests ready events without waiting.
+func sysEpollPoll(ep int, events []unix.EpollEvent) (int, error) {
+	n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(ep), uintptr(unsafe.Pointer(unsafe.SliceData(events))), uintptr(len(events)), 0, 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}
+
+func sysClose(fd int) { unix.RawSyscall(unix.SYS_CLOSE, uintptr(fd), 0, 0) }
+
+func sysShutdownWrite(fd int) { unix.RawSyscall(unix.SYS_SHUTDOWN, uintptr(fd), unix.SHUT_WR, 0) }
+
+func sysSetsockoptInt(fd, level, name, v int) error {
+	val := int32(v)
+	_, _, e := unix.RawSyscall6(unix.SYS_SETSOCKOPT, uintptr(fd), uintptr(level), uintptr(name), uintptr(unsafe.Pointer(&val)), 4, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
 }

@@ -86,7 +86,7 @@ func getOriginalDst(fd int) (netip.AddrPort, error) {
 }
 
 func getsockopt(fd, level, name int, v unsafe.Pointer, l *uint32) error {
-	_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), uintptr(level), uintptr(name), uintptr(v), uintptr(unsafe.Pointer(l)), 0)
+	_, _, errno := unix.RawSyscall6(unix.SYS_GETSOCKOPT, uintptr(fd), uintptr(level), uintptr(name), uintptr(v), uintptr(unsafe.Pointer(l)), 0)
 	if errno != 0 {
 		return errno
 	}
