@@ -364,43 +364,8 @@ func (r *relay) pump() {
 func (r *relay) flow(h *half, src, dst *side) bool {
 	for {
 		// Bytes already taken from src go first.
-		if h.p != nil {
-			for h.p.data > 0 {
-				m, err := sysSplice(h.p.r, dst.fd, h.p.data)
-				switch {
-				case err == unix.EINTR:
-					continue
-				case err == unix.EAGAIN:
-					dst.writable = false
-					return true
-				case err != nil:
-					r.fail(h, err)
-					return false
-				}
-				h.p.data -= m
-				h.bytes += int64(m)
-			}
-			putPipe(h.p)
-			h.p = nil
-		}
-		if h.buf != nil {
-			for h.off < h.n {
-				m, err := sysWrite(dst.fd, (*h.buf)[h.off:h.n])
-				switch {
-				case err == unix.EINTR:
-					continue
-				case err == unix.EAGAIN:
-					dst.writable = false
-					return true
-				case err != nil:
-					r.fail(h, err)
-					return false
-				}
-				h.off += m
-				h.bytes += int64(m)
-			}
-			bufferPool.Put(h.buf)
-			h.buf = nil
+		if empty, alive := r.flushHeld(h, dst); !alive || !empty {
+			return alive
 		}
 		if h.done {
 			return true
@@ -432,6 +397,48 @@ func (r *relay) flow(h *half, src, dst *side) bool {
 		if !r.readIn(h, src, dst) {
 			return false
 		}
+	}
+}
+
+// flushHeld writes the bytes h holds (in its pipe or its buffer) to dst,
+// and returns the pipe or buffer once empty. It reports whether h holds
+// nothing now, and false for alive when the relay ended.
+func (r *relay) flushHeld(h *half, dst *side) (empty, alive bool) {
+	for {
+		var m int
+		var err error
+		switch {
+		case h.p != nil && h.p.data > 0:
+			m, err = sysSplice(h.p.r, dst.fd, h.p.data)
+		case h.buf != nil && h.off < h.n:
+			m, err = sysWrite(dst.fd, (*h.buf)[h.off:h.n])
+		default:
+			if h.p != nil {
+				putPipe(h.p)
+				h.p = nil
+			}
+			if h.buf != nil {
+				bufferPool.Put(h.buf)
+				h.buf = nil
+			}
+			return true, true
+		}
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			dst.writable = false
+			return false, true
+		case err != nil:
+			r.fail(h, err)
+			return false, false
+		}
+		if h.p != nil {
+			h.p.data -= m
+		} else {
+			h.off += m
+		}
+		h.bytes += int64(m)
 	}
 }
 
