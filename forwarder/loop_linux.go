@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -187,10 +188,12 @@ type worker struct {
 	now    int64 // monotime at the last harvest
 	armed  int64 // the read deadline set on file: 0 none, -1 passed
 	quit   bool
+	yield  bool // poll returned with work left, to let other goroutines run
 
 	relays []*relay        // open connections, dialling ones included
 	free   []*relay        // finished, for reuse
 	again  []*loopListener // listeners with more connections to accept
+	busy   []relayRef      // relays that used up a turn with bytes still to move
 
 	rsa unix.RawSockaddrAny // accept's peer address
 	sa4 unix.RawSockaddrInet4
@@ -241,6 +244,10 @@ func (w *worker) run() {
 		err := w.rc.Read(w.pollFn)
 		switch {
 		case err == nil:
+			if w.yield {
+				w.yield = false
+				runtime.Gosched()
+			}
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			// The deadline stays passed until it is set again, and Read
 			// fails before calling poll while it is: set it here.
@@ -287,8 +294,15 @@ func (w *worker) poll(uintptr) bool {
 			w.dispatch(n)
 			w.fire()
 		}
-		if len(w.again) > 0 {
+		if len(w.again) > 0 || len(w.busy) > 0 {
 			w.acceptAgain()
+			w.pumpBusy()
+			if len(w.again) > 0 || len(w.busy) > 0 {
+				// Still more: let the goroutines sharing this P run first
+				// (the loop's raw system calls never yield).
+				w.yield = true
+				return true
+			}
 			continue
 		}
 		if w.quit {
@@ -575,6 +589,32 @@ func (w *worker) accept(ln *loopListener) {
 	if !ln.queued { // more may wait with no new edge: come back before parking
 		ln.queued = true
 		w.again = append(w.again, ln)
+	}
+}
+
+// relayRef is a relay as it was when queued: a relay that finished and
+// was reused since has another id.
+type relayRef struct {
+	r  *relay
+	id uint64
+}
+
+// later queues r to be pumped again before the worker waits.
+func (w *worker) later(r *relay) {
+	if !r.queued {
+		r.queued = true
+		w.busy = append(w.busy, relayRef{r, r.id})
+	}
+}
+
+func (w *worker) pumpBusy() {
+	busy := w.busy
+	w.busy = nil
+	for _, ref := range busy {
+		if ref.r.id == ref.id && ref.r.state == relayOpen {
+			ref.r.queued = false
+			ref.r.pump()
+		}
 	}
 }
 

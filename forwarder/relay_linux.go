@@ -44,6 +44,11 @@ const (
 // for connection churn, not the peak of a spike.
 const maxFreeRelays = 256
 
+// turnBudget is how much one half reads before the worker's other
+// connections get their turn: a bulk stream whose source never runs dry
+// would otherwise hold its worker for as long as it flows.
+const turnBudget = 1 << 20
+
 // errDialTimeout is a connect attempt that took longer than its
 // DialTimeouts entry.
 var errDialTimeout = errors.New("connect timed out")
@@ -64,6 +69,7 @@ type half struct {
 	off, n   int
 	splicing bool // the direction looks like bulk
 	small    int  // small spliced chunks in a row
+	turn     int  // bytes read in this turn (see turnBudget)
 	eof      bool // the source ended; shut the sink once the bytes are out
 	done     bool // the sink was shut
 	bytes    int64
@@ -89,6 +95,7 @@ type relay struct {
 
 	reason   closeReason
 	draining bool
+	queued   bool  // in the worker's later list
 	last     int64 // monotime bytes last moved
 
 	dialT, idleT, drainT timer
@@ -383,6 +390,13 @@ func (r *relay) flow(h *half, src, dst *side) bool {
 		if !src.readable {
 			return true
 		}
+		if h.turn >= turnBudget {
+			// Enough for one turn: the worker's other connections go
+			// first, and this one is pumped again before the loop waits.
+			h.turn = 0
+			r.w.later(r)
+			return true
+		}
 		if h.splicing {
 			if p := getPipe(); p != nil {
 				if !r.spliceIn(h, p, src) {
@@ -465,6 +479,7 @@ func (r *relay) spliceIn(h *half, p *pipe, src *side) bool {
 		// A short splice says nothing of what is left (the pipe may be out
 		// of slots), so src stays readable until it says EAGAIN.
 		r.last = r.w.now
+		h.turn += m
 		p.data = m
 		h.p = p
 		if m < smallChunk {
@@ -503,6 +518,7 @@ func (r *relay) readIn(h *half, src, dst *side) bool {
 		return true
 	}
 	r.last = r.w.now
+	h.turn += n
 	if n < len(buf) {
 		// The socket is empty now; with its FIN already queued, this was
 		// the last of it: no read to see EOF.
