@@ -308,11 +308,14 @@ func (w *worker) poll(uintptr) bool {
 		if w.quit {
 			return true
 		}
-		if n == len(w.events) {
-			continue // more may be queued with no new edge to wake us
+		if n > 0 {
+			// Under load more events have come while these were handled:
+			// take them now rather than through a round trip of the
+			// scheduler (park, netpoll, wake).
+			continue
 		}
-		// Events that arrive from here on signal the epoll fd anew, so
-		// parking loses none.
+		// Nothing is queued, and events that arrive from here on signal
+		// the epoll fd anew: parking loses none.
 		w.arm()
 		return false
 	}
