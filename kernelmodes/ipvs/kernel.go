@@ -4,8 +4,6 @@ import (
 	"context"
 	"net/netip"
 
-	"github.com/moby/ipvs"
-
 	"github.com/svcproxy/svcproxy/netfilter"
 )
 
@@ -19,17 +17,15 @@ import (
 // ESRCH for a missing virtual service, ENOENT for a missing real server or
 // an unknown scheduler.
 type IPVS interface {
-	GetServices() ([]*ipvs.Service, error)
-	NewService(*ipvs.Service) error
-	UpdateService(*ipvs.Service) error
-	DelService(*ipvs.Service) error
-	GetDestinations(*ipvs.Service) ([]*ipvs.Destination, error)
-	NewDestination(*ipvs.Service, *ipvs.Destination) error
-	UpdateDestination(*ipvs.Service, *ipvs.Destination) error
-	DelDestination(*ipvs.Service, *ipvs.Destination) error
+	GetServices() ([]*Service, error)
+	NewService(*Service) error
+	UpdateService(*Service) error
+	DelService(*Service) error
+	GetDestinations(*Service) ([]*Destination, error)
+	NewDestination(*Service, *Destination) error
+	UpdateDestination(*Service, *Destination) error
+	DelDestination(*Service, *Destination) error
 }
-
-var _ IPVS = (*ipvs.Handle)(nil)
 
 // Links manages the dummy interface that holds the virtual IPs and reads the
 // node's addresses.
