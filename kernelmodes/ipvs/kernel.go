@@ -15,7 +15,9 @@ import (
 // IPVS is the subset of *ipvs.Handle (github.com/moby/ipvs) Mode calls. The
 // kernel reports errors as syscall.Errno: EEXIST when creating what exists,
 // ESRCH for a missing virtual service, ENOENT for a missing real server or
-// an unknown scheduler.
+// an unknown scheduler. Service and Destination are moby/ipvs's own types
+// on Linux (types_linux.go), and a mirror of them elsewhere, where only the
+// fakes implement IPVS.
 type IPVS interface {
 	GetServices() ([]*Service, error)
 	NewService(*Service) error
