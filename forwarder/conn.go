@@ -333,16 +333,10 @@ const (
 // have been idle for IdleTimeout, counting both directions; when it passes
 // with the other direction active, it is moved on rather than acted upon.
 func (c *conn) copy(s *splicer, dst, src *net.TCPConn, self, other *atomic.Int64, total *int64) copyEnd {
-	srcRC, err := src.SyscallConn()
-	if err != nil {
+	if err := s.attach(src, dst); err != nil {
 		return endError
 	}
-	dstRC, err := dst.SyscallConn()
-	if err != nil {
-		return endError
-	}
-	s.reset(srcRC, dstRC)
-	defer s.reset(nil, nil)
+	defer s.detach()
 	idle := c.f.cfg.IdleTimeout
 	if idle > 0 {
 		_ = src.SetReadDeadline(time.Now().Add(idle))

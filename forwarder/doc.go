@@ -48,4 +48,35 @@
 //
 // The connection log takes a copy of a fixed-size record; metrics children
 // are resolved once.
+//
+// # Other systems
+//
+// On Windows and macOS/BSD the forwarder builds with the goroutine engine
+// only (Config.Engine = EngineEventLoop is refused) and serves frontend
+// listeners (Config.BindFrontends): the userspace mode without steering.
+// What it gives up, each failing or warning by name rather than quietly:
+//
+//   - Redirect listeners and NodePort claims need SO_ORIGINAL_DST and
+//     steering rules: New fails with errors.ErrUnsupported.
+//   - No SO_REUSEPORT that spreads connections: each address has one
+//     listening socket whatever Workers says; its accept loop hands each
+//     connection to a goroutine, so they still spread over cores.
+//   - No SO_MARK: a Mark of zero means none, and a positive one is logged
+//     as unsupported and dropped (there are no rules for it to bypass).
+//   - No splice(2): each chunk is read into a pooled 64 KiB buffer and
+//     written out (splice_other.go). A direction waits for its source to
+//     be readable before it borrows one (a zero-byte overlapped read on
+//     Windows, a MSG_PEEK on Unix), so idle connections still hold none.
+//   - UDP reads and writes one datagram a call. On Windows x/net has no
+//     control messages, so the address a client wrote to is unknown: a
+//     UDP frontend on the unspecified address (a NodePort) fails to open
+//     with errors.ErrUnsupported, and Go disables ICMP port-unreachable
+//     reports there, so a flow to a dead UDP backend lasts until
+//     UDPIdleTimeout instead of ending at once.
+//   - Windows errors (WSAECONNREFUSED, WSAECONNRESET, WSAEMFILE,
+//     WSAENOBUFS, ...) are mapped for retry on refusal and accept backoff;
+//     leak checks in the tests count goroutines only (no /proc/self/fd).
+//
+// Only Linux runs the tests; internal/hygiene checks that the package and
+// its tests build for windows and darwin.
 package forwarder

@@ -48,7 +48,7 @@ func (e *goEngine) listen(k listenKey, inherited func(i int) *os.File) (tcpListe
 	lc := net.ListenConfig{Control: listenControl, KeepAliveConfig: keepAliveConfig(f.cfg.KeepAlive)}
 	g := &goListeners{e: e, redirect: k.redirect}
 	addr := k.addr
-	for i := 0; i < f.cfg.Workers; i++ {
+	for i := range listenSockets(f.cfg.Workers) {
 		var ln net.Listener
 		var err error
 		if file := inherited(i); file != nil {

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"golang.org/x/sys/unix"
 
 	"github.com/svcproxy/svcproxy/lb"
 )
@@ -293,8 +292,8 @@ func (f *Forwarder) Sockets() (map[string]*os.File, error) {
 		add(udpSocketName(k), file, err)
 	}
 	for k, c := range f.claims {
-		fd, err := unix.FcntlInt(c.Fd(), unix.F_DUPFD_CLOEXEC, 0)
-		add(k.socketName(), os.NewFile(uintptr(fd), k.socketName()), err)
+		file, err := dupClaim(k, c)
+		add(k.socketName(), file, err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		for _, file := range out {

@@ -1,6 +1,7 @@
 package forwarder
 
 import (
+	"net"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -148,6 +149,23 @@ func (s *splicer) reset(src, dst syscall.RawConn) {
 	s.src, s.dst = src, dst
 	s.splicing, s.small = false, 0
 }
+
+// attach readies s to move src's bytes to dst.
+func (s *splicer) attach(src, dst *net.TCPConn) error {
+	srcRC, err := src.SyscallConn()
+	if err != nil {
+		return err
+	}
+	dstRC, err := dst.SyscallConn()
+	if err != nil {
+		return err
+	}
+	s.reset(srcRC, dstRC)
+	return nil
+}
+
+// detach lets go of the connection's sockets.
+func (s *splicer) detach() { s.reset(nil, nil) }
 
 // chunk waits until src has bytes (or EOF, or its read deadline), then
 // moves what it has to dst. It returns the bytes moved; 0 and a nil error

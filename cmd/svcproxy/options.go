@@ -426,12 +426,8 @@ func parseFlags(args []string, env environment) (*options, error) {
 	if o.clusterCIDRs, err = parsePrefixes(*clusterCIDRs); err != nil {
 		return nil, fmt.Errorf("--cluster-cidr: %w", err)
 	}
-	if o.handoverSocket == "auto" {
-		ns, err := os.Readlink("/proc/self/ns/net") // "net:[4026531840]"
-		if err != nil {
-			return nil, fmt.Errorf("--handover-socket=auto: reading the network namespace: %w", err)
-		}
-		o.handoverSocket = "/run/svcproxy/handover-" + strings.Trim(strings.TrimPrefix(ns, "net:"), "[]") + ".sock"
+	if o.handoverSocket, err = handoverSocketPath(o.handoverSocket); err != nil {
+		return nil, fmt.Errorf("--handover-socket: %w", err)
 	}
 	if o.steering != "none" && o.steering != "redirect" {
 		return nil, fmt.Errorf("--steering: want redirect or none, got %q", o.steering)
