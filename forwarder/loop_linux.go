@@ -376,6 +376,8 @@ func (w *worker) fire() {
 			t.c.idleCheck()
 		case timerDrain:
 			t.c.drainCheck()
+		case timerKeepalive:
+			t.c.keepalive()
 		case timerAccept:
 			t.ln.paused = false
 			w.accept(t.ln)

@@ -98,7 +98,7 @@ type relay struct {
 	queued   bool  // in the worker's later list
 	last     int64 // monotime bytes last moved
 
-	dialT, idleT, drainT timer
+	dialT, idleT, drainT, keepT timer
 
 	rec connlog.Record
 }
@@ -115,6 +115,7 @@ func (w *worker) newRelay() *relay {
 		r.dialT = timer{idx: -1, kind: timerDial, c: r}
 		r.idleT = timer{idx: -1, kind: timerIdle, c: r}
 		r.drainT = timer{idx: -1, kind: timerDrain, c: r}
+		r.keepT = timer{idx: -1, kind: timerKeepalive, c: r}
 	}
 	r.idx = len(w.relays)
 	w.relays = append(w.relays, r)
@@ -196,9 +197,9 @@ func (r *relay) dial(now time.Time) {
 		r.attempt++
 		r.backend = b
 		r.dialFrom = monotime()
-		fd, err := connectSocket(b.Addr, f.cfg.Mark, w.e.upstreamOpts, &w.sa4, &w.sa6)
+		fd, err := connectSocket(b.Addr, f.cfg.Mark, &w.sa4, &w.sa6)
 		if isFDLimit(err) && shedPipes() > 0 { // idle splice pipes hold descriptors
-			fd, err = connectSocket(b.Addr, f.cfg.Mark, w.e.upstreamOpts, &w.sa4, &w.sa6)
+			fd, err = connectSocket(b.Addr, f.cfg.Mark, &w.sa4, &w.sa6)
 		}
 		if err == nil {
 			if err = w.register(fd, fdEntry{r: r, upstream: true}, unix.EPOLLIN|unix.EPOLLOUT|unix.EPOLLRDHUP|unix.EPOLLET); err != nil {
@@ -350,7 +351,24 @@ func (r *relay) connected() {
 	if idle := f.cfg.IdleTimeout; idle > 0 {
 		w.timers.set(&r.idleT, w.now+int64(idle))
 	}
+	if w.e.upstreamOpts != nil {
+		w.timers.set(&r.keepT, w.now+int64(f.cfg.KeepAlive))
+	}
 	r.pump()
+}
+
+// keepalive turns TCP keepalive on for the backend socket of a relay that
+// has lived KeepAlive. A younger connection cannot be due a probe yet, and
+// most never get this old: three setsockopt calls fewer per connection.
+// The first probe of an idle connection comes between one and two
+// KeepAlive periods after its last bytes instead of after one.
+func (r *relay) keepalive() {
+	for _, o := range r.w.e.upstreamOpts {
+		if err := sysSetsockoptInt(r.up.fd, o.level, o.name, o.value); err != nil {
+			r.w.log.Debug("cannot turn keepalive on for a backend connection", zap.String("option", o.what), zap.Error(err))
+			return
+		}
+	}
 }
 
 // pump moves what both halves can move now.
@@ -378,7 +396,13 @@ func (r *relay) flow(h *half, src, dst *side) bool {
 			return true
 		}
 		if h.eof {
-			sysShutdownWrite(dst.fd)
+			// The sink's FIN: by shutdown while the other direction still
+			// flows, by the close that follows at once when it is done
+			// too (its source is drained, so close sends a FIN, not a
+			// reset).
+			if other := r.other(h); !other.done {
+				sysShutdownWrite(dst.fd)
+			}
 			h.done = true
 			if h == &r.in {
 				r.setReason(reasonClientEOF)
@@ -454,6 +478,13 @@ func (r *relay) flushHeld(h *half, dst *side) (empty, alive bool) {
 		}
 		h.bytes += int64(m)
 	}
+}
+
+func (r *relay) other(h *half) *half {
+	if h == &r.in {
+		return &r.out
+	}
+	return &r.in
 }
 
 // spliceIn moves what src has into p, which becomes h's pipe.
@@ -626,6 +657,7 @@ func (r *relay) finish() {
 	w, f := r.w, r.w.f
 	w.timers.stop(&r.idleT)
 	w.timers.stop(&r.drainT)
+	w.timers.stop(&r.keepT)
 	w.closeFD(r.client.fd)
 	w.closeFD(r.up.fd)
 	for _, h := range []*half{&r.in, &r.out} {
@@ -678,7 +710,7 @@ func (r *relay) release() {
 	w.relays[last] = nil
 	w.relays = w.relays[:last]
 	w.timers.stop(&r.dialT)
-	*r = relay{w: w, dialT: r.dialT, idleT: r.idleT, drainT: r.drainT, idx: -1}
+	*r = relay{w: w, dialT: r.dialT, idleT: r.idleT, drainT: r.drainT, keepT: r.keepT, idx: -1}
 	if len(w.free) < maxFreeRelays { // past a spike, the rest is garbage to return
 		w.free = append(w.free, r)
 	}

@@ -163,10 +163,10 @@ func setPort(p *uint16, port uint16) {
 }
 
 // connectSocket starts a non-blocking connect to a from a new socket with
-// the forwarder's upstream options: SO_MARK (mark > 0), TCP_NODELAY and
-// keepalive. A nil error means the connect is under way (or done); its
+// SO_MARK (mark > 0) and TCP_NODELAY (keepalive comes later, see
+// relay.keepalive). A nil error means the connect is under way (or done); its
 // outcome arrives as EPOLLOUT or EPOLLERR. sa4 and sa6 are scratch space.
-func connectSocket(a netip.AddrPort, mark int, keepalive []sockopt, sa4 *unix.RawSockaddrInet4, sa6 *unix.RawSockaddrInet6) (int, error) {
+func connectSocket(a netip.AddrPort, mark int, sa4 *unix.RawSockaddrInet4, sa6 *unix.RawSockaddrInet6) (int, error) {
 	family := unix.AF_INET
 	if a.Addr().Is6() {
 		family = unix.AF_INET6
@@ -184,12 +184,6 @@ func connectSocket(a netip.AddrPort, mark int, keepalive []sockopt, sa4 *unix.Ra
 	if err := sysSetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
 		sysClose(fd)
 		return -1, err
-	}
-	for _, o := range keepalive {
-		if err := sysSetsockoptInt(fd, o.level, o.name, o.value); err != nil {
-			sysClose(fd)
-			return -1, err
-		}
 	}
 	var p unsafe.Pointer
 	var l uintptr

@@ -25,6 +25,7 @@ const (
 	timerIdle
 	timerDrain
 	timerAccept
+	timerKeepalive
 )
 
 func (t *timer) armed() bool { return t.idx >= 0 }
