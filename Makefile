@@ -30,6 +30,7 @@ run-static: build
 test: test-deps
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 60m $(PKGS)
+	SVCPROXY_FORWARDER_ENGINE=goroutines $(GO) test -race -count=1 -timeout 10m ./forwarder/
 	$(MAKE) fuzz FUZZEXECS=10000
 	$(MAKE) test-kube
 
@@ -84,11 +85,12 @@ fuzz:
 	$(GO) test -run=x -fuzz=FuzzApply -fuzztime=$(FUZZEXECS)x ./redirect
 	$(GO) test -run=x -fuzz=FuzzApply -fuzztime=$(FUZZEXECS)x ./kernelmodes/iptables
 
-# The programs each command needs, as program:Debian package.
+# What each command needs, as program (or absolute path):Debian package.
 RUN_TOOLS  := ip:iproute2 iptables:iptables iptables-restore:iptables ipset:ipset
 TEST_TOOLS := $(RUN_TOOLS) ping:iputils-ping conntrack:conntrack dig:dnsutils dnsmasq:dnsmasq-base \
 	unshare:util-linux mount:mount qemu-system-x86_64:qemu-system-x86
-BENCH_TOOLS := $(TEST_TOOLS) wrk:wrk iperf3:iperf3 haproxy:haproxy nginx:nginx
+BENCH_TOOLS := $(TEST_TOOLS) wrk:wrk iperf3:iperf3 haproxy:haproxy nginx:nginx \
+	/usr/lib/nginx/modules/ngx_stream_module.so:libnginx-mod-stream
 
 # $(call install,TOOLS,ROOTLESS): install the packages of the missing
 # programs with apt-get (apt-get update first), only when one is missing, so
@@ -96,7 +98,10 @@ BENCH_TOOLS := $(TEST_TOOLS) wrk:wrk iperf3:iperf3 haproxy:haproxy nginx:nginx
 # (fail, or warn and go on).
 define install
 	@missing=; for pair in $(1); do \
-		PATH="$$PATH:/usr/sbin:/sbin" command -v "$${pair%%:*}" >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \
+		need=$${pair%%:*}; case $$need in \
+		/*) [ -e "$$need" ] ;; \
+		*) PATH="$$PATH:/usr/sbin:/sbin" command -v "$$need" >/dev/null 2>&1 ;; \
+		esac || missing="$$missing $${pair#*:}"; \
 	done; \
 	missing=$$(printf '%s\n' $$missing | sort -u | tr '\n' ' '); \
 	if [ -z "$${missing# }" ]; then exit 0; fi; \

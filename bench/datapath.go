@@ -335,6 +335,13 @@ func (r *modeRound) idle(ctx context.Context) error {
 	r.sample(testIdle, "rss_mib", float64(mem.rssKiB)/1024, "MiB", tool)
 	r.sample(testIdle, "pss_mib", float64(mem.pssKiB)/1024, "MiB", tool)
 	r.sample(testIdle, "rss_base_mib", float64(base.rssKiB)/1024, "MiB", tool)
+	if r.run.Goroutines != nil {
+		if g, err := r.run.Goroutines(); err == nil {
+			r.sample(testIdle, "goroutines", float64(g), "goroutines", "the proxy's go_goroutines metric")
+		} else {
+			fmt.Fprintf(os.Stderr, "bench: %s: reading the goroutine count: %v\n", r.mode.Name(), err)
+		}
+	}
 	if held > 0 {
 		// Per connection the proxy holds; where fewer than asked could be
 		// opened (open-files limit), scaled to the number asked for.

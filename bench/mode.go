@@ -35,6 +35,10 @@ type Running struct {
 	// PIDs returns the processes whose CPU time and memory are the proxy's;
 	// nil when the data path is the kernel's (no process to charge).
 	PIDs func() []int
+	// Goroutines, where the proxy is a Go program, reads how many
+	// goroutines it runs (the idle test reports it: a goroutine per
+	// connection would show there).
+	Goroutines func() (int, error)
 	// Balances tells whether the mode spreads a Service over its endpoints
 	// (the fault test needs it).
 	Balances bool
@@ -85,6 +89,7 @@ type CPResult struct {
 var modes = []Mode{
 	directMode{},
 	svcproxyMode{name: "svcproxy-userspace"},
+	svcproxyMode{name: "svcproxy-vip", onVIP: true},
 	&kubeDNATMode{},
 	kubeDNATMasqMode{&kubeDNATMode{masqueradeAll: true}},
 	svcproxyMode{name: "svcproxy-iptables", kernelMode: "iptables"},

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,11 +26,17 @@ type svcproxyMode struct {
 	// kernelMode is "" for the userspace mode, else the --proxy-mode value
 	// ("iptables", "ipvs").
 	kernelMode string
+	// onVIP runs the userspace mode on the peers' footing: listening on the
+	// VIPs put on the node's lo, no steering rules, no connection log.
+	onVIP bool
 }
 
 func (m svcproxyMode) Name() string { return m.name }
 
 func (m svcproxyMode) Describe() string {
+	if m.onVIP {
+		return "svcproxy, userspace mode listening on the VIPs (on the node's lo) as the peer proxies do: no steering rules, --conn-log off"
+	}
 	if m.kernelMode == "" {
 		return "svcproxy, userspace mode: REDIRECT steering (ipset) into the splice forwarder, 2 workers (GOMAXPROCS), --conn-log off"
 	}
@@ -47,7 +56,7 @@ func hasFlag(e *Env, name string) bool {
 		out, _ := exec.Command(e.Svcproxy, "--help").CombinedOutput()
 		svcproxyHelp.text = string(out)
 	})
-	return regexp.MustCompile(`(?m)^\s+-` + regexp.QuoteMeta(name) + `\b`).MatchString(svcproxyHelp.text)
+	return regexp.MustCompile(`(?m)^\s+--?` + regexp.QuoteMeta(name) + `\b`).MatchString(svcproxyHelp.text) // "-name" (Go's usage), "--name" (grouped help)
 }
 
 func (m svcproxyMode) Available(e *Env) error {
@@ -70,9 +79,12 @@ func (m svcproxyMode) args(e *Env, services string) []string {
 	args := []string{"--services", services, "--conn-log=", "--hostname-override", "node",
 		"--metrics-bind-address", "127.0.0.1:10249", "--healthz-bind-address", "127.0.0.1:10256", "--drain-timeout", "1s",
 		"--log-format=json"}
-	if m.kernelMode == "" {
+	switch {
+	case m.onVIP:
+		args = append(args, "--steering=none")
+	case m.kernelMode == "":
 		args = append(args, "--steering=redirect")
-	} else {
+	default:
 		args = append(args, "--proxy-mode="+m.kernelMode)
 	}
 	if hasFlag(e, "handover-socket") {
@@ -253,6 +265,11 @@ func servicesFile(c *Cluster, services []SvcPort) (string, error) {
 }
 
 func (m svcproxyMode) Start(ctx context.Context, c *Cluster) (*Running, error) {
+	if m.onVIP {
+		if err := addVIPs(c); err != nil {
+			return nil, err
+		}
+	}
 	file, err := servicesFile(c, c.Services)
 	if err != nil {
 		return nil, err
@@ -273,6 +290,7 @@ func (m svcproxyMode) Start(ctx context.Context, c *Cluster) (*Running, error) {
 	}
 	if m.kernelMode == "" {
 		run.PIDs = func() []int { return []int{sp.Pid()} }
+		run.Goroutines = func() (int, error) { return goroutines(c) }
 	} // a kernel mode's process only programs: the data path is the kernel's
 	if backend != "" {
 		run.Notes = append(run.Notes, "Its iptables rules use the "+backend+" backend (the node's default iptables)")
@@ -422,4 +440,37 @@ func countEndpoints(services []SvcPort) int {
 		n += len(s.Endpoints)
 	}
 	return n
+}
+
+// goroutines reads go_goroutines from the svcproxy on c's node (its
+// metrics listen on the node's loopback, see args).
+func goroutines(c *Cluster) (int, error) {
+	var n int
+	err := c.Topo.Node.Do(func() error {
+		// net/http would dial from a goroutine of its own, outside the
+		// node's namespace: dial here and speak HTTP/1.0 by hand.
+		conn, err := net.DialTimeout("tcp", "127.0.0.1:10249", 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(conn, "GET /metrics HTTP/1.0\r\n\r\n"); err != nil {
+			return err
+		}
+		sc := bufio.NewScanner(conn)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			if v, ok := strings.CutPrefix(sc.Text(), "go_goroutines "); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				n = int(f)
+				return err
+			}
+		}
+		if err := sc.Err(); err != nil {
+			return err
+		}
+		return fmt.Errorf("no go_goroutines in svcproxy's metrics")
+	})
+	return n, err
 }

@@ -4,15 +4,16 @@
 //
 //	apiVersion: kubeproxy.config.k8s.io/v1alpha1
 //	kind: KubeProxyConfiguration
-//	bindAddress: 0.0.0.0              # where the userspace proxy listens (its redirect port)
+//	bindAddress: 0.0.0.0              # this node's primary IP of its family (for nodePortAddresses: [primary]); 0.0.0.0: from the Node
 //	healthzBindAddress: 0.0.0.0:10256 # /healthz, /livez; "" off
 //	metricsBindAddress: 127.0.0.1:10249
-//	mode: ""                          # userspace | iptables | ipvs; "": the Node's annotation, else the best available
+//	mode: ""                          # userspace | iptables | ipvs; "": the Node's annotation, else userspace
 //	hostnameOverride: ""              # this node's name; "": the hostname
-//	nodePortAddresses: []             # CIDRs (or "primary"); empty: every node address
+//	nodePortAddresses: []             # CIDRs, or [primary]: the Node's primary IPs; empty: every node address
+//	oomScoreAdj: -999                 # unset: left as it is
 //	clusterCIDR: ""                   # pod CIDRs, comma-separated
 //	iptables: {masqueradeBit: 14, masqueradeAll: false, syncPeriod: 30s, minSyncPeriod: 1s}
-//	ipvs: {scheduler: "", syncPeriod: 30s, minSyncPeriod: 0s}
+//	ipvs: {scheduler: "", syncPeriod: 30s, minSyncPeriod: 0s}   # scheduler: rr, wrr, lc, wlc, sh, dh, mh
 //	conntrack: {udpTimeout: 0s}
 //	clientConnection: {kubeconfig: "", qps: 5, burst: 10, contentType: application/vnd.kubernetes.protobuf}
 //	configSyncPeriod: 15m0s
@@ -21,6 +22,7 @@
 //	  redirectPort: 15001
 //	  workers: 0
 //	  dialTimeouts: [250ms, 500ms, 1s, 2s]
+//	  proxyName: ""                   # serve only Services labelled service.kubernetes.io/service-proxy-name=<this>
 //	  ...
 //
 // Decoding is strict: an unknown field, a value of the wrong type or out of
@@ -37,6 +39,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -76,8 +79,10 @@ type Config struct {
 	APIVersion string `yaml:"apiVersion"`
 	Kind       string `yaml:"kind"`
 
-	// BindAddress is the IP the userspace proxy listens on (for its
-	// redirect port), as old kube-proxy's userspace mode. Default 0.0.0.0.
+	// BindAddress overrides this node's primary IP of its family, as in
+	// kube-proxy (the name is historical: nothing binds to it); it is what
+	// nodePortAddresses: [primary] serves NodePorts on. Default 0.0.0.0:
+	// the Node object's addresses.
 	BindAddress string `yaml:"bindAddress"`
 	// HealthzBindAddress is host:port of /healthz and /livez; "" turns them
 	// off. Default 0.0.0.0:10256.
@@ -86,15 +91,19 @@ type Config struct {
 	// Default 127.0.0.1:10249.
 	MetricsBindAddress string `yaml:"metricsBindAddress"`
 	// Mode is userspace, iptables or ipvs; "" (default): the Node's
-	// net.experimental.kubernetes.io/proxy-mode annotation, else the best
-	// the kernel has.
+	// net.experimental.kubernetes.io/proxy-mode annotation, else userspace.
 	Mode string `yaml:"mode"`
 	// HostnameOverride is this node's name; "" (default): the hostname.
 	HostnameOverride string `yaml:"hostnameOverride"`
 	// NodePortAddresses are CIDRs: NodePorts are served only on node
-	// addresses inside them ("primary": the node's primary IPs). Empty
-	// (default): every address.
+	// addresses inside them. The single value "primary" means the node's
+	// primary IPs (one per family: the Node's first InternalIP, else
+	// ExternalIP; BindAddress, if set, for its family). Empty (default):
+	// every address.
 	NodePortAddresses []string `yaml:"nodePortAddresses"`
+	// OOMScoreAdj is the process's oom_score_adj, -1000 to 1000; unset
+	// (default): left as it is.
+	OOMScoreAdj *int32 `yaml:"oomScoreAdj"`
 	// ClusterCIDR is the pods' CIDRs, comma-separated (one per family);
 	// used to tell local traffic. Default "".
 	ClusterCIDR string `yaml:"clusterCIDR"`
@@ -125,7 +134,7 @@ type IPTables struct {
 
 // IPVS is kube-proxy's ipvs section.
 type IPVS struct {
-	Scheduler     string   `yaml:"scheduler"`     // rr (default when ""), lc, dh, sh, mh, sed, nq, wrr, wlc
+	Scheduler     string   `yaml:"scheduler"`     // one of IPVSSchedulers; "": rr
 	SyncPeriod    Duration `yaml:"syncPeriod"`    // default 30s
 	MinSyncPeriod Duration `yaml:"minSyncPeriod"` // default 0
 }
@@ -133,8 +142,8 @@ type IPVS struct {
 // Conntrack is kube-proxy's conntrack section (what svcproxy uses of it).
 type Conntrack struct {
 	// UDPTimeout is how long an idle UDP flow lives in the userspace
-	// proxy (and nf_conntrack_udp_timeout in the kernel modes); 0
-	// (default): svcproxy's own 30s, the kernel's own.
+	// proxy; 0 (default): 30s. The kernel modes leave the kernel's
+	// conntrack timeouts as they are (a value set here is warned about).
 	UDPTimeout Duration `yaml:"udpTimeout"`
 }
 
@@ -189,6 +198,10 @@ type Svcproxy struct {
 	// only Services without that label.
 	ProxyName string `yaml:"proxyName"`
 }
+
+// IPVSSchedulers are the schedulers the ipvs mode supports (its
+// ipvs.Schedulers; a test keeps the two equal).
+var IPVSSchedulers = []string{"rr", "wrr", "lc", "wlc", "sh", "dh", "mh"}
 
 // Defaults shared with the command line.
 const (
@@ -409,10 +422,11 @@ func (c *Config) Validate() error {
 	}
 	periods("iptables", c.IPTables.SyncPeriod, c.IPTables.MinSyncPeriod)
 	periods("ipvs", c.IPVS.SyncPeriod, c.IPVS.MinSyncPeriod)
-	switch c.IPVS.Scheduler {
-	case "", "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "mh":
-	default:
-		bad("ipvs.scheduler", "unknown IPVS scheduler %q", c.IPVS.Scheduler)
+	if c.IPVS.Scheduler != "" && !slices.Contains(IPVSSchedulers, c.IPVS.Scheduler) {
+		bad("ipvs.scheduler", "the ipvs mode supports %s, got %q", strings.Join(IPVSSchedulers, ", "), c.IPVS.Scheduler)
+	}
+	if a := c.OOMScoreAdj; a != nil && (*a < -1000 || *a > 1000) {
+		bad("oomScoreAdj", "want -1000 to 1000, got %d", *a)
 	}
 	if c.Conntrack.UDPTimeout < 0 {
 		bad("conntrack.udpTimeout", "must not be negative, got %v", c.Conntrack.UDPTimeout.D())

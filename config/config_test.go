@@ -6,9 +6,12 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
 )
 
 const header = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
@@ -42,6 +45,7 @@ ipvs:
   minSyncPeriod: 500ms
 conntrack:
   udpTimeout: 1m30s
+oomScoreAdj: -999
 clientConnection:
   kubeconfig: /var/lib/svcproxy/kubeconfig
   qps: 20.5
@@ -61,6 +65,8 @@ configSyncPeriod: 0s
 				c.IPTables = IPTables{MasqueradeBit: &bit, MasqueradeAll: true, SyncPeriod: Duration(time.Minute), MinSyncPeriod: Duration(2 * time.Second)}
 				c.IPVS = IPVS{Scheduler: "mh", SyncPeriod: Duration(45 * time.Second), MinSyncPeriod: Duration(500 * time.Millisecond)}
 				c.Conntrack.UDPTimeout = Duration(90 * time.Second)
+				adj := int32(-999)
+				c.OOMScoreAdj = &adj
 				c.ClientConnection = ClientConnection{Kubeconfig: "/var/lib/svcproxy/kubeconfig", QPS: 20.5, Burst: 40, ContentType: "application/json"}
 				c.ConfigSyncPeriod = 0
 			},
@@ -106,10 +112,11 @@ detectLocalMode: ClusterCIDR
 nftables: {syncPeriod: 30s}
 iptables: {localhostNodePorts: true}
 conntrack: {maxPerCore: 32768, udpTimeout: 10s}
+ipvs: {strictARP: true}
 `,
 			want: func(c *Config) { c.Conntrack.UDPTimeout = Duration(10 * time.Second) },
 			warn: []string{"line 4: featureGates: kube-proxy field ignored", "line 5: detectLocalMode", "line 6: nftables",
-				"line 7: iptables.localhostNodePorts", "line 8: conntrack.maxPerCore"},
+				"line 7: iptables.localhostNodePorts", "line 8: conntrack.maxPerCore", "line 9: ipvs.strictARP: kube-proxy field ignored"},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -167,7 +174,10 @@ func TestParseErrors(t *testing.T) {
 		{"bad bind addresses", header + "bindAddress: x\nhealthzBindAddress: \"10256\"\nmetricsBindAddress: \"a:1\"\n", []string{`bindAddress: want an IP address, got "x"`, `healthzBindAddress: want IP:port`, `metricsBindAddress: want IP:port`}},
 		{"masquerade bit", header + "iptables: {masqueradeBit: 32}\n", []string{"iptables.masqueradeBit: want 0-31, got 32"}},
 		{"sync periods", header + "iptables: {syncPeriod: 0s, minSyncPeriod: -1s}\nipvs: {syncPeriod: 1s, minSyncPeriod: 2s}\n", []string{"iptables.syncPeriod: must be positive", "iptables.minSyncPeriod: must not be negative", "ipvs.minSyncPeriod: 2s is longer than syncPeriod 1s"}},
-		{"scheduler", header + "ipvs: {scheduler: fancy}\n", []string{`ipvs.scheduler: unknown IPVS scheduler "fancy"`}},
+		{"scheduler", header + "ipvs: {scheduler: fancy}\n", []string{`ipvs.scheduler: the ipvs mode supports rr, wrr, lc, wlc, sh, dh, mh, got "fancy"`}},
+		{"scheduler the kernel has but the ipvs mode does not", header + "ipvs: {scheduler: lblc}\n", []string{`ipvs.scheduler: the ipvs mode supports rr, wrr, lc, wlc, sh, dh, mh, got "lblc"`}},
+		{"scheduler sed", header + "ipvs: {scheduler: sed}\n", []string{`ipvs.scheduler: the ipvs mode supports`}},
+		{"oom score adj", header + "oomScoreAdj: -1001\n", []string{"oomScoreAdj: want -1000 to 1000, got -1001"}},
 		{"negative udp timeout", header + "conntrack: {udpTimeout: -1s}\n", []string{"conntrack.udpTimeout: must not be negative"}},
 		{"client connection", header + "clientConnection: {qps: -1, contentType: text/plain}\n", []string{"clientConnection.qps: must not be negative", "clientConnection.contentType: want"}},
 		{"qps NaN", header + "clientConnection: {qps: .nan}\n", []string{"clientConnection.qps: want a number"}},
@@ -318,4 +328,22 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("round trip changed it:\n%+v\n%+v", c, again)
 		}
 	})
+}
+
+// TestSchedulersAgreeWithTheIPVSMode: what validation accepts is what the
+// ipvs mode runs, so no file passes validation and then fails at start.
+func TestSchedulersAgreeWithTheIPVSMode(t *testing.T) {
+	if !slices.Equal(IPVSSchedulers, ipvs.Schedulers) {
+		t.Errorf("config.IPVSSchedulers = %v, ipvs.Schedulers = %v", IPVSSchedulers, ipvs.Schedulers)
+	}
+	for _, s := range ipvs.Schedulers {
+		c := Default()
+		c.IPVS.Scheduler = s
+		if err := c.Validate(); err != nil {
+			t.Errorf("scheduler %s: %v", s, err)
+		}
+		if _, err := ipvs.New(ipvs.NewFakes(nil).Config(ipvs.Config{Scheduler: s})); err != nil {
+			t.Errorf("scheduler %s: the ipvs mode refuses it: %v", s, err)
+		}
+	}
 }

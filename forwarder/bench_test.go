@@ -9,18 +9,15 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/svcproxy/svcproxy/lb"
 )
 
 // BenchmarkThroughput streams through the proxy to a sink backend, one
 // connection, 64 MiB per op. Compare with BenchmarkThroughput/direct.
 func BenchmarkThroughput(b *testing.B) {
 	sink := startBackend(b, "sink", modeSink)
-	fe := freeFrontend(b)
-	newHarness(b, Config{Logger: zap.NewNop()}, service("bulk", fe, sink.addr))
-	for _, tc := range []struct {
-		name string
-		addr netip.AddrPort
-	}{{"direct", sink.addr}, {"proxy", fe}} {
+	for _, tc := range benchTargets(b, sink.addr, func(fe netip.AddrPort) lb.Service { return service("bulk", fe, sink.addr) }) {
 		b.Run(tc.name, func(b *testing.B) {
 			const chunk = 1 << 20
 			buf := make([]byte, chunk)
@@ -43,12 +40,7 @@ func BenchmarkThroughput(b *testing.B) {
 // request line, its echo, close.
 func BenchmarkConnect(b *testing.B) {
 	echo := startBackend(b, "echo", modeEcho)
-	fe := freeFrontend(b)
-	newHarness(b, Config{Logger: zap.NewNop()}, service("conn", fe, echo.addr))
-	for _, tc := range []struct {
-		name string
-		addr netip.AddrPort
-	}{{"direct", echo.addr}, {"proxy", fe}} {
+	for _, tc := range benchTargets(b, echo.addr, func(fe netip.AddrPort) lb.Service { return service("conn", fe, echo.addr) }) {
 		b.Run(tc.name, func(b *testing.B) {
 			b.RunParallel(func(pb *testing.PB) {
 				msg := []byte("ping\n")
@@ -76,12 +68,7 @@ func BenchmarkConnect(b *testing.B) {
 // 1 KiB over 8 connections.
 func BenchmarkRequest(b *testing.B) {
 	echo := startBackend(b, "echo", modeEcho)
-	fe := freeFrontend(b)
-	newHarness(b, Config{Logger: zap.NewNop()}, service("rr", fe, echo.addr))
-	for _, tc := range []struct {
-		name string
-		addr netip.AddrPort
-	}{{"direct", echo.addr}, {"proxy", fe}} {
+	for _, tc := range benchTargets(b, echo.addr, func(fe netip.AddrPort) lb.Service { return service("rr", fe, echo.addr) }) {
 		b.Run(tc.name, func(b *testing.B) {
 			b.SetParallelism(4)
 			b.RunParallel(func(pb *testing.PB) {
@@ -102,4 +89,26 @@ func BenchmarkRequest(b *testing.B) {
 			})
 		})
 	}
+}
+
+type benchTarget struct {
+	name string
+	addr netip.AddrPort
+}
+
+// benchTargets are the backend itself ("direct") and the Service svc
+// makes for a frontend, through a forwarder on each TCP engine this
+// platform builds.
+func benchTargets(b *testing.B, direct netip.AddrPort, svc func(fe netip.AddrPort) lb.Service) []benchTarget {
+	out := []benchTarget{{"direct", direct}}
+	engines := []Engine{EngineGoroutines}
+	if defaultEngine == EngineEventLoop {
+		engines = append(engines, EngineEventLoop)
+	}
+	for _, e := range engines {
+		fe := freeFrontend(b)
+		newHarness(b, Config{Engine: e, Logger: zap.NewNop()}, svc(fe))
+		out = append(out, benchTarget{"proxy/" + string(e), fe})
+	}
+	return out
 }

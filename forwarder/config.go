@@ -19,12 +19,20 @@ const DefaultMark = 0x80000
 // Config configures a Forwarder. Zero values mean the stated defaults.
 type Config struct {
 	// Workers is the number of SO_REUSEPORT sockets (and accept loops) per
-	// listening address. Zero: GOMAXPROCS.
+	// listening address. Zero: GOMAXPROCS. Linux only: elsewhere each
+	// address has one socket (see "Other systems" in the package comment).
 	Workers int
+
+	// Engine chooses how TCP connections are moved: EngineEventLoop (per-core
+	// epoll loops; Linux only) or EngineGoroutines (a goroutine per
+	// connection through Go's poller). Empty: EngineEventLoop on Linux,
+	// EngineGoroutines elsewhere.
+	Engine Engine
 
 	// Redirect are the addresses steering rules redirect connections to;
 	// connections there are routed by their original destination. A zero
-	// port lets the kernel choose one (see RedirectPorts).
+	// port lets the kernel choose one (see RedirectPorts). Linux only
+	// (SO_ORIGINAL_DST): elsewhere New fails with errors.ErrUnsupported.
 	Redirect []netip.AddrPort
 
 	// BindFrontends makes the forwarder also listen on every TCP frontend of
@@ -35,6 +43,7 @@ type Config struct {
 	// ClaimNodePorts holds every NodePort with a bound, unused socket, so no
 	// other program can take it while steering rules redirect its traffic.
 	// For use with Redirect; BindFrontends listens on NodePorts anyway.
+	// Linux only, like Redirect.
 	ClaimNodePorts bool
 
 	// Inherited are sockets handed over by the previous svcproxy process,
@@ -62,6 +71,9 @@ type Config struct {
 
 	// Mark is the SO_MARK of upstream sockets. Zero: DefaultMark.
 	// Negative: no mark (needs no CAP_NET_ADMIN; for tests and static mode).
+	// Linux only: elsewhere zero means no mark, and a positive one is
+	// logged as unsupported and not set (there are no steering rules for
+	// it to bypass).
 	Mark int
 
 	// UDPIdleTimeout ends a UDP flow after this long without datagrams
@@ -82,11 +94,28 @@ type Config struct {
 	Metrics *Metrics     // nil: metrics kept but not registered
 }
 
+// Engine names a TCP engine (see Config.Engine).
+type Engine string
+
+const (
+	EngineEventLoop  Engine = "eventloop"
+	EngineGoroutines Engine = "goroutines"
+)
+
 var defaultDialTimeouts = []time.Duration{250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second}
 
 func (c Config) withDefaults() (Config, error) {
 	if c.Workers == 0 {
 		c.Workers = runtime.GOMAXPROCS(0)
+	}
+	if c.Engine == "" {
+		c.Engine = defaultEngine
+	}
+	if c.Engine != EngineEventLoop && c.Engine != EngineGoroutines {
+		return c, fmt.Errorf("engine: want %q or %q, got %q", EngineEventLoop, EngineGoroutines, c.Engine)
+	}
+	if c.Engine == EngineEventLoop && defaultEngine != EngineEventLoop {
+		return c, fmt.Errorf("engine: %q is built for Linux only", EngineEventLoop)
 	}
 	if c.Workers < 0 {
 		return c, fmt.Errorf("workers: must not be negative, got %d", c.Workers)
@@ -124,13 +153,16 @@ func (c Config) withDefaults() (Config, error) {
 		c.KeepAlive = 15 * time.Second
 	}
 	if c.Mark == 0 {
-		c.Mark = DefaultMark
+		c.Mark = defaultMark
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
 	if c.Metrics == nil {
 		c.Metrics = NewMetrics(nil)
+	}
+	if err := c.checkPlatform(); err != nil {
+		return c, err
 	}
 	return c, nil
 }

@@ -41,6 +41,7 @@ const clientWatchDelay = 20 * time.Millisecond
 // time one is reused, and timers check it before acting.
 type conn struct {
 	f *Forwarder
+	e *goEngine
 
 	mu       sync.Mutex // guards gen and finished against kill
 	gen      uint64
@@ -84,9 +85,10 @@ var connPool = sync.Pool{New: func() any {
 // Service, dials a backend and starts the two copy goroutines, which finish
 // the connection; serve itself returns then, so the deep stack the dial
 // needed is not kept for the connection's life.
-func (f *Forwarder) serve(client *net.TCPConn, redirect bool) {
+func (e *goEngine) serve(client *net.TCPConn, redirect bool) {
+	f := e.f
 	c := connPool.Get().(*conn)
-	c.f, c.client, c.id = f, client, f.nextID.Add(1)
+	c.f, c.e, c.client, c.id = f, e, client, f.nextID.Add(1)
 	c.rec = connlog.Record{Start: time.Now(), ID: c.id, Protocol: "TCP"}
 	if c.open(redirect) {
 		return
@@ -146,7 +148,7 @@ func (c *conn) open(redirect bool) bool {
 	backend.Acquire()
 	f.m.activeTCP.Inc()
 
-	f.conns.add(c)
+	c.e.conns.add(c)
 	if hook := testHookAdded.Load(); hook != nil {
 		(*hook)()
 	}
@@ -155,7 +157,7 @@ func (c *conn) open(redirect bool) bool {
 	// other connection to that endpoint (closing it here would fail a
 	// client that did nothing wrong).
 	if !f.snap.Load().HasEndpoint(pool.Service.Name, backend.Addr) {
-		f.drain(c)
+		c.e.drainConn(c)
 	}
 	now := time.Now().UnixNano()
 	c.lastIn.Store(now)
@@ -194,7 +196,7 @@ func (c *conn) copied() {
 	}
 	_ = c.client.Close()
 	_ = c.upstream.Close()
-	f.conns.remove(c)
+	c.e.conns.remove(c)
 
 	reason := c.reason.Load()
 	c.rec.BytesIn, c.rec.BytesOut = c.bytesIn, c.bytesOut
@@ -331,16 +333,10 @@ const (
 // have been idle for IdleTimeout, counting both directions; when it passes
 // with the other direction active, it is moved on rather than acted upon.
 func (c *conn) copy(s *splicer, dst, src *net.TCPConn, self, other *atomic.Int64, total *int64) copyEnd {
-	srcRC, err := src.SyscallConn()
-	if err != nil {
+	if err := s.attach(src, dst); err != nil {
 		return endError
 	}
-	dstRC, err := dst.SyscallConn()
-	if err != nil {
-		return endError
-	}
-	s.reset(srcRC, dstRC)
-	defer s.reset(nil, nil)
+	defer s.detach()
 	idle := c.f.cfg.IdleTimeout
 	if idle > 0 {
 		_ = src.SetReadDeadline(time.Now().Add(idle))
@@ -429,7 +425,7 @@ func (c *conn) release() {
 		c.drainTimer = nil
 	}
 	c.mu.Unlock()
-	c.client, c.upstream, c.pool, c.backend, c.dialCancel = nil, nil, nil, nil, nil
+	c.f, c.e, c.client, c.upstream, c.pool, c.backend, c.dialCancel = nil, nil, nil, nil, nil, nil, nil
 	c.reason.Store(uint32(reasonNone))
 	c.draining.Store(false)
 	c.bytesIn, c.bytesOut = 0, 0

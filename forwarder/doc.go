@@ -28,12 +28,55 @@
 //
 // # The hot path
 //
-// Both sides stay raw TCP sockets. Bulk streams move with splice(2) through
-// a pipe, never through user space; small messages with read/write through
-// a pooled buffer; a direction switches between the two as its chunks grow
-// and shrink, and pipes and buffers are borrowed only while bytes are in
-// flight, so idle connections hold neither (see splice_linux.go).
-// Idle detection is one read deadline per direction, moved only when it
-// passes. The per-connection state comes from a sync.Pool; metrics children
-// are resolved once; the connection log takes a copy of a fixed-size record.
+// On Linux the TCP data path is an event loop per worker (loop_linux.go):
+// each worker owns an epoll instance, one SO_REUSEPORT socket of every
+// listening address and every connection accepted there, and drives each
+// connection through a state machine (relay_linux.go) with no goroutine,
+// lock or timer of its own. Both sides stay raw non-blocking sockets,
+// registered edge-triggered with EPOLLRDHUP; dials are non-blocking
+// connects completed by EPOLLOUT in the same loop; dial, idle and drain
+// deadlines live in the worker's timer heap, which sets the loop's wait.
+// Small messages pass through the worker's one read buffer; bulk streams
+// move with splice(2) through a pipe borrowed while bytes are in it; a
+// sink that cannot keep up holds its source unread until it drains. Idle
+// connections hold no buffer, no pipe and no goroutine stack.
+//
+// Elsewhere, and on Linux with Config.Engine = EngineGoroutines, each
+// connection has a goroutine that dials and two that copy through Go's
+// poller (conn.go, splice_linux.go): the same behaviour, slower, and run
+// by the same tests (make test runs the package on both engines).
+//
+// The connection log takes a copy of a fixed-size record; metrics children
+// are resolved once.
+//
+// # Other systems
+//
+// On Windows and macOS/BSD the forwarder builds with the goroutine engine
+// only (Config.Engine = EngineEventLoop is refused) and serves frontend
+// listeners (Config.BindFrontends): the userspace mode without steering.
+// What it gives up, each failing or warning by name rather than quietly:
+//
+//   - Redirect listeners and NodePort claims need SO_ORIGINAL_DST and
+//     steering rules: New fails with errors.ErrUnsupported.
+//   - No SO_REUSEPORT that spreads connections: each address has one
+//     listening socket whatever Workers says; its accept loop hands each
+//     connection to a goroutine, so they still spread over cores.
+//   - No SO_MARK: a Mark of zero means none, and a positive one is logged
+//     as unsupported and dropped (there are no rules for it to bypass).
+//   - No splice(2): each chunk is read into a pooled 64 KiB buffer and
+//     written out (splice_other.go). A direction waits for its source to
+//     be readable before it borrows one (a zero-byte overlapped read on
+//     Windows, a MSG_PEEK on Unix), so idle connections still hold none.
+//   - UDP reads and writes one datagram a call. On Windows x/net has no
+//     control messages, so the address a client wrote to is unknown: a
+//     UDP frontend on the unspecified address (a NodePort) fails to open
+//     with errors.ErrUnsupported, and Go disables ICMP port-unreachable
+//     reports there, so a flow to a dead UDP backend lasts until
+//     UDPIdleTimeout instead of ending at once.
+//   - Windows errors (WSAECONNREFUSED, WSAECONNRESET, WSAEMFILE,
+//     WSAENOBUFS, ...) are mapped for retry on refusal and accept backoff;
+//     leak checks in the tests count goroutines only (no /proc/self/fd).
+//
+// Only Linux runs the tests; internal/hygiene checks that the package and
+// its tests build for windows and darwin.
 package forwarder

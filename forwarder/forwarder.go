@@ -11,11 +11,9 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"go.uber.org/zap"
-	"golang.org/x/sys/unix"
 
 	"github.com/svcproxy/svcproxy/lb"
 )
@@ -32,19 +30,19 @@ type Forwarder struct {
 
 	snap atomic.Pointer[lb.Snapshot]
 
+	tcp tcpEngine // moves the TCP connections: an event loop, or goroutines
+
 	mu        sync.Mutex // guards listeners, closed and Apply's drain pass
-	listeners map[listenKey]*listenerGroup
+	listeners map[listenKey]tcpListeners
 	udp       map[lb.Frontend]*udpFrontend
 	claims    map[claimKey]*os.File // NodePort claim sockets
 	inherited map[string]*os.File   // handed-over sockets not yet taken
 	applied   bool                  // a snapshot was applied: accept loops run
 	closed    bool
 
-	conns    connSet
 	nextID   atomic.Uint64
 	active   atomic.Int64
-	accepts  sync.WaitGroup // accept loops
-	handlers sync.WaitGroup // connection goroutines
+	handlers sync.WaitGroup // open connections and UDP goroutines
 }
 
 type listenKey struct {
@@ -52,10 +50,31 @@ type listenKey struct {
 	redirect bool
 }
 
-// listenerGroup is Workers sockets sharing one address with SO_REUSEPORT.
-type listenerGroup struct {
-	key listenKey
-	lns []*net.TCPListener
+// tcpEngine moves the forwarder's TCP connections: it listens, accepts,
+// routes, dials and relays. On Linux it is the event loop (loop_linux.go);
+// the goroutine-per-connection engine (conn.go) is the portable one, and
+// Config.Engine selects it on Linux too.
+type tcpEngine interface {
+	// listen opens Workers listening sockets sharing addr (SO_REUSEPORT),
+	// taking socket i from inherited(i) when a predecessor handed it over.
+	// They accept from start on.
+	listen(k listenKey, inherited func(i int) *os.File) (tcpListeners, error)
+	// drain starts draining the open connections whose backend snap no
+	// longer lists for their Service.
+	drain(snap *lb.Snapshot)
+	// killAll ends every open connection for r and returns how many.
+	killAll(r closeReason) int
+	// stop releases the engine once no connection is open.
+	stop()
+}
+
+// tcpListeners is one address's Workers sockets.
+type tcpListeners interface {
+	addr() netip.AddrPort // the bound address, with the kernel's port for port 0
+	count() int
+	start()                     // accept from now on
+	close(wait bool)            // stop accepting and close; wait: until no accept runs
+	files() ([]*os.File, error) // duplicates, for a successor
 }
 
 // New validates cfg and opens the redirect listeners; they accept from the
@@ -69,7 +88,7 @@ func New(cfg Config) (*Forwarder, error) {
 		cfg:       cfg,
 		log:       cfg.Logger.Named("forwarder"),
 		m:         cfg.Metrics,
-		listeners: map[listenKey]*listenerGroup{},
+		listeners: map[listenKey]tcpListeners{},
 		udp:       map[lb.Frontend]*udpFrontend{},
 		claims:    map[claimKey]*os.File{},
 		inherited: maps.Clone(cfg.Inherited),
@@ -78,11 +97,14 @@ func New(cfg Config) (*Forwarder, error) {
 	if cfg.Mark > 0 {
 		f.dialer.Control = markControl(cfg.Mark)
 	}
-	f.conns.init()
+	if f.tcp, err = newEngine(f); err != nil {
+		return nil, fmt.Errorf("starting forwarder: %w", err)
+	}
 	f.snap.Store(lb.NewStore(lb.StoreOptions{}).Snapshot())
 	for _, addr := range cfg.Redirect {
 		if _, err := f.listen(listenKey{addr: addr, redirect: true}); err != nil {
-			f.closeListeners()
+			f.closeListeners(true)
+			f.tcp.stop()
 			return nil, err
 		}
 	}
@@ -104,7 +126,7 @@ func (f *Forwarder) RedirectAddrs() []netip.AddrPort {
 	var out []netip.AddrPort
 	for k, g := range f.listeners {
 		if k.redirect {
-			out = append(out, g.lns[0].Addr().(*net.TCPAddr).AddrPort())
+			out = append(out, g.addr())
 		}
 	}
 	slices.SortFunc(out, netip.AddrPort.Compare)
@@ -132,7 +154,7 @@ func (f *Forwarder) Apply(ctx context.Context, snap *lb.Snapshot) error {
 		// over is still serving them meanwhile.
 		f.applied = true
 		for _, g := range f.listeners {
-			f.startAccepting(g)
+			g.start()
 		}
 	}
 	var errs []error
@@ -146,7 +168,7 @@ func (f *Forwarder) Apply(ctx context.Context, snap *lb.Snapshot) error {
 		delete(f.inherited, name)
 	}
 	if old != snap {
-		f.startDrains(snap)
+		f.tcp.drain(snap)
 	}
 	f.m.SnapshotVersion.Set(float64(snap.Version))
 	f.m.LastApply.SetToCurrentTime()
@@ -178,7 +200,7 @@ func (f *Forwarder) reconcileFrontends(snap *lb.Snapshot) []error {
 	want := frontendAddrs(snap)
 	for k, g := range f.listeners {
 		if !k.redirect && !want[k.addr] {
-			f.closeGroup(g)
+			f.closeGroup(k, g, false)
 		}
 	}
 	var errs []error
@@ -196,60 +218,32 @@ func (f *Forwarder) reconcileFrontends(snap *lb.Snapshot) []error {
 	return errs
 }
 
-// listen opens Workers SO_REUSEPORT sockets on k.addr and starts their
-// accept loops. The first socket fixes the port when k asks for port 0.
-func (f *Forwarder) listen(k listenKey) (*listenerGroup, error) {
-	lc := net.ListenConfig{Control: reusePort, KeepAliveConfig: keepAliveConfig(f.cfg.KeepAlive)}
-	g := &listenerGroup{key: k}
-	addr := k.addr
-	for i := 0; i < f.cfg.Workers; i++ {
-		var ln net.Listener
-		var err error
-		if file := f.inherit(k.socketName(i)); file != nil {
-			ln, err = net.FileListener(file)
-			file.Close()
-		} else {
-			ln, err = lc.Listen(context.Background(), "tcp", addr.String())
-		}
-		if err != nil {
-			for _, l := range g.lns {
-				l.Close()
-			}
-			return nil, fmt.Errorf("listening on %v: %w", addr, err)
-		}
-		tl := ln.(*net.TCPListener)
-		g.lns = append(g.lns, tl)
-		if addr.Port() == 0 {
-			addr = netip.AddrPortFrom(addr.Addr(), tl.Addr().(*net.TCPAddr).AddrPort().Port())
-		}
+// listen opens k's listening sockets; they accept once a snapshot was
+// applied.
+func (f *Forwarder) listen(k listenKey) (tcpListeners, error) {
+	g, err := f.tcp.listen(k, func(i int) *os.File { return f.inherit(k.socketName(i)) })
+	if err != nil {
+		return nil, err
 	}
 	f.listeners[k] = g
-	f.m.Listeners.Add(float64(len(g.lns)))
+	f.m.Listeners.Add(float64(g.count()))
 	if f.applied {
-		f.startAccepting(g)
+		g.start()
 	}
 	return g, nil
 }
 
-// startAccepting starts g's accept loops.
-func (f *Forwarder) startAccepting(g *listenerGroup) {
-	for _, ln := range g.lns {
-		f.accepts.Add(1)
-		go f.acceptLoop(ln, g.key.redirect)
-	}
+func (f *Forwarder) closeGroup(k listenKey, g tcpListeners, wait bool) {
+	g.close(wait)
+	f.m.Listeners.Sub(float64(g.count()))
+	delete(f.listeners, k)
 }
 
-func (f *Forwarder) closeGroup(g *listenerGroup) {
-	for _, ln := range g.lns {
-		ln.Close()
-	}
-	f.m.Listeners.Sub(float64(len(g.lns)))
-	delete(f.listeners, g.key)
-}
-
-func (f *Forwarder) closeListeners() {
-	for _, g := range f.listeners {
-		f.closeGroup(g)
+// closeListeners closes every listening socket; wait: returns once no
+// accept runs.
+func (f *Forwarder) closeListeners(wait bool) {
+	for k, g := range f.listeners {
+		f.closeGroup(k, g, wait)
 	}
 	for k, fe := range f.udp {
 		fe.close()
@@ -284,9 +278,13 @@ func (f *Forwarder) Sockets() (map[string]*os.File, error) {
 		out[name] = file
 	}
 	for k, g := range f.listeners {
-		for i, ln := range g.lns {
-			file, err := ln.File()
-			add(k.socketName(i), file, err)
+		files, err := g.files()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("duplicating %v listeners: %w", k.addr, err))
+			continue
+		}
+		for i, file := range files {
+			out[k.socketName(i)] = file
 		}
 	}
 	for k, fe := range f.udp {
@@ -294,8 +292,8 @@ func (f *Forwarder) Sockets() (map[string]*os.File, error) {
 		add(udpSocketName(k), file, err)
 	}
 	for k, c := range f.claims {
-		fd, err := unix.FcntlInt(c.Fd(), unix.F_DUPFD_CLOEXEC, 0)
-		add(k.socketName(), os.NewFile(uintptr(fd), k.socketName()), err)
+		file, err := dupClaim(k, c)
+		add(k.socketName(), file, err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		for _, file := range out {
@@ -314,46 +312,6 @@ func (k listenKey) socketName(i int) string {
 	return fmt.Sprintf("tcp/%s/%s/%d", kind, k.addr, i)
 }
 
-// acceptLoop accepts until ln closes. On EMFILE and its kin it first
-// closes idle pooled splice pipes and retries, then backs off (5ms doubling
-// to 1s) instead of spinning on a connection it cannot take: open
-// connections keep flowing meanwhile.
-func (f *Forwarder) acceptLoop(ln *net.TCPListener, redirect bool) {
-	defer f.accepts.Done()
-	var backoff time.Duration
-	var lastLog time.Time
-	for {
-		c, err := ln.AcceptTCP()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			if isFDLimit(err) {
-				f.m.acceptFDLimit.Inc()
-				if shedPipes() > 0 { // idle splice pipes hold descriptors: retry with theirs
-					continue
-				}
-				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-				if now := time.Now(); now.Sub(lastLog) > 10*time.Second {
-					lastLog = now
-					f.log.Warn("accept failing for lack of file descriptors; backing off",
-						zap.Stringer("listener", ln.Addr()), zap.Duration("backoff", backoff), zap.Error(err))
-				}
-				time.Sleep(backoff)
-				continue
-			}
-			f.m.acceptOther.Inc()
-			if !errors.Is(err, syscall.ECONNABORTED) {
-				f.log.Debug("accept failed", zap.Stringer("listener", ln.Addr()), zap.Error(err))
-			}
-			continue
-		}
-		backoff = 0
-		f.handlers.Add(1)
-		go f.serve(c, redirect)
-	}
-}
-
 // StopAccepting closes every listening socket (a successor that inherited
 // them keeps them open) and waits for the accept loops to end; open
 // connections go on. Later Applys fail. It reports whether this call did it.
@@ -364,9 +322,8 @@ func (f *Forwarder) StopAccepting() bool {
 		return false
 	}
 	f.closed = true
-	f.closeListeners()
+	f.closeListeners(true)
 	f.mu.Unlock()
-	f.accepts.Wait()
 	return true
 }
 
@@ -382,40 +339,13 @@ func (f *Forwarder) Shutdown(ctx context.Context) error {
 	go func() { f.handlers.Wait(); close(done) }()
 	select {
 	case <-done:
+		f.tcp.stop()
 		return nil
 	case <-ctx.Done():
 	}
-	n := f.conns.killAll(reasonShutdown)
+	n := f.tcp.killAll(reasonShutdown)
 	<-done
+	f.tcp.stop()
 	f.log.Info("shutdown closed connections still open after the drain timeout", zap.Int("connections", n))
 	return nil
-}
-
-// startDrains schedules the end of connections whose backend snap no longer
-// lists for their Service: they continue for DrainTimeout, then close unless
-// the backend is listed again by then. Called with f.mu held.
-func (f *Forwarder) startDrains(snap *lb.Snapshot) {
-	f.conns.each(func(c *conn) {
-		if !c.draining.Load() && !snap.HasEndpoint(c.pool.Service.Name, c.backend.Addr) {
-			f.drain(c)
-		}
-	})
-}
-
-// drain marks c as a connection to an endpoint that left its Service: it
-// goes on until DrainTimeout, then is closed unless the endpoint came back.
-func (f *Forwarder) drain(c *conn) {
-	if c.draining.Swap(true) {
-		return
-	}
-	name, addr := c.pool.Service.Name, c.backend.Addr
-	f.m.Draining.Inc()
-	c.mu.Lock()
-	gen := c.gen
-	c.drainTimer = time.AfterFunc(f.cfg.DrainTimeout, func() {
-		if !f.snap.Load().HasEndpoint(name, addr) {
-			c.kill(reasonDrain, gen)
-		}
-	})
-	c.mu.Unlock()
 }

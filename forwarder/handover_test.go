@@ -30,7 +30,7 @@ func TestSocketHandover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{BindFrontends: true, Mark: -1, Workers: 2, DrainTimeout: 5 * time.Second, Logger: zap.NewNop()}
+	cfg := Config{Engine: testEngine, BindFrontends: true, Mark: -1, Workers: 2, DrainTimeout: 5 * time.Second, Logger: zap.NewNop()}
 	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -18,7 +18,6 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
-	"golang.org/x/sys/unix"
 
 	"github.com/svcproxy/svcproxy/lb"
 )
@@ -113,39 +112,6 @@ func refusingAddr(t testing.TB) netip.AddrPort {
 	return addr
 }
 
-// blackholeAddr returns a loopback address whose listen queue is full and
-// never accepted, so new connection attempts hang until they time out.
-func blackholeAddr(t testing.TB) netip.AddrPort {
-	t.Helper()
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Listen(fd, 0); err != nil {
-		t.Fatal(err)
-	}
-	sa, _ := unix.Getsockname(fd)
-	addr := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(sa.(*unix.SockaddrInet4).Port))
-	// Fill the accept queue (backlog 0 holds one) so later SYNs are dropped.
-	var fillers []net.Conn
-	for i := 0; i < 2; i++ {
-		c, err := net.DialTimeout("tcp", addr.String(), 200*time.Millisecond)
-		if err == nil {
-			fillers = append(fillers, c)
-		}
-	}
-	t.Cleanup(func() {
-		for _, c := range fillers {
-			c.Close()
-		}
-		unix.Close(fd)
-	})
-	return addr
-}
-
 // freeFrontend returns a loopback address and port nothing listens on.
 func freeFrontend(t testing.TB) netip.AddrPort { return refusingAddr(t) }
 
@@ -170,9 +136,16 @@ type harness struct {
 	m     *Metrics
 }
 
+// testEngine is the TCP engine the tests run on: the platform's default,
+// or SVCPROXY_FORWARDER_ENGINE (make test runs the package on both).
+var testEngine = Engine(os.Getenv("SVCPROXY_FORWARDER_ENGINE"))
+
 func newHarness(t testing.TB, cfg Config, services ...lb.Service) *harness {
 	t.Helper()
 	cfg.BindFrontends = true
+	if cfg.Engine == "" {
+		cfg.Engine = testEngine
+	}
 	if cfg.Mark == 0 {
 		cfg.Mark = -1
 	}
@@ -219,6 +192,18 @@ func (h *harness) settle() {
 	for h.fwd.Active() != 0 {
 		if time.Now().After(deadline) {
 			h.t.Fatalf("%d connections still open", h.fwd.Active())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// waitFor polls cond until it holds or 5s pass.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: still not so after 5s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -286,20 +271,4 @@ func leakCheck(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	})
-}
-
-// openFDs counts open sockets. Pipes are left out: the runtime keeps a pool
-// of splice pipes that the garbage collector closes when it likes.
-func openFDs(t testing.TB) int {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, e := range ents {
-		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.HasPrefix(target, "socket:") {
-			n++
-		}
-	}
-	return n
 }

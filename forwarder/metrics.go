@@ -65,7 +65,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Closes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "closes_total",
 			Help: "Forwarded connections ended, by reason."}, []string{"reason"}),
 		AcceptErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "accept_errors_total",
-			Help: "accept(2) failures by reason (fd_limit: EMFILE/ENFILE, accept backs off)."}, []string{"reason"}),
+			Help: "accept(2) failures by reason (fd_limit: out of descriptors for the connection or for its backend socket, accepting backs off)."}, []string{"reason"}),
 		Datagrams: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "datagrams_total",
 			Help: "UDP datagrams forwarded, direction in (client to backend) or out (backend to client)."}, []string{"direction"}),
 		Listeners: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "listeners",

@@ -2,7 +2,6 @@ package forwarder
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -12,10 +11,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// reusePort is a ListenConfig.Control that sets SO_REUSEPORT, so several
+// listenControl is a ListenConfig.Control that sets SO_REUSEPORT, so several
 // sockets (one per worker) share a port and the kernel spreads connections
 // over them.
-func reusePort(network, address string, c syscall.RawConn) error {
+func listenControl(network, address string, c syscall.RawConn) error {
 	var serr error
 	err := c.Control(func(fd uintptr) {
 		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
@@ -28,6 +27,16 @@ func reusePort(network, address string, c syscall.RawConn) error {
 	}
 	return nil
 }
+
+// defaultMark is the Mark of a Config that sets none.
+const defaultMark = DefaultMark
+
+// checkPlatform: Linux has every feature Config can ask for.
+func (c *Config) checkPlatform() error { return nil }
+
+// listenSockets is how many sockets listen on each address: one per
+// worker, sharing it through SO_REUSEPORT.
+func listenSockets(workers int) int { return workers }
 
 // markControl returns a Dialer.Control that sets SO_MARK to mark.
 func markControl(mark int) func(network, address string, c syscall.RawConn) error {
@@ -86,41 +95,9 @@ func getOriginalDst(fd int) (netip.AddrPort, error) {
 }
 
 func getsockopt(fd, level, name int, v unsafe.Pointer, l *uint32) error {
-	_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), uintptr(level), uintptr(name), uintptr(v), uintptr(unsafe.Pointer(l)), 0)
+	_, _, errno := unix.RawSyscall6(unix.SYS_GETSOCKOPT, uintptr(fd), uintptr(level), uintptr(name), uintptr(v), uintptr(unsafe.Pointer(l)), 0)
 	if errno != 0 {
 		return errno
 	}
 	return nil
-}
-
-// peekGone waits until c is readable and reports whether the client has gone
-// (EOF or an error) rather than sent data. It returns early, with gone false,
-// when c's read deadline passes.
-func peekGone(c *net.TCPConn) bool {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return false
-	}
-	gone := false
-	var b [1]byte
-	_ = rc.Read(func(fd uintptr) bool {
-		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		if err == unix.EAGAIN || err == unix.EINTR {
-			return false // not readable yet: wait
-		}
-		gone = n == 0 || err != nil
-		return true
-	})
-	return gone
-}
-
-// isFDLimit reports whether an accept error is a file-descriptor or memory
-// shortage, after which accept must back off rather than spin.
-func isFDLimit(err error) bool {
-	return errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) || errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.ENOMEM)
-}
-
-// isRefused reports whether a dial error is a refusal or reset by the backend.
-func isRefused(err error) bool {
-	return errors.Is(err, unix.ECONNREFUSED) || errors.Is(err, unix.ECONNRESET) || errors.Is(err, unix.EHOSTUNREACH) || errors.Is(err, unix.ENETUNREACH)
 }

@@ -1,6 +1,7 @@
 package forwarder
 
 import (
+	"net"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -29,14 +30,14 @@ import (
 // descriptors sized 1 MiB — for each direction of each connection for its
 // whole life: 40,000 descriptors for 10,000 idle connections.
 //
-// A chunk that empties the socket is followed by one more read that says
-// EAGAIN before the direction waits: a third system call per small message
-// that nginx and HAProxy do not make. They skip it because epoll tells them
-// EPOLLRDHUP (a FIN is queued); Go's poller keeps readiness only, and a FIN
-// read together with the last bytes brings no new edge, so skipping the
-// read would leave such a close unseen until the idle timeout
-// (TestReplyThenCloseReachesClient). Saving it needs an event loop of our
-// own.
+// This is the goroutine engine's copy. A chunk that empties the socket is
+// followed by one more read that says EAGAIN before the direction waits: a
+// third system call per small message. Go's poller keeps readiness only,
+// and a FIN read together with the last bytes brings no new edge, so
+// skipping the read would leave such a close unseen until the idle
+// timeout (TestReplyThenCloseReachesClient). The event loop
+// (relay_linux.go) skips it: it sees EPOLLRDHUP. The pipes and buffers
+// below serve both engines.
 //
 // When no pipe can be had (the process is out of file descriptors, or
 // maxPipes are alive) a chunk is buffered, so open connections keep
@@ -148,6 +149,23 @@ func (s *splicer) reset(src, dst syscall.RawConn) {
 	s.src, s.dst = src, dst
 	s.splicing, s.small = false, 0
 }
+
+// attach readies s to move src's bytes to dst.
+func (s *splicer) attach(src, dst *net.TCPConn) error {
+	srcRC, err := src.SyscallConn()
+	if err != nil {
+		return err
+	}
+	dstRC, err := dst.SyscallConn()
+	if err != nil {
+		return err
+	}
+	s.reset(srcRC, dstRC)
+	return nil
+}
+
+// detach lets go of the connection's sockets.
+func (s *splicer) detach() { s.reset(nil, nil) }
 
 // chunk waits until src has bytes (or EOF, or its read deadline), then
 // moves what it has to dst. It returns the bytes moved; 0 and a nil error

@@ -15,7 +15,6 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
-	"golang.org/x/sys/unix"
 
 	"github.com/svcproxy/svcproxy/connlog"
 	"github.com/svcproxy/svcproxy/lb"
@@ -180,18 +179,9 @@ func (f *Forwarder) openUDP(k lb.Frontend) (*udpFrontend, error) {
 	}
 	fe := &udpFrontend{f: f, frontend: k, conn: pc, v6: v6, flows: map[netip.AddrPort]*udpFlow{}, done: make(chan struct{}),
 		port: pc.LocalAddr().(*net.UDPAddr).AddrPort().Port()}
-	if v6 {
-		p := ipv6.NewPacketConn(pc)
-		err = p.SetControlMessage(ipv6.FlagDst, true)
-		fe.batch = p
-	} else {
-		p := ipv4.NewPacketConn(pc)
-		err = p.SetControlMessage(ipv4.FlagDst, true)
-		fe.batch = p
-	}
-	if err != nil {
+	if fe.batch, err = newBatchConn(pc, k, v6); err != nil {
 		pc.Close()
-		return nil, fmt.Errorf("enabling IP_PKTINFO on UDP socket for %v: %w", k, err)
+		return nil, err
 	}
 	f.m.Listeners.Inc()
 	f.handlers.Add(1)
@@ -387,42 +377,14 @@ func (fl *udpFlow) replyLoop(rec connlog.Record) {
 	defer f.handlers.Done()
 	idle := f.cfg.UDPIdleTimeout
 	_ = fl.upstream.SetReadDeadline(time.Now().Add(idle))
-	var bufs [udpBatch]*[]byte
-	var sizes [udpBatch]int
-	var count int
-	var rerr error
-	read := func(fd uintptr) bool {
-		for count < udpBatch {
-			bp := datagramPool.Get().(*[]byte)
-			n, _, err := unix.Recvfrom(int(fd), *bp, unix.MSG_DONTWAIT)
-			if err == unix.EINTR {
-				datagramPool.Put(bp)
-				continue
-			}
-			if err != nil {
-				datagramPool.Put(bp)
-				if err != unix.EAGAIN {
-					rerr = err
-					return true
-				}
-				return count > 0 // wait only if nothing is in hand
-			}
-			bufs[count], sizes[count] = bp, n
-			count++
-		}
-		return true
-	}
+	rb := newReplyBatch(fl)
 	for {
-		count, rerr = 0, nil
-		err := fl.raw.Read(read)
+		count, err := rb.read()
 		if count > 0 {
-			fl.sendReplies(bufs[:count], sizes[:count])
+			fl.sendReplies(rb.bufs[:count], rb.sizes[:count])
 			for i := range count {
-				datagramPool.Put(bufs[i])
+				datagramPool.Put(rb.bufs[i])
 			}
-		}
-		if err == nil {
-			err = rerr
 		}
 		switch {
 		case err == nil:

@@ -16,6 +16,9 @@
 // the same exchange serves a binary replaced on disk (SIGUSR2: the process
 // starts its successor itself) and a DaemonSet rolling update (the new pod
 // finds the old one's socket).
+//
+// It is Linux-only (SOCK_SEQPACKET, SCM_RIGHTS): on other systems Take and
+// Listen fail with errors.ErrUnsupported.
 package handover
 
 import (
@@ -29,8 +32,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // ErrNoPredecessor means no running process answered at the path.
@@ -54,6 +55,9 @@ type header struct {
 // name. It returns ErrNoPredecessor when nothing listens there. The caller
 // owns the files; it must call Ready once it serves on them.
 func Take(ctx context.Context, path string) (*Handover, error) {
+	if err := supported(); err != nil {
+		return nil, fmt.Errorf("taking over from %s: %w", path, err)
+	}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unixpacket", path)
 	if err != nil {
@@ -140,12 +144,13 @@ type Server struct {
 // Listen listens for a successor at path, replacing a stale socket file.
 // The socket is 0600: only root (the successor) may take the sockets.
 func Listen(path string) (*Server, error) {
+	if err := supported(); err != nil {
+		return nil, fmt.Errorf("listening for a successor at %s: %w", path, err)
+	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("removing stale handover socket %s: %w", path, err)
 	}
-	old := unix.Umask(0o177)
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
-	unix.Umask(old)
+	ln, err := listenPrivate(path)
 	if err != nil {
 		return nil, fmt.Errorf("listening for a successor at %s: %w", path, err)
 	}
@@ -236,51 +241,4 @@ func (s *Server) serveOne(c *net.UnixConn, sockets func() (map[string]*os.File, 
 	s.ln.Close()
 	_ = os.Remove(s.path)
 	return true, send(c, done, nil)
-}
-
-// send writes one message (SOCK_SEQPACKET keeps messages whole), with fds
-// attached when given.
-func send(c *net.UnixConn, msg string, fds []int) error {
-	var oob []byte
-	if len(fds) > 0 {
-		oob = unix.UnixRights(fds...)
-	}
-	if _, _, err := c.WriteMsgUnix([]byte(msg), oob, nil); err != nil {
-		return fmt.Errorf("sending %q with %d sockets: %w", msg, len(fds), err)
-	}
-	return nil
-}
-
-// recv reads one message and exactly nfds attached file descriptors.
-func recv(c *net.UnixConn, nfds int) ([]byte, []int, error) {
-	buf := make([]byte, 1<<20)
-	oob := make([]byte, unix.CmsgSpace(max(nfds, 1)*4))
-	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
-	if err != nil {
-		return nil, nil, fmt.Errorf("receiving: %w", err)
-	}
-	var fds []int
-	if oobn > 0 {
-		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
-		if err != nil {
-			return nil, nil, fmt.Errorf("parsing socket control message: %w", err)
-		}
-		for _, m := range msgs {
-			got, err := unix.ParseUnixRights(&m)
-			if err != nil {
-				return nil, nil, err
-			}
-			fds = append(fds, got...)
-		}
-	}
-	if len(fds) != nfds || flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
-		return nil, nil, fmt.Errorf("received %d sockets (flags %#x), want %d", len(fds), flags, nfds)
-	}
-	if n == 0 {
-		return nil, nil, errors.New("connection closed")
-	}
-	return buf[:n], fds, nil
 }

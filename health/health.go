@@ -1,18 +1,23 @@
-// Package health owns svcproxy's health endpoints: /livez (the process
-// serves HTTP) and /healthz with kube-proxy's meaning: unhealthy when an
-// update to the proxy rules has been waiting longer than the allowed lag,
-// or when the node is being deleted.
+// Package health owns svcproxy's health endpoints and their metrics: /livez
+// (the process serves HTTP) and /healthz with kube-proxy's meaning and body:
+// unhealthy when an update to the proxy rules has been waiting longer than
+// the allowed lag, or when the node is not eligible (being deleted, or
+// tainted for deletion by the cluster autoscaler); and
+// kubeproxy_proxy_healthz_total / kubeproxy_proxy_livez_total by code.
 package health
 
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Tracker follows queued and applied updates. The zero value is not usable;
-// use NewTracker.
+// Tracker follows queued and applied updates and the node's eligibility.
+// The zero value is not usable; use NewTracker.
 type Tracker struct {
 	maxLag time.Duration
 	now    func() time.Time
@@ -20,12 +25,13 @@ type Tracker struct {
 	mu           sync.Mutex
 	oldestQueued time.Time // zero: nothing pending
 	lastApplied  time.Time
-	nodeDeleting bool
+	ineligible   bool
 }
 
 // NewTracker returns a Tracker that reports unhealthy when an update has been
 // queued for longer than maxLag without being applied (kube-proxy uses twice
-// its sync period). now nil means time.Now.
+// its sync period). now nil means time.Now. The node is eligible until told
+// otherwise (without a Node object, as with a services file, it stays so).
 func NewTracker(maxLag time.Duration, now func() time.Time) *Tracker {
 	if now == nil {
 		now = time.Now
@@ -50,48 +56,106 @@ func (t *Tracker) Applied() {
 	t.lastApplied = t.now()
 }
 
-// SetNodeDeleting marks the node as being deleted (or not).
-func (t *Tracker) SetNodeDeleting(deleting bool) {
+// SetNodeEligible records whether the node may receive load-balanced
+// traffic: kube-proxy's "eligible" is not being deleted and not tainted
+// ToBeDeletedByClusterAutoscaler.
+func (t *Tracker) SetNodeEligible(eligible bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.nodeDeleting = deleting
+	t.ineligible = !eligible
 }
 
-// Status is the /healthz body, in kube-proxy's field names.
+// NodeEligible reports what SetNodeEligible last said (true before).
+func (t *Tracker) NodeEligible() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return !t.ineligible
+}
+
+// Status is the /healthz and /livez body, kube-proxy's ProxyHealth: Healthy
+// is the proxy rules' health only; /healthz adds NodeEligible and fails
+// when either is false.
 type Status struct {
-	LastUpdated time.Time `json:"lastUpdated"`
-	CurrentTime time.Time `json:"currentTime"`
-	NodeHealthy bool      `json:"nodeHealthy"`
-	Healthy     bool      `json:"healthy"`
+	LastUpdated  time.Time `json:"lastUpdated"`
+	CurrentTime  time.Time `json:"currentTime"`
+	NodeEligible *bool     `json:"nodeEligible,omitempty"`
+	Healthy      bool      `json:"healthy"`
 }
 
-// Status reports the current health.
+// Status reports the proxy rules' health: false when an update has waited
+// longer than the allowed lag. NodeEligible is left unset.
 func (t *Tracker) Status() Status {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := t.now()
 	lagging := !t.oldestQueued.IsZero() && now.Sub(t.oldestQueued) > t.maxLag
-	return Status{
-		LastUpdated: t.lastApplied,
-		CurrentTime: now,
-		NodeHealthy: !t.nodeDeleting,
-		Healthy:     !lagging && !t.nodeDeleting,
-	}
+	return Status{LastUpdated: t.lastApplied, CurrentTime: now, Healthy: !lagging}
 }
 
-// Handler serves /healthz (200 or 503 with a Status body) and /livez.
-func Handler(t *Tracker) http.Handler {
+// Metrics count the health endpoints' answers, in kube-proxy's names.
+type Metrics struct {
+	healthz *prometheus.CounterVec // code
+	livez   *prometheus.CounterVec // code
+}
+
+// NewMetrics registers kubeproxy_proxy_healthz_total and
+// kubeproxy_proxy_livez_total with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		healthz: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Subsystem: "kubeproxy", Name: "proxy_healthz_total",
+			Help: "Cumulative proxy healthz HTTP status",
+		}, []string{"code"}),
+		livez: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Subsystem: "kubeproxy", Name: "proxy_livez_total",
+			Help: "Cumulative proxy livez HTTP status",
+		}, []string{"code"}),
+	}
+	for _, code := range []string{"200", "503"} {
+		m.healthz.WithLabelValues(code)
+	}
+	m.livez.WithLabelValues("200")
+	reg.MustRegister(m.healthz, m.livez)
+	return m
+}
+
+// answered counts one answer of /healthz (else /livez); m may be nil.
+func (m *Metrics) answered(healthz bool, code int) {
+	if m == nil {
+		return
+	}
+	v := m.livez
+	if healthz {
+		v = m.healthz
+	}
+	v.WithLabelValues(strconv.Itoa(code)).Inc()
+}
+
+// Handler serves /healthz (200 or 503 with a Status body, as kube-proxy)
+// and /livez (200 while the process serves), counting each answer in m
+// (nil: not counted).
+func Handler(t *Tracker, m *Metrics) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		st := t.Status()
+		eligible := t.NodeEligible()
+		st.NodeEligible = &eligible
+		code := http.StatusOK
+		if !st.Healthy || !eligible {
+			code = http.StatusServiceUnavailable
+		} else {
+			// As kube-proxy: a healthy answer says it is current (older
+			// releases updated lastUpdated on every sync loop run).
+			st.LastUpdated = st.CurrentTime
+		}
+		m.answered(true, code)
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
-		if !st.Healthy {
-			w.WriteHeader(http.StatusServiceUnavailable)
-		}
+		w.WriteHeader(code)
 		_ = json.NewEncoder(w).Encode(st)
 	})
 	mux.HandleFunc("/livez", func(w http.ResponseWriter, r *http.Request) {
+		m.answered(false, http.StatusOK)
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	return mux

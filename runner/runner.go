@@ -2,7 +2,10 @@
 // the proxy modes: it coalesces bursts of changes (at most one sync per
 // MinInterval), retries a failed sync after RetryInterval, and forces a full
 // sync at least every MaxInterval so rules that were tampered with are
-// repaired — the shape of kube-proxy's BoundedFrequencyRunner.
+// repaired — the shape of kube-proxy's BoundedFrequencyRunner. It also owns
+// the sync loop's metrics, in kube-proxy's names beside svcproxy's own, and
+// Changes, which follows each Service and endpoint change to the sync that
+// programs it (pending changes, network programming latency).
 package runner
 
 import (
@@ -20,8 +23,13 @@ type Runner struct {
 	MaxInterval   time.Duration // between full syncs; zero: never forced
 	RetryInterval time.Duration // after a failed sync; zero: MinInterval, at least 1s
 
-	// OnSync, if set, is told each sync's duration and result (metrics).
+	// OnSync, if set, is told each sync's duration and result.
 	OnSync func(full bool, took time.Duration, err error)
+	// Metrics, if set, records every trigger and sync: durations always,
+	// the last-success timestamp only when a sync succeeded, failures.
+	Metrics *Metrics
+	// Now is the clock for metric timestamps; nil means time.Now.
+	Now func() time.Time
 
 	trigger chan struct{}
 }
@@ -34,6 +42,9 @@ func New(sync func(ctx context.Context, full bool) error, minInterval, maxInterv
 // Trigger asks for a sync. It never blocks; triggers while one is pending
 // coalesce into one sync.
 func (r *Runner) Trigger() {
+	if r.Metrics != nil {
+		r.Metrics.queued(r.now())
+	}
 	select {
 	case r.trigger <- struct{}{}:
 	default:
@@ -42,6 +53,9 @@ func (r *Runner) Trigger() {
 
 // Run syncs once at once (full), then on triggers and timers until ctx ends.
 func (r *Runner) Run(ctx context.Context) {
+	if r.Metrics != nil {
+		r.Metrics.queued(r.now()) // the first sync is queued now, as kube-proxy's loop says at start
+	}
 	retry := r.RetryInterval
 	if retry == 0 {
 		retry = max(r.MinInterval, time.Second)
@@ -70,6 +84,9 @@ func (r *Runner) Run(ctx context.Context) {
 		start := time.Now()
 		err := r.Sync(ctx, full)
 		last = time.Now()
+		if r.Metrics != nil {
+			r.Metrics.synced(full, last.Sub(start), err, r.now())
+		}
 		if r.OnSync != nil {
 			r.OnSync(full, last.Sub(start), err)
 		}
@@ -88,4 +105,11 @@ func (r *Runner) Run(ctx context.Context) {
 			full = true
 		}
 	}
+}
+
+func (r *Runner) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"math/bits"
 	"os"
 	"strconv"
 	"strings"
@@ -38,6 +39,13 @@ func applyConfigFile(fs *flag.FlagSet, path string) (*config.Config, error) {
 		"min-sync-period":       minSync.String(),
 		"ipvs-scheduler":        cfg.IPVS.Scheduler,
 		"kubeconfig":            cfg.ClientConnection.Kubeconfig,
+		"kube-api-qps":          strconv.FormatFloat(float64(cfg.ClientConnection.QPS), 'g', -1, 32),
+		"kube-api-burst":        strconv.Itoa(int(cfg.ClientConnection.Burst)),
+		"kube-api-content-type": cfg.ClientConnection.ContentType,
+		"config-sync-period":    cfg.ConfigSyncPeriod.D().String(),
+		"bind-address":          cfg.BindAddress,
+		"conntrack-udp-timeout": cfg.Conntrack.UDPTimeout.D().String(),
+		"proxy-name":            sp.ProxyName,
 		"steering":              sp.Steering,
 		"redirect-port":         strconv.Itoa(int(sp.RedirectPort)),
 		"workers":               strconv.Itoa(sp.Workers),
@@ -52,6 +60,12 @@ func applyConfigFile(fs *flag.FlagSet, path string) (*config.Config, error) {
 		"conn-log-sample":       strconv.Itoa(sp.ConnLogSample),
 		"zone":                  sp.Zone,
 		"handover-socket":       sp.HandoverSocket,
+	}
+	if b := cfg.IPTables.MasqueradeBit; b != nil {
+		values["iptables-masquerade-bit"] = strconv.Itoa(int(*b))
+	}
+	if a := cfg.OOMScoreAdj; a != nil {
+		values["oom-score-adj"] = strconv.Itoa(int(*a))
 	}
 	for name, v := range values {
 		if set[name] || (v == "" && name != "conn-log") || (name == "hostname-override" && v == "") {
@@ -80,6 +94,18 @@ func writeConfig(o *options, path string) error {
 	for _, p := range o.nodePortAddresses {
 		cfg.NodePortAddresses = append(cfg.NodePortAddresses, p.String())
 	}
+	if o.nodePortPrimary {
+		cfg.NodePortAddresses = []string{"primary"}
+	}
+	cfg.BindAddress = o.bindAddress.String()
+	if o.oomScoreAdj != nil {
+		adj := int32(*o.oomScoreAdj)
+		cfg.OOMScoreAdj = &adj
+	}
+	bit := int32(bits.TrailingZeros32(o.masqueradeMark))
+	cfg.IPTables.MasqueradeBit = &bit
+	cfg.Conntrack.UDPTimeout = config.Duration(o.udpIdleTimeout)
+	cfg.ConfigSyncPeriod = config.Duration(o.configSyncPeriod)
 	for i, p := range o.clusterCIDRs {
 		if i > 0 {
 			cfg.ClusterCIDR += ","
@@ -90,7 +116,7 @@ func writeConfig(o *options, path string) error {
 	cfg.IPTables.SyncPeriod, cfg.IPTables.MinSyncPeriod = config.Duration(o.syncPeriod), config.Duration(o.minSyncPeriod)
 	cfg.IPVS.SyncPeriod, cfg.IPVS.MinSyncPeriod = config.Duration(o.syncPeriod), config.Duration(o.minSyncPeriod)
 	cfg.IPVS.Scheduler = o.ipvsScheduler
-	cfg.ClientConnection.Kubeconfig = o.kubeconfig
+	cfg.ClientConnection = config.ClientConnection{Kubeconfig: o.kubeconfig, QPS: o.kubeAPIQPS, Burst: int32(o.kubeAPIBurst), ContentType: o.kubeAPIContentType}
 	sp := &cfg.Svcproxy
 	sp.Steering, sp.RedirectPort, sp.Workers = o.steering, o.redirectPort, o.workers
 	sp.DialTimeouts = nil
@@ -106,6 +132,7 @@ func writeConfig(o *options, path string) error {
 	sp.MaxConns, sp.MaxConnsPerService = o.maxConns, o.maxConnsPerService
 	sp.Algorithm = o.algorithm.String()
 	sp.ConnLog, sp.ConnLogSample, sp.Zone, sp.HandoverSocket = o.connLog, o.connLogSample, o.zone, o.handoverSocket
+	sp.ProxyName = o.proxyName
 	out := os.Stdout
 	if path != "-" {
 		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)

@@ -40,6 +40,9 @@ func probes(o *options, log *zap.Logger) map[proxymode.Mode]proxymode.Probe {
 	return map[proxymode.Mode]proxymode.Probe{
 		proxymode.IPVS: func(ctx context.Context) error { return ipvs.Available() },
 		proxymode.IPTables: func(ctx context.Context) error {
+			if err := linuxOnly("the iptables mode"); err != nil {
+				return err
+			}
 			m, err := newIPTablesMode(o, log)
 			if err != nil {
 				return err
@@ -49,6 +52,9 @@ func probes(o *options, log *zap.Logger) map[proxymode.Mode]proxymode.Probe {
 		proxymode.Userspace: func(ctx context.Context) error {
 			if o.steering != "redirect" {
 				return nil // listening on frontends needs nothing of the kernel
+			}
+			if err := linuxOnly("--steering=redirect"); err != nil {
+				return err
 			}
 			for _, tool := range []string{"iptables-restore", "ipset"} {
 				if _, err := exec.LookPath(tool); err != nil {
@@ -140,6 +146,7 @@ func newUserspace(o *options, reg prometheus.Registerer, log *zap.Logger, clog *
 		MaxConnsPerService: o.maxConnsPerService,
 		Logger:             log,
 		ConnLog:            clog,
+		UDPIdleTimeout:     o.udpIdleTimeout,
 		Metrics:            forwarder.NewMetrics(reg),
 		Inherited:          inherited,
 	}

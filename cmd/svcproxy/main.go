@@ -9,13 +9,13 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
@@ -26,17 +26,19 @@ import (
 	"github.com/svcproxy/svcproxy/healthcheck"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/proxymode"
-	"github.com/svcproxy/svcproxy/runner"
 	"github.com/svcproxy/svcproxy/source/file"
 	"github.com/svcproxy/svcproxy/source/kube"
 )
 
 func main() {
-	opts, err := parseFlags(os.Args[1:])
-	if errors.Is(err, flag.ErrHelp) {
+	opts, err := parseFlags(os.Args[1:], hostEnvironment())
+	switch {
+	case errors.Is(err, flag.ErrHelp):
 		return
-	}
-	if err != nil {
+	case errors.Is(err, errVersion):
+		fmt.Println(readBuildInfo())
+		return
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "svcproxy:", err)
 		os.Exit(2)
 	}
@@ -52,6 +54,16 @@ func run(o *options) error {
 		return err
 	}
 	defer log.Sync() //nolint:errcheck // stderr
+	for _, w := range o.warnings {
+		log.Warn(w)
+	}
+	if o.initOnly {
+		log.Info("--init-only: svcproxy needs no privileged initialisation step; exiting")
+		return nil
+	}
+	if err := setOOMScoreAdj("/proc/self/oom_score_adj", o.oomScoreAdj); err != nil {
+		log.Warn("leaving oom_score_adj as it is", zap.Error(err))
+	}
 	disableTHP(log)
 
 	ctx, stop, term := notifyTermination(o.successorWait, log)
@@ -66,13 +78,15 @@ func run(o *options) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerBuildInfo(reg, readBuildInfo())
 	m := newDaemonMetrics(reg)
 
 	var kubeClient kubernetes.Interface
 	var node *corev1.Node
-	if o.kubeconfig != "" || o.inCluster {
+	if o.kubeconfig != "" || o.master != "" || o.inCluster {
 		kube.RegisterRESTClientMetrics(reg)
-		if kubeClient, err = kube.NewClient(kube.ClientConfig{Kubeconfig: o.kubeconfig}); err != nil {
+		if kubeClient, err = kube.NewClient(kube.ClientConfig{Kubeconfig: o.kubeconfig, Master: o.master,
+			QPS: o.kubeAPIQPS, Burst: o.kubeAPIBurst, ContentType: o.kubeAPIContentType}); err != nil {
 			return err
 		}
 		nctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -84,6 +98,9 @@ func run(o *options) error {
 		if o.zone == "" {
 			o.zone = kube.Zone(node)
 		}
+	}
+	if w := o.resolvePrimary(node); w != "" {
+		log.Warn(w)
 	}
 	store := lb.NewStore(lb.StoreOptions{
 		Node:             lb.Node{Name: o.hostname, Zone: o.zone},
@@ -107,6 +124,10 @@ func run(o *options) error {
 	if choice.Mode != choice.Requested {
 		log.Warn("proxy mode fell back", zap.Stringer("choice", choice))
 	}
+	if choice.Mode != proxymode.Userspace && o.udpIdleTimeout != 0 {
+		log.Warn("conntrack.udpTimeout (--conntrack-udp-timeout) ignored: the kernel modes leave the kernel's conntrack timeouts as they are", zap.Stringer("mode", choice))
+	}
+	warnKubeProxy(ctx, hostKubeProxyTraces(), log)
 	succ, inherited, err := takeOver(ctx, o.handoverSocket, takeOverPatience, log)
 	if err != nil {
 		return err
@@ -127,12 +148,16 @@ func run(o *options) error {
 		return err
 	}
 	startSuccessorOnSIGUSR2(ctx, log)
-	go newMemoryReturner(reg, log).Run(ctx)
+	var conns func() int64
+	if u, ok := dp.(*userspace); ok {
+		conns = u.fwd.Active
+	}
+	go newMemoryReturner(reg, log, conns).Run(ctx)
 
 	tracker := health.NewTracker(2*o.syncPeriod, nil)
 	web := &httpServers{log: log, inherited: webInherited}
-	web.serve("metrics", o.metricsAddr, promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	web.serve("healthz", o.healthzAddr, health.Handler(tracker))
+	web.serve("metrics", o.metricsAddr, metricsHandler(reg, string(choice.Mode)))
+	web.serve("healthz", o.healthzAddr, health.Handler(tracker, m.health))
 	web.serve("profiling", o.profilingAddr, profilingHandler())
 	sockets := func() (map[string]*os.File, error) { return web.sockets(nil) }
 	stopAccepting := func() {}
@@ -146,20 +171,9 @@ func run(o *options) error {
 		}
 		stopAccepting = h.StopAccepting
 	}
-	syncer := runner.New(func(ctx context.Context, full bool) error {
-		snap := store.Snapshot()
-		if err := dp.Apply(ctx, snap, full); err != nil {
-			return fmt.Errorf("applying snapshot %d: %w", snap.Version, err)
-		}
-		m.networkProgramming.Observe(time.Since(snap.Time).Seconds())
-		tracker.Applied()
+	syncer := newSyncer(store, dp, m, tracker, o.minSyncPeriod, o.syncPeriod, func(ctx context.Context) {
 		succ.serving(ctx, sockets, stopAccepting)
-		return nil
-	}, o.minSyncPeriod, o.syncPeriod)
-	syncer.OnSync = func(full bool, took time.Duration, err error) {
-		m.syncDuration.Observe(took.Seconds())
-		m.lastSync.SetToCurrentTime()
-	}
+	})
 	changes := store.Subscribe() // before any source can publish
 	go func() {
 		for range changes {
@@ -188,8 +202,9 @@ func run(o *options) error {
 		hc := healthcheck.New(healthcheck.Config{Healthy: func() bool { return tracker.Status().Healthy }, Logger: log})
 		defer hc.Close()
 		go func() {
-			watchErr <- kube.Run(ctx, kube.Options{Client: kubeClient, NodeName: o.hostname, MinSyncPeriod: o.minSyncPeriod,
-				Logger: log, Metrics: kube.NewMetrics(reg), Health: tracker, HealthCheck: hc, OnSync: watcher.OnReload}, store)
+			watchErr <- kube.Run(ctx, kube.Options{Client: kubeClient, NodeName: o.hostname, ProxyName: o.proxyName,
+				MinSyncPeriod: o.minSyncPeriod, ResyncPeriod: o.configSyncPeriod,
+				Logger: log, Metrics: kube.NewMetrics(reg), Health: tracker, HealthCheck: hc, Changes: m.changes, OnSync: watcher.OnReload}, store)
 		}()
 	} else {
 		go func() { watchErr <- watcher.Run(ctx) }()
@@ -235,6 +250,17 @@ func cleanup(ctx context.Context, o *options, log *zap.Logger) error {
 		return err
 	}
 	log.Info("removed every svcproxy rule and set")
+	return nil
+}
+
+// setOOMScoreAdj writes adj, if set, to path (/proc/self/oom_score_adj).
+func setOOMScoreAdj(path string, adj *int) error {
+	if adj == nil {
+		return nil
+	}
+	if err := os.WriteFile(path, []byte(strconv.Itoa(*adj)), 0); err != nil {
+		return fmt.Errorf("setting oom_score_adj to %d: %w", *adj, err)
+	}
 	return nil
 }
 

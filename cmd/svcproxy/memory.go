@@ -8,21 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
-	"golang.org/x/sys/unix"
 )
-
-// disableTHP opts the process out of transparent huge pages. Where THP is
-// "always" (Debian's and RHEL's kernels), khugepaged collapses the pages
-// the Go runtime returned after a spike back into huge pages, and RSS
-// climbs back to the peak within minutes (go.dev/issue/64332; measured in
-// the soak VM: 55 MiB right after a 10,000-connection spike, 137 MiB two
-// minutes later). A proxy's hot path is in the kernel's socket code, not
-// in TLB misses over its own heap, so predictable memory wins.
-func disableTHP(log *zap.Logger) {
-	if err := unix.Prctl(unix.PR_SET_THP_DISABLE, 1, 0, 0, 0); err != nil {
-		log.Debug("could not opt out of transparent huge pages", zap.Error(err))
-	}
-}
 
 // memoryReturner hands memory back to the kernel once a load spike is over.
 //
@@ -30,9 +16,10 @@ func disableTHP(log *zap.Logger) {
 // last GC under load put it, an idle process only collects when sysmon
 // forces a GC every two minutes, and a pooled object survives one more
 // collection in sync.Pool's victim cache. After 10,000 connections closed,
-// svcproxy would hold the peak's memory for minutes. Connections are
-// goroutines here (two per proxied TCP connection), so the goroutine count
-// is the load signal: when it has fallen to under half of the highest count
+// svcproxy would hold the peak's memory for minutes. The load signal is
+// the goroutine count plus two per open forwarded connection (the event
+// loop gives a connection no goroutine; the portable engine gives it two,
+// and the weight keeps the thresholds' meaning either way): when it has fallen to under half of the highest count
 // seen since the last return, and that high was a real spike, two
 // collections (the second empties the victim caches) and a scavenge give
 // the memory back — what Envoy's overload manager calls shrink_heap. Under
@@ -49,7 +36,9 @@ type memoryReturner struct {
 	free    func()     // runtime.GC then debug.FreeOSMemory
 }
 
-func newMemoryReturner(reg prometheus.Registerer, log *zap.Logger) *memoryReturner {
+// newMemoryReturner watches load, the number of connections open (nil:
+// none, goroutines only).
+func newMemoryReturner(reg prometheus.Registerer, log *zap.Logger, conns func() int64) *memoryReturner {
 	r := &memoryReturner{
 		every: 10 * time.Second,
 		spike: 2000,
@@ -58,7 +47,13 @@ func newMemoryReturner(reg prometheus.Registerer, log *zap.Logger) *memoryReturn
 			Namespace: "svcproxy", Subsystem: "memory", Name: "returns_total",
 			Help: "Times memory was handed back to the kernel after a load spike ended.",
 		}),
-		count: runtime.NumGoroutine,
+		count: func() int {
+			n := runtime.NumGoroutine()
+			if conns != nil {
+				n += 2 * int(conns())
+			}
+			return n
+		},
 		free: func() {
 			runtime.GC()
 			debug.FreeOSMemory()

@@ -23,7 +23,7 @@ func TestMemoryReturner(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			r := newMemoryReturner(prometheus.NewRegistry(), zap.NewNop())
+			r := newMemoryReturner(prometheus.NewRegistry(), zap.NewNop(), nil)
 			frees := 0
 			r.free = func() { frees++ }
 			var st returnState

@@ -1,34 +1,50 @@
 package main
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"time"
 
-// daemonMetrics are the sync loop's metrics, named after kube-proxy's where
-// the meaning is the same (kubeproxy_sync_proxy_rules_duration_seconds and
-// friends), in svcproxy's namespace.
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/svcproxy/svcproxy/health"
+	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/runner"
+)
+
+// programmedFamilies are the IP families the proxy modes program, as
+// kube-proxy's ip_family label values. cmd/svcproxy turns on no mode's IPv6
+// support yet (issue 12, dual-stack); add runner.IPv6 when it does.
+var programmedFamilies = []string{runner.IPv4}
+
+// daemonMetrics are the daemon's metrics: the sync loop's (runner.Metrics:
+// kube-proxy's kubeproxy_sync_proxy_rules_* and svcproxy_sync_*), the
+// changes followed to the sync that programs them, the health endpoints',
+// and svcproxy's own below.
 type daemonMetrics struct {
-	syncDuration       prometheus.Histogram
+	sync    *runner.Metrics
+	changes *runner.Changes
+	health  *health.Metrics
+
 	networkProgramming prometheus.Histogram
-	lastSync           prometheus.Gauge
 	services           prometheus.Gauge
 	sourceErrors       prometheus.Counter
 	mode               *prometheus.GaugeVec
+
+	programmed uint64 // the newest snapshot version synced; the sync loop's only
 }
 
 func newDaemonMetrics(reg prometheus.Registerer) *daemonMetrics {
+	syncMetrics := runner.NewMetrics(reg, programmedFamilies...)
 	m := &daemonMetrics{
-		syncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: "svcproxy", Subsystem: "sync", Name: "proxy_rules_duration_seconds",
-			Help:    "How long one sync of the proxy mode took.",
-			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
-		}),
+		sync:    syncMetrics,
+		changes: runner.NewChanges(syncMetrics, nil),
+		health:  health.NewMetrics(reg),
 		networkProgramming: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "svcproxy", Name: "network_programming_duration_seconds",
 			Help:    "From a change reaching the load-balancer store to the proxy mode serving it.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 20),
-		}),
-		lastSync: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "svcproxy", Subsystem: "sync", Name: "proxy_rules_last_timestamp_seconds",
-			Help: "When the proxy mode was last synced, in seconds since the epoch.",
 		}),
 		services: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "svcproxy", Subsystem: "source", Name: "service_ports",
@@ -43,6 +59,81 @@ func newDaemonMetrics(reg prometheus.Registerer) *daemonMetrics {
 			Help: "1 for the proxy mode running, with the mode asked for (they differ after a fallback).",
 		}, []string{"mode", "requested"}),
 	}
-	reg.MustRegister(m.mode, m.syncDuration, m.networkProgramming, m.lastSync, m.services, m.sourceErrors)
+	reg.MustRegister(m.mode, m.networkProgramming, m.services, m.sourceErrors)
 	return m
+}
+
+// synced records what a successful sync of snap programmed: each change it
+// carried (network programming latency, pending changes), svcproxy's
+// store-to-served latency once per snapshot, and the Services with a Local
+// policy and no local endpoints.
+func (m *daemonMetrics) synced(snap *lb.Snapshot) {
+	m.changes.Programmed(snap.Version)
+	if snap.Version > m.programmed {
+		m.networkProgramming.Observe(time.Since(snap.Time).Seconds())
+		m.programmed = snap.Version
+	}
+	for _, fam := range programmedFamilies {
+		internal, external := noLocalEndpoints(snap, fam)
+		m.sync.SetNoLocalEndpoints(fam, internal, external)
+	}
+}
+
+// newSyncer returns the sync loop that carries store's snapshots to dp.
+// After each successful sync it records what was programmed, tells the
+// health tracker and calls served (nil: nothing); a failed sync is counted
+// and retried by the runner, and moves neither.
+func newSyncer(store *lb.Store, dp dataplane, m *daemonMetrics, tracker *health.Tracker, minSync, maxSync time.Duration, served func(context.Context)) *runner.Runner {
+	r := runner.New(func(ctx context.Context, full bool) error {
+		snap := store.Snapshot()
+		if err := dp.Apply(ctx, snap, full); err != nil {
+			return fmt.Errorf("applying snapshot %d: %w", snap.Version, err)
+		}
+		m.synced(snap)
+		tracker.Applied()
+		if served != nil {
+			served(ctx)
+		}
+		return nil
+	}, minSync, maxSync)
+	r.Metrics = m.sync
+	return r
+}
+
+// noLocalEndpoints counts, as kube-proxy's
+// kubeproxy_sync_proxy_rules_no_local_endpoints_total does, the Service
+// ports with usable endpoints of family somewhere but, under a Local
+// policy, none on this node: for ClusterIP traffic (internal) and, when
+// the Service is reachable from outside, external traffic.
+func noLocalEndpoints(snap *lb.Snapshot, family string) (internal, external int) {
+	inFamily := func(a netip.Addr) bool { return a.Unmap().Is4() == (family == runner.IPv4) }
+	for _, b := range snap.Balancers() {
+		svc := b.Service
+		usable := false
+		for _, ep := range svc.Endpoints {
+			if inFamily(ep.Addr.Addr()) && (ep.Ready || ep.Serving && ep.Terminating) {
+				usable = true
+				break
+			}
+		}
+		if !usable {
+			continue
+		}
+		hasLocal := func(p *lb.Pool) bool {
+			for _, be := range p.Backends() {
+				if inFamily(be.Addr.Addr()) {
+					return true
+				}
+			}
+			return false
+		}
+		if svc.InternalTrafficPolicy == lb.PolicyLocal && !hasLocal(b.Internal) {
+			internal++
+		}
+		externallyReachable := svc.NodePort != 0 || len(svc.ExternalIPs) > 0 || len(svc.LoadBalancerIPs) > 0
+		if svc.ExternalTrafficPolicy == lb.PolicyLocal && externallyReachable && !hasLocal(b.External) {
+			external++
+		}
+	}
+	return internal, external
 }

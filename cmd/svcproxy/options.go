@@ -1,45 +1,64 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
 
+	"github.com/svcproxy/svcproxy/config"
 	"github.com/svcproxy/svcproxy/connlog"
 	"github.com/svcproxy/svcproxy/forwarder"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/proxymode"
+	"github.com/svcproxy/svcproxy/source/kube"
 )
 
 // options are svcproxy's command-line settings.
 type options struct {
 	services      string
 	kubeconfig    string
-	inCluster     bool // take Services from the cluster the pod runs in (--config without a kubeconfig)
+	master        string // API server address, overriding the kubeconfig's (kube-proxy's --master)
+	inCluster     bool   // take Services from the cluster the pod runs in (in a pod, or --config, without a kubeconfig)
 	writeConfigTo string
 	proxyMode     proxymode.Mode
+	proxyName     string // serve only Services labelled service.kubernetes.io/service-proxy-name=proxyName; "": those without it
+
+	kubeAPIQPS         float32
+	kubeAPIBurst       int
+	kubeAPIContentType string
+	configSyncPeriod   time.Duration // informer resync; 0: none
 
 	steering          string // "none" or "redirect"
 	redirectPort      uint16
+	bindAddress       netip.Addr // kube-proxy's --bind-address: this node's primary IP of its family; unspecified: from the Node
 	nodePortAddresses []netip.Prefix
+	nodePortPrimary   bool // --nodeport-addresses=primary: the node's primary IPs, resolved once the Node is known
 	cleanup           bool
+	initOnly          bool
 	handoverSocket    string
 	clusterCIDRs      []netip.Prefix
 	masqueradeAll     bool
+	masqueradeMark    uint32 // kernel modes' masquerade mark, 1<<--iptables-masquerade-bit
 	ipvsScheduler     string
 	pidFile           string
 	successorWait     time.Duration
+	oomScoreAdj       *int // nil: leave as it is
 
 	workers            int
 	dialTimeouts       []time.Duration
 	idleTimeout        time.Duration
+	udpIdleTimeout     time.Duration // userspace mode's UDP flows; 0: the forwarder's default
 	drainTimeout       time.Duration
 	mark               int
 	maxConns           int64
@@ -61,77 +80,356 @@ type options struct {
 
 	logLevel  zapcore.Level
 	logFormat string
+
+	// warnings are said once the logger exists: kube-proxy flags and
+	// configuration fields svcproxy accepts but does not use.
+	warnings []string
 }
 
-func parseFlags(args []string) (*options, error) {
+// environment is what parseFlags reads of the process's surroundings.
+type environment struct {
+	// inPod: KUBERNETES_SERVICE_HOST and _PORT are set and the
+	// ServiceAccount token is mounted, as rest.InClusterConfig needs.
+	inPod bool
+	// stdout receives --help; nil: os.Stdout.
+	stdout io.Writer
+}
+
+const serviceAccountToken = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+// hostEnvironment reads this process's environment.
+func hostEnvironment() environment {
+	_, err := os.Stat(serviceAccountToken)
+	return environment{inPod: os.Getenv("KUBERNETES_SERVICE_HOST") != "" && os.Getenv("KUBERNETES_SERVICE_PORT") != "" && err == nil}
+}
+
+// errHint marks an error in the flags: main prints it once, with a pointer
+// to --help rather than the whole usage.
+var errHint = errors.New("run 'svcproxy --help' for the flags")
+
+// errVersion asks main to print the version and exit.
+var errVersion = errors.New("version requested")
+
+// flagSections groups the flags for --help.
+type flagSections struct {
+	fs       *flag.FlagSet
+	sections []flagSection
+	seen     map[string]bool
+}
+
+type flagSection struct {
+	title string
+	names []string
+	brief bool // listed by name only (kube-proxy flags svcproxy ignores)
+}
+
+// section registers the flags add defines under title.
+func (s *flagSections) section(title string, brief bool, add func()) {
+	add()
+	sec := flagSection{title: title, brief: brief}
+	s.fs.VisitAll(func(f *flag.Flag) {
+		if !s.seen[f.Name] {
+			s.seen[f.Name] = true
+			sec.names = append(sec.names, f.Name)
+		}
+	})
+	s.sections = append(s.sections, sec)
+}
+
+// print writes the grouped help.
+func (s *flagSections) print(w io.Writer) {
+	fmt.Fprint(w, `Usage: svcproxy [flags]
+
+svcproxy makes Kubernetes Services work on a node, like kube-proxy, with a
+fast userspace L4 proxy (or kernel iptables/IPVS modes). It takes
+kube-proxy's flags and configuration file where the meaning is the same.
+With no flags, and outside a pod, it serves the embedded example services
+file in the userspace mode.
+`)
+	for _, sec := range s.sections {
+		fmt.Fprintf(w, "\n%s:\n", sec.title)
+		if sec.brief {
+			var names []string
+			for _, n := range sec.names {
+				names = append(names, "--"+n)
+			}
+			fmt.Fprintf(w, "  %s\n", wrap(strings.Join(names, ", "), 76, "  "))
+			continue
+		}
+		for _, n := range sec.names {
+			f := s.fs.Lookup(n)
+			typ, usage := flag.UnquoteUsage(f)
+			line := "  --" + f.Name
+			if typ != "" {
+				line += " " + typ
+			}
+			fmt.Fprintln(w, line)
+			switch {
+			case f.DefValue == "" || f.DefValue == "false" || f.DefValue == "0" || f.DefValue == "0s":
+			case typ == "string":
+				usage += fmt.Sprintf(" (default %q)", f.DefValue)
+			default:
+				usage += fmt.Sprintf(" (default %s)", f.DefValue)
+			}
+			fmt.Fprintf(w, "      %s\n", wrap(usage, 74, "      "))
+		}
+	}
+}
+
+// wrap breaks s into lines of at most width, indenting the continuations.
+func wrap(s string, width int, indent string) string {
+	var b strings.Builder
+	n := 0
+	for i, word := range strings.Fields(s) {
+		if i > 0 {
+			if n+1+len(word) > width {
+				b.WriteString("\n" + indent)
+				n = 0
+			} else {
+				b.WriteByte(' ')
+				n++
+			}
+		}
+		b.WriteString(word)
+		n += len(word)
+	}
+	return b.String()
+}
+
+// ignoredFlag is a kube-proxy flag svcproxy accepts and does not use.
+type ignoredFlag struct {
+	isBool bool
+	set    bool
+	value  string
+}
+
+func (f *ignoredFlag) String() string {
+	if f == nil {
+		return ""
+	}
+	return f.value
+}
+func (f *ignoredFlag) Set(v string) error { f.set, f.value = true, v; return nil }
+func (f *ignoredFlag) IsBoolFlag() bool   { return f.isBool }
+
+// kubeProxyIgnored are kube-proxy's flags svcproxy has no use for, with
+// why; each given is said in a startup warning. Bool flags are marked.
+var kubeProxyIgnored = []struct {
+	name, why string
+	isBool    bool
+}{
+	{"feature-gates", "svcproxy has no feature gates", false},
+	{"bind-address-hard-fail", "svcproxy always fails when it cannot bind", true},
+	{"profiling", "use --profiling-bind-address", true},
+	{"show-hidden-metrics-for-version", "svcproxy hides no metrics", false},
+	{"iptables-localhost-nodeports", "NodePorts on localhost are not served", true},
+	{"ipvs-exclude-cidrs", "not supported", false},
+	{"ipvs-strict-arp", "not supported: set net.ipv4.conf.all.arp_ignore=1 and arp_announce=2 on the node", true},
+	{"ipvs-tcp-timeout", "not supported", false},
+	{"ipvs-tcpfin-timeout", "not supported", false},
+	{"ipvs-udp-timeout", "not supported", false},
+	{"detect-local-mode", "svcproxy tells local traffic by --cluster-cidr only", false},
+	{"pod-bridge-interface", "svcproxy tells local traffic by --cluster-cidr only", false},
+	{"pod-interface-name-prefix", "svcproxy tells local traffic by --cluster-cidr only", false},
+	{"conntrack-max-per-core", "svcproxy does not tune conntrack", false},
+	{"conntrack-min", "svcproxy does not tune conntrack", false},
+	{"conntrack-tcp-timeout-established", "svcproxy does not tune conntrack", false},
+	{"conntrack-tcp-timeout-close-wait", "svcproxy does not tune conntrack", false},
+	{"conntrack-tcp-be-liberal", "svcproxy does not tune conntrack", true},
+	{"conntrack-udp-timeout-stream", "svcproxy does not tune conntrack", false},
+	{"healthz-port", "use --healthz-bind-address", false},
+	{"metrics-port", "use --metrics-bind-address", false},
+	{"vmodule", "per-file verbosity is not supported; use --v or --log-level", false},
+	{"log-flush-frequency", "svcproxy logs unbuffered", false},
+	{"log-text-split-stream", "svcproxy logs to stderr", true},
+	{"log-text-info-buffer-size", "svcproxy logs unbuffered", false},
+	{"log-json-split-stream", "svcproxy logs to stderr", true},
+	{"log-json-info-buffer-size", "svcproxy logs unbuffered", false},
+	{"logtostderr", "svcproxy logs to stderr", true},
+	{"alsologtostderr", "svcproxy logs to stderr", true},
+	{"log-dir", "svcproxy logs to stderr", false},
+	{"log-file", "svcproxy logs to stderr", false},
+	{"skip-headers", "not supported", true},
+}
+
+func parseFlags(args []string, env environment) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("svcproxy", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: svcproxy [flags]\n\nsvcproxy makes Kubernetes Services work on a node with a fast userspace L4 proxy.\nWith no flags it serves the embedded example services file.\n\nFlags:\n")
-		fs.PrintDefaults()
-	}
+	fs.SetOutput(io.Discard) // main prints the error once; --help prints the grouped help
+	fs.Usage = func() {}
+	secs := &flagSections{fs: fs, seen: map[string]bool{}}
 	host, _ := os.Hostname()
-	configPath := fs.String("config", "", "a KubeProxyConfiguration-shaped file (kubeproxy.config.k8s.io/v1alpha1, with an svcproxy section); flags given on the command line win over it")
-	fs.StringVar(&o.writeConfigTo, "write-config-to", "", "write the effective configuration in --config's shape to this file ('-': stdout) and exit")
-	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig of the API server to take Services and EndpointSlices from; empty: the --services file")
-	fs.StringVar(&o.services, "services", "", "static services file (YAML); empty: the embedded example (examples/services.yaml)")
-	proxyMode := fs.String("proxy-mode", "", "userspace (the forwarder), iptables (kernel DNAT) or ipvs; empty: userspace. A mode the kernel cannot run falls back ipvs → iptables → userspace")
-	fs.StringVar(&o.steering, "steering", "none", "how Service traffic reaches the forwarder: redirect (iptables REDIRECT of every ClusterIP, ExternalIP, LoadBalancer IP and NodePort; needs root or CAP_NET_ADMIN) or none (listen on each frontend directly: for loopback and static files)")
-	redirectPort := fs.Uint("redirect-port", 15001, "TCP port the redirect rules send connections to (with --steering=redirect)")
-	nodePortAddresses := fs.String("nodeport-addresses", "", "comma-separated CIDRs: NodePorts only on the node's addresses inside them; empty: all of them")
-	fs.StringVar(&o.handoverSocket, "handover-socket", "auto", "unix socket for zero-downtime restarts: a new svcproxy takes the running one's sockets through it (SIGUSR2 starts one from the binary on disk); auto: /run/svcproxy/handover-<network namespace inode>.sock, so svcproxys in different network namespaces never meet; empty: off")
-	fs.DurationVar(&o.successorWait, "successor-wait", 0, "on SIGTERM, keep serving up to this long for a successor to take over (a DaemonSet whose new pod starts before the old one stops), which then keeps the rules; after handing over, stay until terminated, so kubelet does not restart the old version; 0: exit at once")
-	fs.StringVar(&o.pidFile, "pid-file", "", "write the process ID here (a successor overwrites it)")
-	clusterCIDRs := fs.String("cluster-cidr", "", "iptables mode: comma-separated pod CIDRs (one per family); ClusterIP traffic from outside them is masqueraded")
-	fs.BoolVar(&o.masqueradeAll, "masquerade-all", false, "iptables and ipvs modes: masquerade all Service traffic")
-	fs.StringVar(&o.ipvsScheduler, "ipvs-scheduler", "rr", "ipvs mode: the default scheduler: rr, wrr, lc, wlc, sh, dh or mh")
-	fs.BoolVar(&o.cleanup, "cleanup", false, "remove every rule and set svcproxy installs, in any mode, and exit")
-	fs.IntVar(&o.workers, "workers", 0, "listening sockets (and accept loops) per address, sharing it with SO_REUSEPORT; 0: GOMAXPROCS")
-	dialTimeouts := fs.String("dial-timeouts", "250ms,500ms,1s,2s", "per-attempt backend connect timeouts; their number bounds the attempts, each to a different backend")
-	fs.DurationVar(&o.idleTimeout, "idle-timeout", time.Hour, "close a connection idle this long in both directions; negative: never")
-	fs.DurationVar(&o.drainTimeout, "drain-timeout", 30*time.Second, "how long connections to a removed backend, and all connections at shutdown, may continue")
-	mark := fs.String("mark", fmt.Sprintf("%#x", forwarder.DefaultMark), "SO_MARK of upstream sockets (needs CAP_NET_ADMIN); 0 or negative: none")
-	fs.Int64Var(&o.maxConns, "max-conns", 0, "cap on open connections; 0: none")
-	fs.Int64Var(&o.maxConnsPerService, "max-conns-per-service", 0, "cap on open connections per Service port; 0: none")
-	algorithm := fs.String("algorithm", "round-robin", "default picker: round-robin, random, least-conn or maglev")
-	fs.StringVar(&o.hostname, "hostname-override", host, "this node's name, matched against endpoints' nodeName for Local traffic policies")
-	fs.StringVar(&o.zone, "zone", "", "this node's topology zone, for topology-aware routing hints")
-	fs.DurationVar(&o.syncPeriod, "sync-period", 30*time.Second, "longest time between syncs that check and repair the rules (the iptables mode rewrites everything hourly); /healthz fails when an update waits twice this")
-	fs.DurationVar(&o.minSyncPeriod, "min-sync-period", 0, "shortest time between syncs; bursts of changes in it are applied together")
-	fs.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics; empty: off")
-	fs.StringVar(&o.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez; empty: off")
-	fs.StringVar(&o.profilingAddr, "profiling-bind-address", "", "serve Go's /debug/pprof/ here, on a loopback address only; empty: off")
-	fs.StringVar(&o.connLog, "conn-log", connlog.DefaultPath, "per-connection JSON log file; '-': stdout; empty: off")
-	fs.IntVar(&o.connLogSample, "conn-log-sample", 1, "log 1 of every N successful connections (failed ones always)")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	fs.StringVar(&o.logFormat, "log-format", "console", "console or json")
-	if err := fs.Parse(args); err != nil {
+
+	var (
+		configPath, proxyMode, nodePortAddresses, clusterCIDRs, bindAddress, dialTimeouts, mark, algorithm, logLevel, logFormat *string
+		redirectPort                                                                                                            *uint
+		masqBit, oomScoreAdj, verbosity                                                                                         *int
+		iptSync, iptMinSync, ipvsSync, ipvsMinSync                                                                              *time.Duration
+		version                                                                                                                 *bool
+		qps                                                                                                                     *float64
+		loggingFormat                                                                                                           *string
+	)
+	secs.section("Configuration", false, func() {
+		configPath = fs.String("config", "", "a KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1, with an svcproxy: section); flags given on the command line win over it")
+		fs.StringVar(&o.writeConfigTo, "write-config-to", "", "write the effective configuration in --config's shape to this file ('-': stdout) and exit")
+		fs.BoolVar(&o.cleanup, "cleanup", false, "remove every rule and set svcproxy installs, in any mode, and exit")
+		fs.BoolVar(&o.initOnly, "init-only", false, "exit at once: svcproxy needs no privileged initialisation step (kube-proxy's init container flag)")
+		version = fs.Bool("version", false, "print the version and commit and exit")
+	})
+	secs.section("Source of Services", false, func() {
+		fs.StringVar(&o.services, "services", "", "static services file (YAML); empty: the cluster (--kubeconfig, --master, or the pod's ServiceAccount), else the embedded example (userspace mode only)")
+		fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig of the API server to take Services and EndpointSlices from; empty in a pod: the pod's ServiceAccount")
+		fs.StringVar(&o.master, "master", "", "address of the Kubernetes API server (overrides the kubeconfig's)")
+		qps = fs.Float64("kube-api-qps", 5, "requests per second to the API server")
+		fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", 10, "burst of requests to the API server above --kube-api-qps")
+		fs.StringVar(&o.kubeAPIContentType, "kube-api-content-type", "application/vnd.kubernetes.protobuf", "content type of requests to the API server: application/vnd.kubernetes.protobuf or application/json")
+		fs.DurationVar(&o.configSyncPeriod, "config-sync-period", 15*time.Minute, "how often the informers re-deliver their cached objects; 0: never")
+		fs.StringVar(&o.proxyName, "proxy-name", "", "serve only Services labelled service.kubernetes.io/service-proxy-name=<this>, so proxies can split a cluster's Services; empty: only Services without that label, as kube-proxy")
+		fs.StringVar(&o.hostname, "hostname-override", host, "this node's name, matched against endpoints' nodeName for Local traffic policies")
+		fs.StringVar(&o.zone, "zone", "", "this node's topology zone, for topology-aware routing hints; empty: the Node's topology.kubernetes.io/zone label")
+	})
+	secs.section("Proxy mode", false, func() {
+		proxyMode = fs.String("proxy-mode", "", "userspace (the forwarder), iptables (kernel DNAT) or ipvs; empty: the Node's net.experimental.kubernetes.io/proxy-mode annotation, else userspace. A mode the kernel cannot run falls back ipvs → iptables → userspace")
+		fs.DurationVar(&o.syncPeriod, "sync-period", 30*time.Second, "longest time between syncs that check and repair the rules (the iptables mode rewrites everything hourly); /healthz fails when an update waits twice this")
+		fs.DurationVar(&o.minSyncPeriod, "min-sync-period", 0, "shortest time between syncs; bursts of changes in it are applied together")
+		iptSync = fs.Duration("iptables-sync-period", 0, "kube-proxy's name for --sync-period (iptables and userspace modes)")
+		iptMinSync = fs.Duration("iptables-min-sync-period", 0, "kube-proxy's name for --min-sync-period (iptables and userspace modes)")
+		ipvsSync = fs.Duration("ipvs-sync-period", 0, "kube-proxy's name for --sync-period (ipvs mode)")
+		ipvsMinSync = fs.Duration("ipvs-min-sync-period", 0, "kube-proxy's name for --min-sync-period (ipvs mode)")
+		nodePortAddresses = fs.String("nodeport-addresses", "", "comma-separated CIDRs: NodePorts only on the node's addresses inside them; 'primary': only on the node's primary IPs (from the Node object); empty: all of them")
+		bindAddress = fs.String("bind-address", "0.0.0.0", "this node's primary IP of its family, overriding the Node object's (as kube-proxy; used by --nodeport-addresses=primary)")
+		clusterCIDRs = fs.String("cluster-cidr", "", "iptables mode: comma-separated pod CIDRs (one per family); ClusterIP traffic from outside them is masqueraded")
+		fs.BoolVar(&o.masqueradeAll, "masquerade-all", false, "iptables and ipvs modes: masquerade all Service traffic")
+		masqBit = fs.Int("iptables-masquerade-bit", 14, "iptables and ipvs modes: the bit of the packet mark that asks for masquerade, 0-31")
+		fs.StringVar(&o.ipvsScheduler, "ipvs-scheduler", "rr", "ipvs mode: the default scheduler: "+strings.Join(config.IPVSSchedulers, ", "))
+	})
+	secs.section("Userspace proxy", false, func() {
+		fs.StringVar(&o.steering, "steering", "none", "how Service traffic reaches the forwarder: redirect (iptables REDIRECT of every ClusterIP, ExternalIP, LoadBalancer IP and NodePort; needs root or CAP_NET_ADMIN) or none (listen on each frontend directly: for loopback and static files)")
+		redirectPort = fs.Uint("redirect-port", 15001, "TCP port the redirect rules send connections to (with --steering=redirect)")
+		fs.IntVar(&o.workers, "workers", 0, "listening sockets (and accept loops) per address, sharing it with SO_REUSEPORT; 0: GOMAXPROCS")
+		dialTimeouts = fs.String("dial-timeouts", "250ms,500ms,1s,2s", "per-attempt backend connect timeouts; their number bounds the attempts, each to a different backend")
+		fs.DurationVar(&o.idleTimeout, "idle-timeout", time.Hour, "close a connection idle this long in both directions; negative: never")
+		fs.DurationVar(&o.udpIdleTimeout, "conntrack-udp-timeout", 0, "userspace mode: end a UDP flow idle this long; 0: 30s (the kernel modes leave the kernel's timeout as it is)")
+		fs.DurationVar(&o.drainTimeout, "drain-timeout", 30*time.Second, "how long connections to a removed backend, and all connections at shutdown, may continue")
+		mark = fs.String("mark", fmt.Sprintf("%#x", forwarder.DefaultMark), "SO_MARK of upstream sockets (needs CAP_NET_ADMIN); 0 or negative: none")
+		fs.Int64Var(&o.maxConns, "max-conns", 0, "cap on open connections; 0: none")
+		fs.Int64Var(&o.maxConnsPerService, "max-conns-per-service", 0, "cap on open connections per Service port; 0: none")
+		algorithm = fs.String("algorithm", "round-robin", "default picker: round-robin, random, least-conn or maglev")
+		fs.StringVar(&o.connLog, "conn-log", connlog.DefaultPath, "per-connection JSON log file; '-': stdout; empty: off")
+		fs.IntVar(&o.connLogSample, "conn-log-sample", 1, "log 1 of every N successful connections (failed ones always)")
+	})
+	secs.section("Process", false, func() {
+		fs.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics; empty: off")
+		fs.StringVar(&o.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez; empty: off")
+		fs.StringVar(&o.profilingAddr, "profiling-bind-address", "", "serve Go's /debug/pprof/ here, on a loopback address only; empty: off")
+		fs.StringVar(&o.handoverSocket, "handover-socket", "auto", "unix socket for zero-downtime restarts: a new svcproxy takes the running one's sockets through it (SIGUSR2 starts one from the binary on disk); auto: /run/svcproxy/handover-<network namespace inode>.sock; empty: off")
+		fs.DurationVar(&o.successorWait, "successor-wait", 0, "on SIGTERM, keep serving up to this long for a successor to take over (a DaemonSet whose new pod starts before the old one stops), which then keeps the rules; after handing over, stay until terminated, so kubelet does not restart the old version; 0: exit at once")
+		fs.StringVar(&o.pidFile, "pid-file", "", "write the process ID here (a successor overwrites it)")
+		oomScoreAdj = fs.Int("oom-score-adj", 0, "set this process's oom_score_adj, -1000 to 1000; unset: leave it")
+		logLevel = fs.String("log-level", "info", "debug, info, warn or error")
+		verbosity = fs.Int("v", 0, "kube-proxy's (klog) verbosity, when --log-level is not given: 0-3 info, 4 and more debug")
+		logFormat = fs.String("log-format", "console", "console or json")
+		loggingFormat = fs.String("logging-format", "text", "kube-proxy's name for --log-format: text (console) or json")
+	})
+	ignored := map[string]*ignoredFlag{}
+	secs.section("kube-proxy flags accepted and ignored, each named in a startup warning", true, func() {
+		for _, k := range kubeProxyIgnored {
+			ignored[k.name] = &ignoredFlag{isBool: k.isBool}
+			fs.Var(ignored[k.name], k.name, k.why)
+		}
+	})
+
+	err := fs.Parse(args)
+	if errors.Is(err, flag.ErrHelp) {
+		out := env.stdout
+		if out == nil {
+			out = os.Stdout
+		}
+		secs.print(out)
 		return nil, err
 	}
+	if err != nil {
+		return nil, fmt.Errorf("%w; %w", err, errHint)
+	}
 	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		return nil, fmt.Errorf("unexpected argument %q; %w", fs.Arg(0), errHint)
+	}
+	if *version {
+		return nil, errVersion
+	}
+	cmdline := map[string]bool{} // flags given on the command line
+	fs.Visit(func(f *flag.Flag) { cmdline[f.Name] = true })
+	for _, k := range kubeProxyIgnored {
+		if cmdline[k.name] {
+			o.warnings = append(o.warnings, fmt.Sprintf("--%s: kube-proxy flag ignored: %s", k.name, k.why))
+		}
 	}
 	if *configPath != "" {
 		cfg, err := applyConfigFile(fs, *configPath)
 		if err != nil {
 			return nil, err
 		}
-		o.inCluster = cfg.ClientConnection.Kubeconfig == "" && o.services == "" && o.kubeconfig == ""
+		for _, w := range cfg.Warnings {
+			o.warnings = append(o.warnings, "--config "+*configPath+": "+w)
+		}
+	}
+	set := map[string]bool{} // flags given on the command line or by the file
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if o.kubeconfig == "" && o.master == "" && o.services == "" {
+		o.inCluster = *configPath != "" || env.inPod
 	}
 
-	var err error
-	if o.clusterCIDRs, err = parsePrefixes(*clusterCIDRs); err != nil {
-		return nil, fmt.Errorf("--cluster-cidr: %w", err)
-	}
 	if o.proxyMode, err = proxymode.Parse(*proxyMode); err != nil {
 		return nil, fmt.Errorf("--proxy-mode: %w", err)
 	}
-	if o.handoverSocket == "auto" {
-		ns, err := os.Readlink("/proc/self/ns/net") // "net:[4026531840]"
-		if err != nil {
-			return nil, fmt.Errorf("--handover-socket=auto: reading the network namespace: %w", err)
+	serving := !o.cleanup && !o.initOnly && o.writeConfigTo == ""
+	if serving && (o.proxyMode == proxymode.IPTables || o.proxyMode == proxymode.IPVS) {
+		if o.services == "" && o.kubeconfig == "" && o.master == "" && !o.inCluster {
+			return nil, fmt.Errorf("--proxy-mode=%s: no source of Services: give --services, --kubeconfig or --master, or run in a pod (the embedded example file is for the userspace mode only: a kernel mode would leave its Services in the kernel)", o.proxyMode)
 		}
-		o.handoverSocket = "/run/svcproxy/handover-" + strings.Trim(strings.TrimPrefix(ns, "net:"), "[]") + ".sock"
+	}
+	if err := o.resolveSyncPeriods(cmdline, *iptSync, *iptMinSync, *ipvsSync, *ipvsMinSync); err != nil {
+		return nil, err
+	}
+	if *qps < 0 {
+		return nil, fmt.Errorf("--kube-api-qps: must not be negative, got %v", *qps)
+	}
+	o.kubeAPIQPS = float32(*qps)
+	if o.kubeAPIBurst < 0 {
+		return nil, fmt.Errorf("--kube-api-burst: must not be negative, got %d", o.kubeAPIBurst)
+	}
+	switch o.kubeAPIContentType {
+	case "application/vnd.kubernetes.protobuf", "application/json":
+	default:
+		return nil, fmt.Errorf("--kube-api-content-type: want application/vnd.kubernetes.protobuf or application/json, got %q", o.kubeAPIContentType)
+	}
+	if o.configSyncPeriod < 0 {
+		return nil, fmt.Errorf("--config-sync-period: must not be negative, got %v", o.configSyncPeriod)
+	}
+	if o.bindAddress, err = netip.ParseAddr(*bindAddress); err != nil {
+		return nil, fmt.Errorf("--bind-address: want an IP address, got %q", *bindAddress)
+	}
+	if *masqBit < 0 || *masqBit > 31 {
+		return nil, fmt.Errorf("--iptables-masquerade-bit: want 0-31, got %d", *masqBit)
+	}
+	o.masqueradeMark = 1 << *masqBit
+	if !slices.Contains(config.IPVSSchedulers, o.ipvsScheduler) {
+		return nil, fmt.Errorf("--ipvs-scheduler: want one of %s, got %q", strings.Join(config.IPVSSchedulers, ", "), o.ipvsScheduler)
+	}
+	if set["oom-score-adj"] {
+		if *oomScoreAdj < -1000 || *oomScoreAdj > 1000 {
+			return nil, fmt.Errorf("--oom-score-adj: want -1000 to 1000, got %d", *oomScoreAdj)
+		}
+		o.oomScoreAdj = oomScoreAdj
+	}
+	if o.udpIdleTimeout < 0 {
+		return nil, fmt.Errorf("--conntrack-udp-timeout: must not be negative, got %v", o.udpIdleTimeout)
+	}
+	if o.clusterCIDRs, err = parsePrefixes(*clusterCIDRs); err != nil {
+		return nil, fmt.Errorf("--cluster-cidr: %w", err)
+	}
+	if o.handoverSocket, err = handoverSocketPath(o.handoverSocket); err != nil {
+		return nil, fmt.Errorf("--handover-socket: %w", err)
 	}
 	if o.steering != "none" && o.steering != "redirect" {
 		return nil, fmt.Errorf("--steering: want redirect or none, got %q", o.steering)
@@ -140,8 +438,10 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("--redirect-port: want 1-65535, got %d", *redirectPort)
 	}
 	o.redirectPort = uint16(*redirectPort)
-	if o.nodePortAddresses, err = parsePrefixes(*nodePortAddresses); err != nil {
-		return nil, fmt.Errorf("--nodeport-addresses: %w", err)
+	if strings.TrimSpace(*nodePortAddresses) == "primary" {
+		o.nodePortPrimary = true
+	} else if o.nodePortAddresses, err = parsePrefixes(*nodePortAddresses); err != nil {
+		return nil, fmt.Errorf("--nodeport-addresses: want comma-separated CIDRs or 'primary': %w", err)
 	}
 	if o.dialTimeouts, err = parseDurations(*dialTimeouts); err != nil {
 		return nil, fmt.Errorf("--dial-timeouts: %w", err)
@@ -151,6 +451,9 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("--mark: want a 32-bit number such as 0x80000, got %q", *mark)
 	}
 	o.mark = int(m)
+	if m > 0 && uint32(m)&o.masqueradeMark != 0 {
+		return nil, fmt.Errorf("--iptables-masquerade-bit: mark %#x overlaps --mark %#x (the forwarder's own connections)", o.masqueradeMark, m)
+	}
 	if m <= 0 {
 		if o.steering == "redirect" {
 			return nil, fmt.Errorf("--mark: --steering=redirect needs a mark, so the forwarder's own connections are not redirected")
@@ -160,11 +463,8 @@ func parseFlags(args []string) (*options, error) {
 	if o.algorithm, err = lb.ParseAlgorithm(*algorithm); err != nil {
 		return nil, fmt.Errorf("--algorithm: %w", err)
 	}
-	if err := o.logLevel.Set(*logLevel); err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
-	if o.logFormat != "console" && o.logFormat != "json" {
-		return nil, fmt.Errorf("--log-format: want console or json, got %q", o.logFormat)
+	if err := o.setLogging(set, *logLevel, *verbosity, *logFormat, *loggingFormat); err != nil {
+		return nil, err
 	}
 	if o.profilingAddr != "" {
 		ap, err := netip.ParseAddrPort(o.profilingAddr)
@@ -182,6 +482,58 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("--min-sync-period: want 0 to --sync-period, got %v", o.minSyncPeriod)
 	}
 	return o, nil
+}
+
+// resolveSyncPeriods applies kube-proxy's per-mode sync period flags: the
+// ipvs ones in the ipvs mode, the iptables ones otherwise. --sync-period
+// and --min-sync-period, when given, win.
+func (o *options) resolveSyncPeriods(set map[string]bool, iptSync, iptMinSync, ipvsSync, ipvsMinSync time.Duration) error {
+	syncFlag, minFlag, sync, minSync := "iptables-sync-period", "iptables-min-sync-period", iptSync, iptMinSync
+	if o.proxyMode == proxymode.IPVS {
+		syncFlag, minFlag, sync, minSync = "ipvs-sync-period", "ipvs-min-sync-period", ipvsSync, ipvsMinSync
+	}
+	if set[syncFlag] && !set["sync-period"] {
+		if sync <= 0 {
+			return fmt.Errorf("--%s: must be positive, got %v", syncFlag, sync)
+		}
+		o.syncPeriod = sync
+	}
+	if set[minFlag] && !set["min-sync-period"] {
+		o.minSyncPeriod = minSync
+	}
+	return nil
+}
+
+// setLogging sets the level from --log-level, else from kube-proxy's --v,
+// and the format from --log-format, else from --logging-format.
+func (o *options) setLogging(set map[string]bool, level string, v int, format, loggingFormat string) error {
+	switch {
+	case set["log-level"] || !set["v"]:
+		if err := o.logLevel.Set(level); err != nil {
+			return fmt.Errorf("--log-level: %w", err)
+		}
+	case v < 0:
+		return fmt.Errorf("--v: want 0 or more, got %d", v)
+	case v >= 4:
+		o.logLevel = zapcore.DebugLevel
+	default:
+		o.logLevel = zapcore.InfoLevel
+	}
+	o.logFormat = format
+	if set["logging-format"] && !set["log-format"] {
+		switch loggingFormat {
+		case "text":
+			o.logFormat = "console"
+		case "json":
+			o.logFormat = "json"
+		default:
+			return fmt.Errorf("--logging-format: want text or json, got %q", loggingFormat)
+		}
+	}
+	if o.logFormat != "console" && o.logFormat != "json" {
+		return fmt.Errorf("--log-format: want console or json, got %q", o.logFormat)
+	}
+	return nil
 }
 
 // parsePrefixes parses comma-separated CIDRs.
@@ -231,4 +583,24 @@ func newLogger(level zapcore.Level, format string) (*zap.Logger, error) {
 		return nil, fmt.Errorf("building logger: %w", err)
 	}
 	return log, nil
+}
+
+// resolvePrimary turns --nodeport-addresses=primary into the node's primary
+// IPs (/32, /128), as kube-proxy does once it has the Node. With none known
+// (no Node, no --bind-address) NodePorts stay on every address, as
+// kube-proxy's, and the returned warning says so.
+func (o *options) resolvePrimary(node *corev1.Node) (warning string) {
+	if !o.nodePortPrimary {
+		return ""
+	}
+	o.nodePortAddresses = nil
+	for _, ip := range kube.PrimaryIPs(node, o.bindAddress) {
+		if !ip.IsLoopback() {
+			o.nodePortAddresses = append(o.nodePortAddresses, netip.PrefixFrom(ip, ip.BitLen()))
+		}
+	}
+	if len(o.nodePortAddresses) == 0 {
+		return "nodePortAddresses primary: this node's primary IPs are unknown (no Node object with InternalIP or ExternalIP addresses, no --bind-address): NodePorts are served on every address"
+	}
+	return ""
 }

@@ -1,34 +1,83 @@
 package main
 
 import (
+	"bytes"
+	"errors"
+	"flag"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/svcproxy/svcproxy/proxymode"
 )
+
+var outsidePod = environment{}
 
 func TestParseFlags(t *testing.T) {
 	tests := []struct {
 		name    string
 		args    []string
+		env     environment
 		wantErr string // empty: no error
 	}{
-		{"defaults", nil, ""},
-		{"redirect steering", []string{"--steering=redirect"}, ""},
-		{"unknown steering", []string{"--steering=tproxy"}, "--steering"},
-		{"unknown mode", []string{"--proxy-mode=ebpf"}, "--proxy-mode"},
-		{"redirect needs a mark", []string{"--steering=redirect", "--mark=0"}, "--mark"},
-		{"bad mark", []string{"--mark=zebra"}, "--mark"},
-		{"bad dial timeouts", []string{"--dial-timeouts=250ms,-1s"}, "--dial-timeouts"},
-		{"too many attempts", []string{"--dial-timeouts=" + strings.Repeat("1s,", 16) + "1s"}, "--dial-timeouts"},
-		{"bad nodeport addresses", []string{"--nodeport-addresses=10.0.0.0/33"}, "--nodeport-addresses"},
-		{"profiling off loopback", []string{"--profiling-bind-address=0.0.0.0:6060"}, "--profiling-bind-address"},
-		{"profiling on loopback", []string{"--profiling-bind-address=127.0.0.1:6060"}, ""},
-		{"bad sample", []string{"--conn-log-sample=0"}, "--conn-log-sample"},
-		{"min sync above sync", []string{"--sync-period=1s", "--min-sync-period=2s"}, "--min-sync-period"},
-		{"stray argument", []string{"extra"}, "unexpected argument"},
+		{"defaults", nil, outsidePod, ""},
+		{"redirect steering", []string{"--steering=redirect"}, outsidePod, ""},
+		{"unknown steering", []string{"--steering=tproxy"}, outsidePod, "--steering"},
+		{"unknown mode", []string{"--proxy-mode=ebpf"}, outsidePod, "--proxy-mode"},
+		{"redirect needs a mark", []string{"--steering=redirect", "--mark=0"}, outsidePod, "--mark"},
+		{"bad mark", []string{"--mark=zebra"}, outsidePod, "--mark"},
+		{"bad dial timeouts", []string{"--dial-timeouts=250ms,-1s"}, outsidePod, "--dial-timeouts"},
+		{"too many attempts", []string{"--dial-timeouts=" + strings.Repeat("1s,", 16) + "1s"}, outsidePod, "--dial-timeouts"},
+		{"bad nodeport addresses", []string{"--nodeport-addresses=10.0.0.0/33"}, outsidePod, "--nodeport-addresses"},
+		{"primary nodeport addresses", []string{"--nodeport-addresses=primary"}, outsidePod, ""},
+		{"profiling off loopback", []string{"--profiling-bind-address=0.0.0.0:6060"}, outsidePod, "--profiling-bind-address"},
+		{"profiling on loopback", []string{"--profiling-bind-address=127.0.0.1:6060"}, outsidePod, ""},
+		{"bad sample", []string{"--conn-log-sample=0"}, outsidePod, "--conn-log-sample"},
+		{"min sync above sync", []string{"--sync-period=1s", "--min-sync-period=2s"}, outsidePod, "--min-sync-period"},
+		{"stray argument", []string{"extra"}, outsidePod, "unexpected argument"},
+		{"unknown flag", []string{"--bogus"}, outsidePod, "-bogus"},
+
+		// kube-proxy's flags, as its manifests pass them.
+		{"kube-proxy manifest", []string{"--v=2", "--feature-gates=Foo=true", "--kube-api-qps=20", "--kube-api-burst=40",
+			"--kube-api-content-type=application/json", "--bind-address=0.0.0.0", "--oom-score-adj=-999", "--ipvs-strict-arp",
+			"--conntrack-max-per-core=0", "--hostname-override=node-a", "--cluster-cidr=10.244.0.0/16", "--config-sync-period=5m",
+			"--metrics-bind-address=0.0.0.0:10249", "--healthz-bind-address=0.0.0.0:10256", "--logging-format=json",
+			"--iptables-masquerade-bit=15", "--iptables-sync-period=10s", "--master=https://10.0.0.1:6443"}, outsidePod, ""},
+		{"bad verbosity", []string{"--v=-1"}, outsidePod, "--v"},
+		{"bad qps", []string{"--kube-api-qps=-1"}, outsidePod, "--kube-api-qps"},
+		{"bad burst", []string{"--kube-api-burst=-1"}, outsidePod, "--kube-api-burst"},
+		{"bad content type", []string{"--kube-api-content-type=text/plain"}, outsidePod, "--kube-api-content-type"},
+		{"bad bind address", []string{"--bind-address=node-a"}, outsidePod, "--bind-address"},
+		{"bad masquerade bit", []string{"--iptables-masquerade-bit=32"}, outsidePod, "--iptables-masquerade-bit"},
+		{"masquerade bit on the forwarder's mark", []string{"--iptables-masquerade-bit=19"}, outsidePod, "--iptables-masquerade-bit"},
+		{"scheduler the ipvs mode lacks", []string{"--ipvs-scheduler=lblc"}, outsidePod, "--ipvs-scheduler"},
+		{"bad oom score adj", []string{"--oom-score-adj=-1001"}, outsidePod, "--oom-score-adj"},
+		{"bad logging format", []string{"--logging-format=xml"}, outsidePod, "--logging-format"},
+		{"bad config sync period", []string{"--config-sync-period=-1s"}, outsidePod, "--config-sync-period"},
+		{"bad iptables sync period", []string{"--iptables-sync-period=0s"}, outsidePod, "--iptables-sync-period"},
+
+		// Safe defaults: a kernel mode needs a real source.
+		{"iptables without a source", []string{"--proxy-mode=iptables"}, outsidePod, "no source of Services"},
+		{"ipvs without a source", []string{"--proxy-mode=ipvs"}, outsidePod, "no source of Services"},
+		{"iptables with a services file", []string{"--proxy-mode=iptables", "--services=x.yaml"}, outsidePod, ""},
+		{"iptables with a kubeconfig", []string{"--proxy-mode=iptables", "--kubeconfig=k"}, outsidePod, ""},
+		{"iptables with a master", []string{"--proxy-mode=iptables", "--master=https://10.0.0.1:6443"}, outsidePod, ""},
+		{"iptables in a pod", []string{"--proxy-mode=iptables"}, environment{inPod: true}, ""},
+		{"cleanup needs no source", []string{"--proxy-mode=iptables", "--cleanup"}, outsidePod, ""},
+		{"writing the config needs no source", []string{"--proxy-mode=ipvs", "--write-config-to=-"}, outsidePod, ""},
+		{"init-only needs no source", []string{"--proxy-mode=ipvs", "--init-only"}, outsidePod, ""},
+		{"userspace without a source", []string{"--proxy-mode=userspace"}, outsidePod, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			o, err := parseFlags(tc.args)
+			o, err := parseFlags(tc.args, tc.env)
 			if tc.wantErr == "" {
 				if err != nil {
 					t.Fatalf("parseFlags(%q): %v", tc.args, err)
@@ -42,5 +91,234 @@ func TestParseFlags(t *testing.T) {
 				t.Fatalf("parseFlags(%q) = %v, want an error naming %s", tc.args, err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// TestParseFlagsValues: what each kube-proxy flag sets.
+func TestParseFlagsValues(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		env   environment
+		check func(o *options) bool
+	}{
+		{"default log level", nil, outsidePod, func(o *options) bool { return o.logLevel == zapcore.InfoLevel }},
+		{"--v=2 is info", []string{"--v=2"}, outsidePod, func(o *options) bool { return o.logLevel == zapcore.InfoLevel }},
+		{"--v=4 is debug", []string{"--v=4"}, outsidePod, func(o *options) bool { return o.logLevel == zapcore.DebugLevel }},
+		{"--log-level wins over --v", []string{"--v=4", "--log-level=warn"}, outsidePod, func(o *options) bool { return o.logLevel == zapcore.WarnLevel }},
+		{"--logging-format=json", []string{"--logging-format=json"}, outsidePod, func(o *options) bool { return o.logFormat == "json" }},
+		{"--log-format wins", []string{"--logging-format=json", "--log-format=console"}, outsidePod, func(o *options) bool { return o.logFormat == "console" }},
+		{"kube API client", []string{"--kube-api-qps=20.5", "--kube-api-burst=40", "--kube-api-content-type=application/json", "--master=https://m:6443"}, outsidePod,
+			func(o *options) bool {
+				return o.kubeAPIQPS == 20.5 && o.kubeAPIBurst == 40 && o.kubeAPIContentType == "application/json" && o.master == "https://m:6443" && !o.inCluster
+			}},
+		{"kube API defaults", nil, outsidePod, func(o *options) bool {
+			return o.kubeAPIQPS == 5 && o.kubeAPIBurst == 10 && o.kubeAPIContentType == "application/vnd.kubernetes.protobuf" && o.configSyncPeriod == 15*time.Minute
+		}},
+		{"config sync period", []string{"--config-sync-period=0s"}, outsidePod, func(o *options) bool { return o.configSyncPeriod == 0 }},
+		{"masquerade bit", []string{"--iptables-masquerade-bit=15"}, outsidePod, func(o *options) bool { return o.masqueradeMark == 0x8000 }},
+		{"masquerade bit default", nil, outsidePod, func(o *options) bool { return o.masqueradeMark == 0x4000 }},
+		{"iptables sync period", []string{"--iptables-sync-period=10s", "--iptables-min-sync-period=1s"}, outsidePod,
+			func(o *options) bool { return o.syncPeriod == 10*time.Second && o.minSyncPeriod == time.Second }},
+		{"ipvs sync period in the ipvs mode", []string{"--proxy-mode=ipvs", "--services=x", "--ipvs-sync-period=20s", "--iptables-sync-period=10s"}, outsidePod,
+			func(o *options) bool { return o.syncPeriod == 20*time.Second }},
+		{"--sync-period wins", []string{"--iptables-sync-period=10s", "--sync-period=40s"}, outsidePod, func(o *options) bool { return o.syncPeriod == 40*time.Second }},
+		{"bind address", []string{"--bind-address=10.0.0.9"}, outsidePod, func(o *options) bool { return o.bindAddress == netip.MustParseAddr("10.0.0.9") }},
+		{"primary", []string{"--nodeport-addresses=primary"}, outsidePod, func(o *options) bool { return o.nodePortPrimary && o.nodePortAddresses == nil }},
+		{"oom score adj unset", nil, outsidePod, func(o *options) bool { return o.oomScoreAdj == nil }},
+		{"oom score adj", []string{"--oom-score-adj=-999"}, outsidePod, func(o *options) bool { return o.oomScoreAdj != nil && *o.oomScoreAdj == -999 }},
+		{"udp timeout", []string{"--conntrack-udp-timeout=10s"}, outsidePod, func(o *options) bool { return o.udpIdleTimeout == 10*time.Second }},
+		{"proxy name", []string{"--proxy-name=svcproxy-b"}, outsidePod, func(o *options) bool { return o.proxyName == "svcproxy-b" }},
+		{"init only", []string{"--init-only"}, outsidePod, func(o *options) bool { return o.initOnly }},
+		{"in a pod: the in-cluster config", nil, environment{inPod: true}, func(o *options) bool { return o.inCluster }},
+		{"outside a pod: no cluster", nil, outsidePod, func(o *options) bool { return !o.inCluster }},
+		{"in a pod with a services file", []string{"--services=x"}, environment{inPod: true}, func(o *options) bool { return !o.inCluster }},
+		{"in a pod with a kubeconfig", []string{"--kubeconfig=k"}, environment{inPod: true}, func(o *options) bool { return !o.inCluster }},
+		{"ignored flags warned about, by name", []string{"--feature-gates=A=true", "--ipvs-strict-arp", "--profiling", "--vmodule=x=2"}, outsidePod,
+			func(o *options) bool {
+				return len(o.warnings) == 4 && strings.HasPrefix(o.warnings[0], "--feature-gates:") && strings.HasPrefix(o.warnings[1], "--profiling:") &&
+					strings.HasPrefix(o.warnings[2], "--ipvs-strict-arp:") && strings.HasPrefix(o.warnings[3], "--vmodule:")
+			}},
+		{"no warnings by default", nil, outsidePod, func(o *options) bool { return len(o.warnings) == 0 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := parseFlags(tc.args, tc.env)
+			if err != nil {
+				t.Fatalf("parseFlags(%q): %v", tc.args, err)
+			}
+			if !tc.check(o) {
+				t.Errorf("parseFlags(%q): %+v", tc.args, *o)
+			}
+		})
+	}
+}
+
+// TestFlagErrorsOnce: a bad flag is one line with a hint, never the usage.
+func TestFlagErrorsOnce(t *testing.T) {
+	var help bytes.Buffer
+	_, err := parseFlags([]string{"--nope=1"}, environment{stdout: &help})
+	if err == nil || !errors.Is(err, errHint) {
+		t.Fatalf("err = %v, want it to wrap errHint", err)
+	}
+	if msg := err.Error(); strings.Count(msg, "nope") != 1 || strings.Contains(msg, "Usage") || strings.Contains(msg, "\n") {
+		t.Errorf("error %q: want the problem once, on one line, without the usage", msg)
+	}
+	if help.Len() != 0 {
+		t.Errorf("a bad flag printed the help:\n%s", help.String())
+	}
+}
+
+// TestHelp: --help goes to stdout, grouped, every flag once.
+func TestHelp(t *testing.T) {
+	var out bytes.Buffer
+	_, err := parseFlags([]string{"--help"}, environment{stdout: &out})
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("err = %v, want flag.ErrHelp", err)
+	}
+	help := out.String()
+	sections := []string{"\nConfiguration:\n", "\nSource of Services:\n", "\nProxy mode:\n", "\nUserspace proxy:\n", "\nProcess:\n", "\nkube-proxy flags accepted and ignored, each named in a startup warning:\n"}
+	last := -1
+	for _, s := range sections {
+		i := strings.Index(help, s)
+		if i <= last {
+			t.Errorf("section %q missing or out of order", strings.TrimSpace(s))
+		}
+		last = i
+	}
+	listed := map[string]int{} // flags as the help lists them: "  --name type" or "  --a, --b, ..."
+	for _, line := range strings.Split(help, "\n") {
+		if !strings.HasPrefix(line, "  --") {
+			continue
+		}
+		for _, item := range strings.Split(strings.TrimSpace(line), ", ") {
+			listed[strings.TrimSuffix(strings.Fields(item)[0], ",")]++
+		}
+	}
+	for _, name := range []string{"--version", "--kube-api-qps", "--proxy-name", "--v", "--feature-gates", "--nodeport-addresses", "--log-level", "--vmodule"} {
+		if listed[name] != 1 {
+			t.Errorf("%s listed %d times in the help, want once", name, listed[name])
+		}
+	}
+	for name, n := range listed {
+		if n != 1 {
+			t.Errorf("%s listed %d times in the help", name, n)
+		}
+	}
+	for _, line := range strings.Split(help, "\n") {
+		if len(line) > 80 {
+			t.Errorf("help line longer than 80 columns: %q", line)
+		}
+	}
+}
+
+// TestConfigFileFields: the file's fields reach the options, command-line
+// flags win, and the decoder's warnings are kept for the log.
+func TestConfigFileFields(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+bindAddress: 10.0.0.9
+mode: iptables
+nodePortAddresses: [primary]
+oomScoreAdj: -999
+iptables: {masqueradeBit: 13, syncPeriod: 20s}
+ipvs: {scheduler: mh, strictARP: true}
+conntrack: {udpTimeout: 45s}
+clientConnection: {kubeconfig: /k, qps: 30, burst: 60, contentType: application/json}
+configSyncPeriod: 1m
+svcproxy: {proxyName: svcproxy-b}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o, err := parseFlags([]string{"--config=" + path, "--kube-api-burst=70"}, outsidePod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		field string
+		ok    bool
+	}{
+		{"bindAddress", o.bindAddress == netip.MustParseAddr("10.0.0.9")},
+		{"mode", o.proxyMode == proxymode.IPTables},
+		{"nodePortAddresses", o.nodePortPrimary},
+		{"oomScoreAdj", o.oomScoreAdj != nil && *o.oomScoreAdj == -999},
+		{"iptables.masqueradeBit", o.masqueradeMark == 1<<13},
+		{"iptables.syncPeriod", o.syncPeriod == 20*time.Second},
+		{"ipvs.scheduler", o.ipvsScheduler == "mh"},
+		{"conntrack.udpTimeout", o.udpIdleTimeout == 45*time.Second},
+		{"clientConnection.kubeconfig", o.kubeconfig == "/k" && !o.inCluster},
+		{"clientConnection.qps", o.kubeAPIQPS == 30},
+		{"clientConnection.burst (the flag wins)", o.kubeAPIBurst == 70},
+		{"clientConnection.contentType", o.kubeAPIContentType == "application/json"},
+		{"configSyncPeriod", o.configSyncPeriod == time.Minute},
+		{"svcproxy.proxyName", o.proxyName == "svcproxy-b"},
+		{"ipvs.strictARP warned", slices.ContainsFunc(o.warnings, func(w string) bool { return strings.HasPrefix(w, "--config "+path+": line 8: ipvs.strictARP") })},
+	} {
+		if !c.ok {
+			t.Errorf("%s not honoured: %+v", c.field, *o)
+		}
+	}
+}
+
+// TestResolvePrimary: nodePortAddresses primary becomes the node's primary
+// IPs once the Node is known.
+func TestResolvePrimary(t *testing.T) {
+	node := &corev1.Node{Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+		{Type: corev1.NodeHostName, Address: "node-a"},
+		{Type: corev1.NodeInternalIP, Address: "10.0.0.5"},
+		{Type: corev1.NodeInternalIP, Address: "fd00::5"},
+	}}}
+	loopback := &corev1.Node{Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}}}}
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		node     *corev1.Node
+		want     []string
+		wantWarn bool
+	}{
+		{"not primary: unchanged", []string{"--nodeport-addresses=10.0.0.0/8"}, node, []string{"10.0.0.0/8"}, false},
+		{"primary from the Node", []string{"--nodeport-addresses=primary"}, node, []string{"10.0.0.5/32", "fd00::5/128"}, false},
+		{"primary with --bind-address", []string{"--nodeport-addresses=primary", "--bind-address=10.0.0.9"}, node, []string{"10.0.0.9/32", "fd00::5/128"}, false},
+		{"primary without a Node", []string{"--nodeport-addresses=primary"}, nil, nil, true},
+		{"primary without a Node, with --bind-address", []string{"--nodeport-addresses=primary", "--bind-address=10.0.0.9"}, nil, []string{"10.0.0.9/32"}, false},
+		{"loopback is no primary IP", []string{"--nodeport-addresses=primary"}, loopback, nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := parseFlags(tc.args, outsidePod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			warn := o.resolvePrimary(tc.node)
+			var got []string
+			for _, p := range o.nodePortAddresses {
+				got = append(got, p.String())
+			}
+			if !slices.Equal(got, tc.want) || (warn != "") != tc.wantWarn {
+				t.Errorf("nodePortAddresses %v, warning %q; want %v, warning %v", got, warn, tc.want, tc.wantWarn)
+			}
+		})
+	}
+}
+
+func TestSetOOMScoreAdj(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "oom_score_adj")
+	if err := os.WriteFile(path, []byte("0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := setOOMScoreAdj(path, nil); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "0" {
+		t.Errorf("unset: file %q, want it untouched", b)
+	}
+	adj := -999
+	if err := setOOMScoreAdj(path, &adj); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "-999" {
+		t.Errorf("file %q, want -999", b)
+	}
+	if err := setOOMScoreAdj(filepath.Join(t.TempDir(), "no", "such"), &adj); err == nil || !strings.Contains(err.Error(), "oom_score_adj") {
+		t.Errorf("missing file: %v", err)
 	}
 }

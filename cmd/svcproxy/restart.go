@@ -130,7 +130,10 @@ func startSuccessorOnSIGUSR2(ctx context.Context, log *zap.Logger) {
 		return
 	}
 	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGUSR2)
+	if err := notifyRestart(sig); err != nil {
+		log.Debug("SIGUSR2 restarts are off", zap.Error(err))
+		return
+	}
 	go func() {
 		defer signal.Stop(sig)
 		for {
@@ -141,7 +144,7 @@ func startSuccessorOnSIGUSR2(ctx context.Context, log *zap.Logger) {
 			}
 			cmd := exec.Command(exe, os.Args[1:]...)
 			cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // outlives this process
+			cmd.SysProcAttr = detachedProcess() // outlives this process
 			if err := cmd.Start(); err != nil {
 				log.Error("starting successor", zap.String("binary", exe), zap.Error(err))
 				continue

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 )
 
@@ -72,6 +75,26 @@ func (w *httpServers) sockets(files map[string]*os.File) (map[string]*os.File, e
 		files[key] = f
 	}
 	return files, nil
+}
+
+// metricsHandler serves the metrics address as kube-proxy does: /metrics,
+// /proxyMode (the mode running, in plain text, e.g. "iptables") and
+// /healthz ("ok": the server is up; the proxy's health is on the healthz
+// address).
+func metricsHandler(g prometheus.Gatherer, mode string) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		_, _ = io.WriteString(w, mode)
+	})
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		_, _ = io.WriteString(w, "ok")
+	})
+	return mux
 }
 
 // profilingHandler serves Go's profiles (only ever on loopback: the flag

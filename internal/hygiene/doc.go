@@ -1,3 +1,4 @@
 // Package hygiene holds repository-wide checks, run as tests: the import
-// boundaries between svcproxy's packages and a doc comment on every one.
+// boundaries between svcproxy's packages, a doc comment on every one and a
+// tidy go.mod.
 package hygiene

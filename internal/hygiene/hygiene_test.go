@@ -1,12 +1,15 @@
 package hygiene
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 )
 
 type pkg struct {
@@ -91,4 +94,47 @@ func TestNoCatchAllPackages(t *testing.T) {
 			t.Errorf("package %s: name a package after what it owns", p.ImportPath)
 		}
 	}
+}
+
+// TestGoModTidy: go.mod lists what the code imports, directly imported
+// modules without "// indirect", and go.sum what builds need: `go mod tidy
+// -diff` reports nothing. It needs the module cache or the module proxy;
+// when neither answers it skips, saying so.
+func TestGoModTidy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: go mod tidy may need the module proxy")
+	}
+	root, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
+	if err != nil {
+		t.Fatalf("go list -m: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", "mod", "tidy", "-diff")
+	cmd.Dir = strings.TrimSpace(string(root))
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err = cmd.Run()
+	switch {
+	case err == nil:
+		return
+	case stdout.Len() > 0:
+		t.Fatalf("go.mod or go.sum is not tidy; run `go mod tidy`. go mod tidy -diff:\n%s", stdout.String())
+	case ctx.Err() != nil || unreachable(stderr.String()):
+		t.Skipf("go mod tidy -diff could not reach the module proxy (%v): %s", err, strings.TrimSpace(stderr.String()))
+	default:
+		t.Fatalf("go mod tidy -diff: %v\n%s", err, stderr.String())
+	}
+}
+
+// unreachable reports whether the go command's stderr says it could not
+// reach the network, as opposed to finding the module broken.
+func unreachable(stderr string) bool {
+	for _, s := range []string{"dial tcp", "no such host", "i/o timeout", "connection refused", "network is unreachable",
+		"TLS handshake timeout", "GOPROXY=off", "GOFLAGS=-mod=vendor", "proxyconnect"} {
+		if strings.Contains(stderr, s) {
+			return true
+		}
+	}
+	return false
 }

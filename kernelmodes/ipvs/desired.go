@@ -7,8 +7,6 @@ import (
 	"net/netip"
 	"syscall"
 
-	"github.com/moby/ipvs"
-
 	"github.com/svcproxy/svcproxy/lb"
 )
 
@@ -185,8 +183,8 @@ func (m *Mode) scheduler(svc *lb.Service) string {
 }
 
 // toService is the moby/ipvs form of a virtual server.
-func toService(k vsKey, a vsAttrs) *ipvs.Service {
-	s := &ipvs.Service{
+func toService(k vsKey, a vsAttrs) *Service {
+	s := &Service{
 		Address:   k.addr.Addr().AsSlice(),
 		Protocol:  syscall.IPPROTO_TCP,
 		Port:      k.addr.Port(),
@@ -209,7 +207,7 @@ func toService(k vsKey, a vsAttrs) *ipvs.Service {
 
 // fromService reads a virtual server the kernel listed. ok is false for one
 // svcproxy never makes (firewall-mark based, other protocols).
-func fromService(s *ipvs.Service) (vsKey, vsAttrs, bool) {
+func fromService(s *Service) (vsKey, vsAttrs, bool) {
 	var k vsKey
 	switch s.Protocol {
 	case syscall.IPPROTO_TCP:
@@ -230,12 +228,12 @@ func fromService(s *ipvs.Service) (vsKey, vsAttrs, bool) {
 	return k, vsAttrs{sched: s.SchedName, flags: s.Flags &^ flagHashed, timeout: s.Timeout}, true
 }
 
-func toDestination(a netip.AddrPort, weight int) *ipvs.Destination {
-	d := &ipvs.Destination{
+func toDestination(a netip.AddrPort, weight int) *Destination {
+	d := &Destination{
 		Address:         a.Addr().AsSlice(),
 		Port:            a.Port(),
 		Weight:          weight,
-		ConnectionFlags: ipvs.ConnectionFlagMasq,
+		ConnectionFlags: connectionFlagMasq,
 		AddressFamily:   syscall.AF_INET,
 	}
 	if a.Addr().Is6() {
@@ -244,7 +242,7 @@ func toDestination(a netip.AddrPort, weight int) *ipvs.Destination {
 	return d
 }
 
-func destAddr(d *ipvs.Destination) (netip.AddrPort, bool) {
+func destAddr(d *Destination) (netip.AddrPort, bool) {
 	a, ok := netip.AddrFromSlice(d.Address)
 	if !ok {
 		return netip.AddrPort{}, false

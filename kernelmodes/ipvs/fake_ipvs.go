@@ -9,8 +9,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/moby/ipvs"
-
 	"github.com/svcproxy/svcproxy/lb"
 )
 
@@ -32,7 +30,7 @@ type FakeIPVS struct {
 }
 
 type fakeVS struct {
-	svc       ipvs.Service
+	svc       Service
 	dests     []*fakeDest
 	last      int // rr: index of the last real server chosen
 	templates map[netip.Addr]fakeTemplate
@@ -81,7 +79,7 @@ func (f *FakeIPVS) ResetCalls() {
 	f.calls = nil
 }
 
-func (f *FakeIPVS) record(op string, s *ipvs.Service, d *ipvs.Destination) error {
+func (f *FakeIPVS) record(op string, s *Service, d *Destination) error {
 	c := op
 	if s != nil {
 		k, _, _ := fromService(s)
@@ -99,7 +97,7 @@ func (f *FakeIPVS) record(op string, s *ipvs.Service, d *ipvs.Destination) error
 	return nil
 }
 
-func (f *FakeIPVS) lookup(s *ipvs.Service) (vsKey, *fakeVS, error) {
+func (f *FakeIPVS) lookup(s *Service) (vsKey, *fakeVS, error) {
 	k, _, ok := fromService(s)
 	if !ok {
 		return k, nil, syscall.EINVAL
@@ -114,7 +112,7 @@ func (f *FakeIPVS) lookup(s *ipvs.Service) (vsKey, *fakeVS, error) {
 var knownSchedulers = []string{"rr", "wrr", "lc", "wlc", "sh", "dh", "mh", "sed", "nq", "lblc", "lblcr", "fo", "ovf", "twos"}
 
 // NewService implements IPVS.
-func (f *FakeIPVS) NewService(s *ipvs.Service) error {
+func (f *FakeIPVS) NewService(s *Service) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("NewService", s, nil); err != nil {
@@ -132,14 +130,14 @@ func (f *FakeIPVS) NewService(s *ipvs.Service) error {
 	}
 	c := *s
 	c.Flags &^= flagHashed
-	c.Stats = ipvs.SvcStats{}
+	c.Stats = ServiceStats{}
 	f.services[k] = &fakeVS{svc: c, last: -1, templates: map[netip.Addr]fakeTemplate{}}
 	f.order = append(f.order, k)
 	return nil
 }
 
 // UpdateService implements IPVS.
-func (f *FakeIPVS) UpdateService(s *ipvs.Service) error {
+func (f *FakeIPVS) UpdateService(s *Service) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("UpdateService", s, nil); err != nil {
@@ -160,7 +158,7 @@ func (f *FakeIPVS) UpdateService(s *ipvs.Service) error {
 }
 
 // DelService implements IPVS.
-func (f *FakeIPVS) DelService(s *ipvs.Service) error {
+func (f *FakeIPVS) DelService(s *Service) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("DelService", s, nil); err != nil {
@@ -176,13 +174,13 @@ func (f *FakeIPVS) DelService(s *ipvs.Service) error {
 }
 
 // GetServices implements IPVS.
-func (f *FakeIPVS) GetServices() ([]*ipvs.Service, error) {
+func (f *FakeIPVS) GetServices() ([]*Service, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("GetServices", nil, nil); err != nil {
 		return nil, err
 	}
-	out := make([]*ipvs.Service, 0, len(f.order))
+	out := make([]*Service, 0, len(f.order))
 	for _, k := range f.order {
 		c := f.services[k].svc
 		c.Address = slices.Clone(c.Address)
@@ -193,7 +191,7 @@ func (f *FakeIPVS) GetServices() ([]*ipvs.Service, error) {
 }
 
 // GetDestinations implements IPVS.
-func (f *FakeIPVS) GetDestinations(s *ipvs.Service) ([]*ipvs.Destination, error) {
+func (f *FakeIPVS) GetDestinations(s *Service) ([]*Destination, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("GetDestinations", s, nil); err != nil {
@@ -203,7 +201,7 @@ func (f *FakeIPVS) GetDestinations(s *ipvs.Service) ([]*ipvs.Destination, error)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]*ipvs.Destination, 0, len(vs.dests))
+	out := make([]*Destination, 0, len(vs.dests))
 	for _, d := range vs.dests {
 		x := toDestination(d.addr, d.weight)
 		x.ActiveConnections, x.InactiveConnections = d.active, d.inactive
@@ -212,13 +210,13 @@ func (f *FakeIPVS) GetDestinations(s *ipvs.Service) ([]*ipvs.Destination, error)
 	return out, nil
 }
 
-func (vs *fakeVS) dest(d *ipvs.Destination) (int, netip.AddrPort) {
+func (vs *fakeVS) dest(d *Destination) (int, netip.AddrPort) {
 	a, _ := destAddr(d)
 	return slices.IndexFunc(vs.dests, func(x *fakeDest) bool { return x.addr == a }), a
 }
 
 // NewDestination implements IPVS.
-func (f *FakeIPVS) NewDestination(s *ipvs.Service, d *ipvs.Destination) error {
+func (f *FakeIPVS) NewDestination(s *Service, d *Destination) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("NewDestination", s, d); err != nil {
@@ -240,7 +238,7 @@ func (f *FakeIPVS) NewDestination(s *ipvs.Service, d *ipvs.Destination) error {
 }
 
 // UpdateDestination implements IPVS.
-func (f *FakeIPVS) UpdateDestination(s *ipvs.Service, d *ipvs.Destination) error {
+func (f *FakeIPVS) UpdateDestination(s *Service, d *Destination) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("UpdateDestination", s, d); err != nil {
@@ -259,7 +257,7 @@ func (f *FakeIPVS) UpdateDestination(s *ipvs.Service, d *ipvs.Destination) error
 }
 
 // DelDestination implements IPVS.
-func (f *FakeIPVS) DelDestination(s *ipvs.Service, d *ipvs.Destination) error {
+func (f *FakeIPVS) DelDestination(s *Service, d *Destination) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("DelDestination", s, d); err != nil {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"net/netip"
 
-	"github.com/moby/ipvs"
-
 	"github.com/svcproxy/svcproxy/netfilter"
 )
 
@@ -17,19 +15,19 @@ import (
 // IPVS is the subset of *ipvs.Handle (github.com/moby/ipvs) Mode calls. The
 // kernel reports errors as syscall.Errno: EEXIST when creating what exists,
 // ESRCH for a missing virtual service, ENOENT for a missing real server or
-// an unknown scheduler.
+// an unknown scheduler. Service and Destination are moby/ipvs's own types
+// on Linux (types_linux.go), and a mirror of them elsewhere, where only the
+// fakes implement IPVS.
 type IPVS interface {
-	GetServices() ([]*ipvs.Service, error)
-	NewService(*ipvs.Service) error
-	UpdateService(*ipvs.Service) error
-	DelService(*ipvs.Service) error
-	GetDestinations(*ipvs.Service) ([]*ipvs.Destination, error)
-	NewDestination(*ipvs.Service, *ipvs.Destination) error
-	UpdateDestination(*ipvs.Service, *ipvs.Destination) error
-	DelDestination(*ipvs.Service, *ipvs.Destination) error
+	GetServices() ([]*Service, error)
+	NewService(*Service) error
+	UpdateService(*Service) error
+	DelService(*Service) error
+	GetDestinations(*Service) ([]*Destination, error)
+	NewDestination(*Service, *Destination) error
+	UpdateDestination(*Service, *Destination) error
+	DelDestination(*Service, *Destination) error
 }
-
-var _ IPVS = (*ipvs.Handle)(nil)
 
 // Links manages the dummy interface that holds the virtual IPs and reads the
 // node's addresses.

@@ -17,7 +17,8 @@ import (
 
 // ClientConfig is kube-proxy's clientConnection.
 type ClientConfig struct {
-	Kubeconfig string  // path; empty: the in-cluster ServiceAccount (KUBERNETES_SERVICE_HOST and the mounted token)
+	Kubeconfig string  // path; empty, and no Master: the in-cluster ServiceAccount (KUBERNETES_SERVICE_HOST and the mounted token)
+	Master     string  // API server address, overriding the kubeconfig's (kube-proxy's --master)
 	QPS        float32 // requests per second to the API server; zero: 5
 	Burst      int     // burst above QPS; zero: 10
 	// ContentType of requests; empty: protobuf, as kube-proxy.
@@ -42,15 +43,15 @@ func NewClient(cfg ClientConfig) (kubernetes.Interface, error) {
 func RESTConfig(cfg ClientConfig) (*rest.Config, error) {
 	var rc *rest.Config
 	var err error
-	if cfg.Kubeconfig == "" {
+	if cfg.Kubeconfig == "" && cfg.Master == "" {
 		rc, err = rest.InClusterConfig()
 		if err != nil {
 			return nil, fmt.Errorf("no kubeconfig given and not in a cluster: %w", err)
 		}
 	} else {
-		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+		rc, err = clientcmd.BuildConfigFromFlags(cfg.Master, cfg.Kubeconfig)
 		if err != nil {
-			return nil, fmt.Errorf("loading kubeconfig %s: %w", cfg.Kubeconfig, err)
+			return nil, fmt.Errorf("loading kubeconfig %q (master %q): %w", cfg.Kubeconfig, cfg.Master, err)
 		}
 	}
 	rc.QPS, rc.Burst = cfg.QPS, cfg.Burst
@@ -63,6 +64,8 @@ func RESTConfig(cfg ClientConfig) (*rest.Config, error) {
 	rc.ContentType = cfg.ContentType
 	if rc.ContentType == "" {
 		rc.ContentType = "application/vnd.kubernetes.protobuf"
+	}
+	if rc.ContentType == "application/vnd.kubernetes.protobuf" {
 		rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	}
 	rc.UserAgent = cfg.UserAgent

@@ -15,5 +15,10 @@
 // writes the dirty ones into the Store with one Store.Update at most every
 // MinSyncPeriod (a full Store.Replace on the initial sync and after the
 // watch recovers from an error). While the API server is unreachable the
-// Store keeps the last state it was given.
+// Store keeps the last state it was given. Each change is also handed to
+// an optional ChangeTracker with when it was triggered (an EndpointSlice's
+// endpoints.kubernetes.io/last-change-trigger-time, a new Service's
+// creation) and the Store version that carries it, for kube-proxy's
+// network programming latency; the Node's eligibility (not being deleted,
+// not tainted ToBeDeletedByClusterAutoscaler) goes to the health tracker.
 package kube

@@ -34,11 +34,33 @@ const (
 )
 
 // NodeHealth is what Run tells the /healthz tracker (health.Tracker
-// implements it): that a change is queued, and whether the Node is being
-// deleted.
+// implements it): that a change is queued, and whether the node is eligible
+// in kube-proxy's sense (not being deleted, not tainted
+// ToBeDeletedByClusterAutoscaler).
 type NodeHealth interface {
 	Queued()
-	SetNodeDeleting(deleting bool)
+	SetNodeEligible(eligible bool)
+}
+
+// TaintToBeDeleted is the cluster autoscaler's taint on a node it is about
+// to delete; kube-proxy's /healthz fails on such a node.
+const TaintToBeDeleted = "ToBeDeletedByClusterAutoscaler"
+
+// AnnotationLastChangeTriggerTime on an EndpointSlice is when the change it
+// carries was triggered (a Pod or the Service changing), set by the
+// EndpointSlice controller: network programming latency starts there.
+const AnnotationLastChangeTriggerTime = v1.EndpointsLastChangeTriggerTime
+
+// ChangeTracker follows each change from its arrival to the sync that
+// programs it (runner.Changes implements it). Received is called for each
+// Service or EndpointSlice event that may change what is served, with when
+// it was triggered (zero: unknown); Cut when a write takes the changes
+// received so far; Written with the Store version that write published (0:
+// none).
+type ChangeTracker interface {
+	Received(endpoints bool, service string, triggered time.Time)
+	Cut()
+	Written(version uint64)
 }
 
 // HealthCheckServer receives every health-check node port and its local
@@ -69,6 +91,7 @@ type Options struct {
 	Metrics     *Metrics          // nil: none
 	Health      NodeHealth        // nil: none
 	HealthCheck HealthCheckServer // nil: health-check node ports are not served
+	Changes     ChangeTracker     // nil: changes are not followed
 
 	// OnSync, if set, is called after every write into the Store with the
 	// number of Service ports the source has written and the write's
@@ -232,7 +255,7 @@ func (s *source) handler(kind string, key func(any) (string, bool)) cache.Resour
 		AddFunc: func(obj any) {
 			s.event(kind, "add")
 			if k, ok := key(obj); ok {
-				s.markDirty(k)
+				s.markDirty(k, kind, triggerTime(obj, true))
 			}
 		},
 		UpdateFunc: func(oldObj, obj any) {
@@ -251,17 +274,20 @@ func (s *source) handler(kind string, key func(any) (string, bool)) cache.Resour
 				}
 				return
 			}
-			if k, ok := key(oldObj); ok {
-				s.markDirty(k) // a slice relabelled to another Service leaves the old one
+			k, ok := key(obj)
+			if oldKey, oldOK := key(oldObj); oldOK && (!ok || oldKey != k) {
+				s.markDirty(oldKey, "", time.Time{}) // a slice relabelled to another Service leaves the old one
 			}
-			if k, ok := key(obj); ok {
-				s.markDirty(k)
+			if ok {
+				s.markDirty(k, kind, triggerTime(obj, false))
 			}
 		},
 		DeleteFunc: func(obj any) {
 			s.event(kind, "delete")
+			// A deleted slice's trigger time is its last update's, not
+			// the deletion's: kube-proxy ignores it, and so do we.
 			if k, ok := key(obj); ok {
-				s.markDirty(k)
+				s.markDirty(k, kind, time.Time{})
 			}
 		},
 	}
@@ -273,10 +299,40 @@ func (s *source) event(kind, ev string) {
 	}
 }
 
-func (s *source) markDirty(key string) {
+// triggerTime is when the change obj carries was triggered in the cluster:
+// an EndpointSlice's last-change-trigger-time annotation, or a Service's
+// creation when it is added (a Service's other changes carry no time of
+// their own); zero when unknown.
+func triggerTime(obj any, added bool) time.Time {
+	switch o := obj.(type) {
+	case *discovery.EndpointSlice:
+		v, ok := o.Annotations[AnnotationLastChangeTriggerTime]
+		if !ok {
+			return time.Time{}
+		}
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			return time.Time{}
+		}
+		return t
+	case *v1.Service:
+		if added {
+			return o.CreationTimestamp.Time
+		}
+	}
+	return time.Time{}
+}
+
+// markDirty queues key's Service for the next write; kind ("" for none)
+// names the change to follow, with when it was triggered.
+func (s *source) markDirty(key, kind string, triggered time.Time) {
 	s.mu.Lock()
 	s.dirty[key] = struct{}{}
 	n := len(s.dirty)
+	if c := s.opts.Changes; c != nil && kind != "" {
+		// Under s.mu, so the change lands in the Cut that takes key.
+		c.Received(kind == kindSlice, key, triggered)
+	}
 	s.mu.Unlock()
 	if m := s.opts.Metrics; m != nil {
 		m.pending.Set(float64(n))
@@ -312,16 +368,30 @@ func (s *source) node(obj any, deleted bool) {
 	if !ok {
 		return
 	}
-	deleting := deleted || node.DeletionTimestamp != nil
-	if deleting {
-		s.log.Warn("this node is being deleted: /healthz reports unhealthy", zap.String("node", node.Name))
+	eligible := NodeEligible(node) && !deleted
+	if !eligible {
+		s.log.Warn("this node is being deleted: /healthz reports it not eligible", zap.String("node", node.Name))
 	}
 	if s.opts.Health != nil {
-		s.opts.Health.SetNodeDeleting(deleting)
+		s.opts.Health.SetNodeEligible(eligible)
 	}
 	if s.opts.OnNode != nil && !deleted {
 		s.opts.OnNode(node)
 	}
+}
+
+// NodeEligible is kube-proxy's eligibility: the node is not being deleted
+// and not tainted for deletion by the cluster autoscaler.
+func NodeEligible(node *v1.Node) bool {
+	if node.DeletionTimestamp != nil {
+		return false
+	}
+	for _, t := range node.Spec.Taints {
+		if t.Key == TaintToBeDeleted {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *source) run(ctx context.Context) error {
@@ -383,6 +453,9 @@ func (s *source) flush() {
 	s.mu.Lock()
 	dirty, full := s.dirty, s.needFull
 	s.dirty, s.needFull = map[string]struct{}{}, false
+	if c := s.opts.Changes; c != nil && (len(dirty) > 0 || full) {
+		c.Cut() // every change received is in dirty: they go together
+	}
 	s.mu.Unlock()
 	if m := s.opts.Metrics; m != nil {
 		m.pending.Set(0)
@@ -452,6 +525,13 @@ func (s *source) flush() {
 	}
 	s.lastFlush = time.Now()
 	took := s.lastFlush.Sub(start)
+	if c := s.opts.Changes; c != nil {
+		var version uint64
+		if snap != nil {
+			version = snap.Version
+		}
+		c.Written(version)
+	}
 	s.reportStoreErrors(storeErr)
 	s.syncHealthChecks()
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -28,9 +30,9 @@ type fakeHealth struct {
 }
 
 func (h *fakeHealth) Queued() { h.mu.Lock(); h.queued++; h.mu.Unlock() }
-func (h *fakeHealth) SetNodeDeleting(d bool) {
+func (h *fakeHealth) SetNodeEligible(e bool) {
 	h.mu.Lock()
-	h.deleting = d
+	h.deleting = !e
 	h.mu.Unlock()
 }
 func (h *fakeHealth) get() (int, bool) { h.mu.Lock(); defer h.mu.Unlock(); return h.queued, h.deleting }
@@ -52,6 +54,36 @@ func (f *fakeHC) get() map[healthcheck.ServiceName]healthcheck.Service {
 	return f.last
 }
 
+// fakeChanges records what Run tells a ChangeTracker, in order.
+type fakeChanges struct {
+	mu     sync.Mutex
+	events []string
+}
+
+func (c *fakeChanges) add(e string) { c.mu.Lock(); c.events = append(c.events, e); c.mu.Unlock() }
+func (c *fakeChanges) Received(endpoints bool, service string, triggered time.Time) {
+	kind := "Service"
+	if endpoints {
+		kind = "EndpointSlice"
+	}
+	at := "-"
+	if !triggered.IsZero() {
+		at = triggered.UTC().Format(time.RFC3339Nano)
+	}
+	c.add(fmt.Sprintf("received %s %s %s", kind, service, at))
+}
+func (c *fakeChanges) Cut()                   { c.add("cut") }
+func (c *fakeChanges) Written(version uint64) { c.add(fmt.Sprintf("written %d", version)) }
+
+// take returns and forgets the events so far.
+func (c *fakeChanges) take() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.events
+	c.events = nil
+	return e
+}
+
 type harness struct {
 	t       *testing.T
 	client  *fake.Clientset
@@ -59,6 +91,7 @@ type harness struct {
 	metrics *Metrics
 	health  *fakeHealth
 	hc      *fakeHC
+	changes *fakeChanges
 	nodes   chan *v1.Node
 	cancel  context.CancelFunc
 	done    chan error
@@ -73,6 +106,7 @@ func start(t *testing.T, minSync time.Duration, objs ...runtime.Object) *harness
 		metrics: NewMetrics(prometheus.NewRegistry()),
 		health:  &fakeHealth{},
 		hc:      &fakeHC{},
+		changes: &fakeChanges{},
 		nodes:   make(chan *v1.Node, 16),
 		done:    make(chan error, 1),
 	}
@@ -80,7 +114,7 @@ func start(t *testing.T, minSync time.Duration, objs ...runtime.Object) *harness
 	h.cancel = cancel
 	opts := Options{
 		Client: h.client, NodeName: "node-a", MinSyncPeriod: minSync,
-		Logger: zaptest.NewLogger(t), Metrics: h.metrics, Health: h.health, HealthCheck: h.hc,
+		Logger: zaptest.NewLogger(t), Metrics: h.metrics, Health: h.health, HealthCheck: h.hc, Changes: h.changes,
 		OnNode: func(n *v1.Node) {
 			select {
 			case h.nodes <- n:
@@ -387,5 +421,119 @@ func TestRunDualStackAddresses(t *testing.T) {
 		if snap.Route(lb.TCP, netip.AddrPortFrom(netip.MustParseAddr(ip), 80)) == nil {
 			t.Errorf("no route for %s:80", ip)
 		}
+	}
+}
+
+// TestRunFollowsChanges: each change reaches the ChangeTracker with its
+// trigger time (a slice's annotation, a new Service's creation), is cut
+// with the write that carries it and written at that write's Store version.
+func TestRunFollowsChanges(t *testing.T) {
+	h := start(t, 0, svc(), slice("web-1", discovery.AddressTypeIPv4, httpPort, ep("10.1.0.1", "", "")))
+	h.waitFor("the initial sync", hasEndpoints(webHTTP, "10.1.0.1:8080"))
+	waitEvents := func(what string, want []string) {
+		t.Helper()
+		var got []string
+		deadline := time.Now().Add(5 * time.Second)
+		for len(got) < len(want) && time.Now().Before(deadline) {
+			got = append(got, h.changes.take()...)
+			time.Sleep(5 * time.Millisecond)
+		}
+		if len(got) > 1 && strings.HasPrefix(got[1], "received") {
+			slices.Sort(got[:2]) // the two informers' first lists arrive in either order
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("%s: events\n%q\nwant\n%q", what, got, want)
+		}
+	}
+	v := h.store.Snapshot().Version
+	waitEvents("initial list", []string{"received EndpointSlice ns/web -", "received Service ns/web -", "cut", fmt.Sprint("written ", v)})
+
+	ctx := context.Background()
+	trig := time.Now().Add(-1500 * time.Millisecond).UTC().Truncate(time.Microsecond)
+	es2 := slice("web-2", discovery.AddressTypeIPv4, httpPort, ep("10.1.0.2", "", ""))
+	es2.Annotations = map[string]string{AnnotationLastChangeTriggerTime: trig.Format(time.RFC3339Nano)}
+	if _, err := h.client.DiscoveryV1().EndpointSlices("ns").Create(ctx, es2, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	snap := h.waitFor("the new slice", hasEndpoints(webHTTP, "10.1.0.1:8080", "10.1.0.2:8080"))
+	waitEvents("slice added", []string{"received EndpointSlice ns/web " + trig.Format(time.RFC3339Nano), "cut", fmt.Sprint("written ", snap.Version)})
+
+	// A change that leaves what is served as it was: written at no version.
+	es2 = es2.DeepCopy()
+	es2.ResourceVersion = "2"
+	es2.Labels["unrelated"] = "x"
+	if _, err := h.client.DiscoveryV1().EndpointSlices("ns").Update(ctx, es2, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitEvents("no-op update", []string{"received EndpointSlice ns/web " + trig.Format(time.RFC3339Nano), "cut", "written 0"})
+
+	// A deleted slice's trigger time is not the deletion's: none is passed.
+	if err := h.client.DiscoveryV1().EndpointSlices("ns").Delete(ctx, "web-2", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	snap = h.waitFor("the slice deleted", hasEndpoints(webHTTP, "10.1.0.1:8080"))
+	waitEvents("slice deleted", []string{"received EndpointSlice ns/web -", "cut", fmt.Sprint("written ", snap.Version)})
+
+	// A new Service: its creation time.
+	created := metav1.NewTime(time.Now().Add(-time.Second).Truncate(time.Second))
+	other := svc(func(s *v1.Service) {
+		s.Name, s.CreationTimestamp = "other", created
+		s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.0.0.99", []string{"10.0.0.99"}
+	})
+	if _, err := h.client.CoreV1().Services("ns").Create(ctx, other, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	snap = h.waitFor("the new Service", func(s *lb.Snapshot) bool { return s.Len() == 2 })
+	waitEvents("Service added", []string{"received Service ns/other " + created.UTC().Format(time.RFC3339Nano), "cut", fmt.Sprint("written ", snap.Version)})
+}
+
+func TestNodeEligible(t *testing.T) {
+	now := metav1.Now()
+	tests := []struct {
+		name string
+		node v1.Node
+		want bool
+	}{
+		{"plain", v1.Node{}, true},
+		{"being deleted", v1.Node{ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &now}}, false},
+		{"autoscaler's taint", v1.Node{Spec: v1.NodeSpec{Taints: []v1.Taint{{Key: TaintToBeDeleted, Effect: v1.TaintEffectNoSchedule}}}}, false},
+		{"another taint", v1.Node{Spec: v1.NodeSpec{Taints: []v1.Taint{{Key: "dedicated", Effect: v1.TaintEffectNoSchedule}}}}, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := NodeEligible(&tc.node); got != tc.want {
+				t.Errorf("NodeEligible = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestTriggerTime(t *testing.T) {
+	at := time.Date(2026, 11, 25, 6, 0, 0, 123456789, time.UTC)
+	withAnn := func(v string) *discovery.EndpointSlice {
+		es := slice("web-1", discovery.AddressTypeIPv4, httpPort)
+		es.Annotations = map[string]string{AnnotationLastChangeTriggerTime: v}
+		return es
+	}
+	created := svc(func(s *v1.Service) { s.CreationTimestamp = metav1.NewTime(at) })
+	tests := []struct {
+		name  string
+		obj   any
+		added bool
+		want  time.Time
+	}{
+		{"slice annotation", withAnn(at.Format(time.RFC3339Nano)), false, at},
+		{"slice annotation, added", withAnn(at.Format(time.RFC3339Nano)), true, at},
+		{"unparsable annotation", withAnn("yesterday"), false, time.Time{}},
+		{"no annotation", slice("web-1", discovery.AddressTypeIPv4, httpPort), false, time.Time{}},
+		{"Service added: its creation", created, true, at},
+		{"Service updated: no time of its own", created, false, time.Time{}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := triggerTime(tc.obj, tc.added); !got.Equal(tc.want) {
+				t.Errorf("triggerTime = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

@@ -1,0 +1,61 @@
+package forwarder
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/svcproxy/svcproxy/lb"
+)
+
+func TestNodePortsClaimed(t *testing.T) {
+	leakCheck(t)
+	tcpPort, udpPort := freeFrontend(t).Port(), freeUDPFrontend(t).Port()
+	tsvc := service("np-tcp", netip.AddrPortFrom(netip.MustParseAddr("198.18.255.1"), 80))
+	tsvc.NodePort = tcpPort
+	usvc := udpService("np-udp", netip.AddrPortFrom(netip.MustParseAddr("198.18.255.2"), 53))
+	usvc.NodePort = udpPort
+	store := lb.NewStore(lb.StoreOptions{})
+	snap, err := store.Replace([]lb.Service{tsvc, usvc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fwd, err := New(Config{ClaimNodePorts: true, Mark: -1, Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fwd.Shutdown(context.Background())
+	if err := fwd.Apply(context.Background(), snap); err != nil {
+		t.Fatal(err)
+	}
+	if ln, err := net.Listen("tcp", fmt.Sprintf(":%d", tcpPort)); err == nil {
+		ln.Close()
+		t.Errorf("another program could listen on claimed TCP NodePort %d", tcpPort)
+	}
+	if pc, err := net.ListenPacket("udp", fmt.Sprintf(":%d", udpPort)); err == nil {
+		pc.Close()
+		t.Errorf("another program could bind claimed UDP NodePort %d", udpPort)
+	}
+	// A claim never serves: a stray connection is refused, not left hanging.
+	if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", tcpPort), time.Second); err == nil {
+		c.Close()
+		t.Errorf("connected to a claim socket")
+	} else if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("dialing a claimed port: %v, want connection refused", err)
+	}
+	// Released when the Service goes.
+	snap, _ = store.Replace(nil)
+	if err := fwd.Apply(context.Background(), snap); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", fmt.Sprintf(":%d", tcpPort))
+	if err != nil {
+		t.Fatalf("NodePort %d still held after its Service was removed: %v", tcpPort, err)
+	}
+	ln.Close()
+}

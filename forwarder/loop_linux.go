@@ -1,0 +1,659 @@
+package forwarder
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/svcproxy/svcproxy/lb"
+)
+
+// The event loop
+//
+// loopEngine runs Workers event loops. Each worker owns an epoll instance,
+// one SO_REUSEPORT socket of every listening address, and every connection
+// accepted there: both of its sockets, its timers and its state machine
+// (relay_linux.go). Nothing about a connection is shared between workers,
+// so a connection costs no lock, no goroutine and no channel.
+//
+// # How a worker waits
+//
+// A worker is a goroutine, not a locked OS thread. Its epoll file
+// descriptor is itself pollable, so the worker hands it to Go's own
+// netpoller (os.NewFile of the non-blocking epoll fd) and waits for it with
+// (syscall.RawConn).Read: the callback harvests the worker's epoll with a
+// zero timeout, handles what it got, and returns false to park the
+// goroutine until the netpoller sees the epoll fd readable again. Timers
+// are the epoll file's read deadline. Measured against the alternatives on
+// this kind of machine (../shared/FACTS.md, a 250-line prototype of each,
+// ratios against nginx stream in the same run):
+//
+//	how a worker waits                                  keep-alive req/s  CPU/req  new conn/s  p99
+//	blocking epoll_wait, LockOSThread                   0.77×             1.76×    0.82×       81 ms
+//	  + raw read/write, a non-blocking poll first       0.69×             1.98×    0.67×       159 ms
+//	blocking epoll_wait, no LockOSThread                0.73×             1.63×    0.76×       30 ms
+//	epoll fd in Go's netpoller (this)                   0.95×             1.04×    0.84×       11 ms
+//
+// A blocking epoll_wait makes the runtime hand the worker's P to another
+// thread and take it back at every wakeup, and LockOSThread adds a thread
+// switch to each: that, not Go code, was the cost. In the netpoller the
+// worker parks like any goroutine waiting for a socket.
+//
+// Edge-triggered registration with EPOLLRDHUP is what saves the system
+// calls Go's poller cannot: a read shorter than the buffer means the
+// socket is empty (no read to see EAGAIN), and a FIN queued with the last
+// bytes is known from the event, so the relay half-closes without another
+// read.
+//
+// # Why not gnet or cloudwego/netpoll
+//
+// Both run their own epoll loops in Go, but they own the sockets: neither
+// makes outbound non-blocking connects in the loop that accepted the
+// client (gnet v2 has no client side in the loop at all; netpoll dials
+// through its own blocking-looking API), neither moves bytes between two
+// raw descriptors with splice, and neither hands over listening sockets
+// to a successor. svcproxy needs all of those and SO_ORIGINAL_DST/SO_MARK
+// on the raw descriptors, so the loop is written on golang.org/x/sys/unix,
+// which the forwarder already uses.
+//
+// # Cross-goroutine work
+//
+// Apply, Shutdown and the listener changes reach a worker as tasks: a
+// closure queued under a mutex and an eventfd write that wakes the loop.
+// Tasks are rare (per snapshot, not per connection).
+
+const (
+	loopEvents  = 256 // epoll events harvested per call
+	acceptBatch = 64  // connections accepted per listener per turn
+)
+
+// loopEpoch anchors the loops' monotonic clock.
+var loopEpoch = time.Now()
+
+// monotime is nanoseconds since loopEpoch, monotonic.
+func monotime() int64 { return int64(time.Since(loopEpoch)) }
+
+type loopEngine struct {
+	f            *Forwarder
+	upstreamOpts []sockopt // keepalive options of every upstream socket
+	workers      []*worker
+	wg           sync.WaitGroup
+	stopOnce     sync.Once
+}
+
+func newLoopEngine(f *Forwarder) (*loopEngine, error) {
+	e := &loopEngine{f: f}
+	if f.cfg.KeepAlive > 0 { // new sockets start without keepalive
+		e.upstreamOpts = keepaliveOpts(f.cfg.KeepAlive, false)
+	}
+	for i := 0; i < f.cfg.Workers; i++ {
+		w, err := newWorker(e, i)
+		if err != nil {
+			e.stop()
+			return nil, err
+		}
+		e.workers = append(e.workers, w)
+		e.wg.Add(1)
+		go w.run()
+	}
+	return e, nil
+}
+
+// stop ends the workers; connections still open are closed.
+func (e *loopEngine) stop() {
+	e.stopOnce.Do(func() {
+		for _, w := range e.workers {
+			w.post(func(w *worker) { w.quit = true })
+		}
+		e.wg.Wait()
+	})
+}
+
+// each runs fn on every worker and waits for all of them. Never call it
+// from a worker.
+func (e *loopEngine) each(fn func(w *worker)) {
+	var wg sync.WaitGroup
+	for _, w := range e.workers {
+		wg.Add(1)
+		w.post(func(w *worker) { fn(w); wg.Done() })
+	}
+	wg.Wait()
+}
+
+func (e *loopEngine) drain(snap *lb.Snapshot) {
+	for _, w := range e.workers {
+		w.post(func(w *worker) {
+			for _, r := range w.relays {
+				if r.state == relayOpen && !r.draining && !snap.HasEndpoint(r.pool.Service.Name, r.backend.Addr) {
+					r.startDrain()
+				}
+			}
+		})
+	}
+}
+
+func (e *loopEngine) killAll(reason closeReason) int {
+	var mu sync.Mutex
+	n := 0
+	e.each(func(w *worker) {
+		k := 0
+		for len(w.relays) > 0 {
+			w.relays[len(w.relays)-1].kill(reason)
+			k++
+		}
+		mu.Lock()
+		n += k
+		mu.Unlock()
+	})
+	return n
+}
+
+// fdEntry is what a worker knows of one of its file descriptors. Events
+// carry the descriptor and seq, so an event still queued for a descriptor
+// that was closed and reused is recognised and dropped.
+type fdEntry struct {
+	seq      uint32
+	upstream bool // r's upstream socket; else its client socket
+	r        *relay
+	ln       *loopListener
+}
+
+// worker is one event loop. Everything but mu, tasks and woken belongs to
+// its goroutine.
+type worker struct {
+	e   *loopEngine
+	f   *Forwarder
+	log *zap.Logger
+
+	ep     int      // epoll
+	file   *os.File // ep, in Go's netpoller
+	rc     syscall.RawConn
+	pollFn func(uintptr) bool
+	evfd   int // eventfd: tasks are queued
+
+	events []unix.EpollEvent
+	buf    []byte // small messages pass through here
+	fds    []fdEntry
+	seq    uint32
+	timers timers
+	now    int64 // monotime at the last harvest
+	armed  int64 // the read deadline set on file: 0 none, -1 passed
+	quit   bool
+	yield  bool // poll returned with work left, to let other goroutines run
+
+	relays []*relay        // open connections, dialling ones included
+	free   []*relay        // finished, for reuse
+	again  []*loopListener // listeners with more connections to accept
+	busy   []relayRef      // relays that used up a turn with bytes still to move
+
+	rsa unix.RawSockaddrAny // accept's peer address
+	sa4 unix.RawSockaddrInet4
+	sa6 unix.RawSockaddrInet6
+
+	mu    sync.Mutex
+	tasks []func(*worker)
+	woken bool
+	dead  bool // the goroutine has ended: tasks run at once
+}
+
+func newWorker(e *loopEngine, id int) (*worker, error) {
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("creating epoll instance: %w", err)
+	}
+	if err := unix.SetNonblock(ep, true); err != nil {
+		unix.Close(ep)
+		return nil, fmt.Errorf("making epoll instance non-blocking: %w", err)
+	}
+	evfd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		unix.Close(ep)
+		return nil, fmt.Errorf("creating eventfd: %w", err)
+	}
+	w := &worker{e: e, f: e.f, log: e.f.log.With(zap.Int("worker", id)), ep: ep, evfd: evfd,
+		events: make([]unix.EpollEvent, loopEvents), buf: make([]byte, bufferSize)}
+	if err := w.register(evfd, fdEntry{}, unix.EPOLLIN|unix.EPOLLET); err != nil {
+		unix.Close(ep)
+		unix.Close(evfd)
+		return nil, err
+	}
+	// The netpoller takes a non-blocking descriptor as pollable.
+	w.file = os.NewFile(uintptr(ep), fmt.Sprintf("epoll(worker %d)", id))
+	if w.rc, err = w.file.SyscallConn(); err != nil {
+		w.file.Close()
+		unix.Close(evfd)
+		return nil, fmt.Errorf("waiting for epoll in the netpoller: %w", err)
+	}
+	w.pollFn = w.poll
+	return w, nil
+}
+
+// run is the worker's goroutine.
+func (w *worker) run() {
+	defer w.e.wg.Done()
+	for !w.quit {
+		err := w.rc.Read(w.pollFn)
+		switch {
+		case err == nil:
+			if w.yield {
+				w.yield = false
+				runtime.Gosched()
+			}
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			// The deadline stays passed until it is set again, and Read
+			// fails before calling poll while it is: set it here.
+			w.armed = -1
+			w.now = monotime()
+			w.fire()
+			w.arm()
+		default:
+			w.log.Error("event loop failed; its connections are closed", zap.Error(err))
+			w.quit = true
+		}
+	}
+	for len(w.relays) > 0 {
+		w.relays[len(w.relays)-1].kill(reasonShutdown)
+	}
+	for fd := range w.fds {
+		if ln := w.fds[fd].ln; ln != nil {
+			ln.closeNow()
+		}
+	}
+	w.file.Close()
+	unix.Close(w.evfd)
+	w.mu.Lock()
+	w.dead = true
+	tasks := w.tasks
+	w.tasks = nil
+	w.mu.Unlock()
+	for _, t := range tasks { // a waiter must not hang on a worker that is gone
+		t(w)
+	}
+}
+
+// poll is the RawConn.Read callback: harvest, handle, and report whether to
+// return (true) or park until the epoll fd is readable again (false).
+func (w *worker) poll(uintptr) bool {
+	for {
+		n, err := sysEpollPoll(w.ep, w.events)
+		if err != nil && err != unix.EINTR {
+			w.log.Error("epoll_wait failed", zap.Error(err))
+			return true
+		}
+		if n > 0 {
+			w.now = monotime()
+			w.dispatch(n)
+			w.fire()
+		}
+		if len(w.again) > 0 || len(w.busy) > 0 {
+			w.acceptAgain()
+			w.pumpBusy()
+			if len(w.again) > 0 || len(w.busy) > 0 {
+				// Still more: let the goroutines sharing this P run first
+				// (the loop's raw system calls never yield).
+				w.yield = true
+				return true
+			}
+			continue
+		}
+		if w.quit {
+			return true
+		}
+		if n > 0 {
+			// Under load more events have come while these were handled:
+			// take them now rather than through a round trip of the
+			// scheduler (park, netpoll, wake).
+			continue
+		}
+		// Nothing is queued, and events that arrive from here on signal
+		// the epoll fd anew: parking loses none.
+		w.arm()
+		return false
+	}
+}
+
+// arm sets the epoll file's read deadline to the earliest timer.
+func (w *worker) arm() {
+	when, ok := w.timers.next()
+	if !ok {
+		when = 0
+	}
+	if when == w.armed {
+		return
+	}
+	w.armed = when
+	var d time.Time
+	if ok {
+		d = loopEpoch.Add(time.Duration(when))
+	}
+	_ = w.file.SetReadDeadline(d)
+}
+
+func (w *worker) dispatch(n int) {
+	for i := 0; i < n; i++ {
+		ev := &w.events[i]
+		fd := int(ev.Fd)
+		if fd == w.evfd {
+			w.runTasks()
+			continue
+		}
+		if fd >= len(w.fds) {
+			continue
+		}
+		e := &w.fds[fd]
+		if e.seq != uint32(ev.Pad) {
+			continue // for a descriptor closed since
+		}
+		switch {
+		case e.r != nil:
+			e.r.event(e.upstream, ev.Events)
+		case e.ln != nil:
+			w.accept(e.ln)
+		}
+	}
+}
+
+// fire runs the timers that are due.
+func (w *worker) fire() {
+	for {
+		t := w.timers.pop(w.now)
+		if t == nil {
+			return
+		}
+		switch t.kind {
+		case timerDial:
+			t.c.dialTimedOut()
+		case timerIdle:
+			t.c.idleCheck()
+		case timerDrain:
+			t.c.drainCheck()
+		case timerKeepalive:
+			t.c.keepalive()
+		case timerAccept:
+			t.ln.paused = false
+			w.accept(t.ln)
+		}
+	}
+}
+
+// register adds fd to the worker's epoll for events, remembering e.
+func (w *worker) register(fd int, e fdEntry, events uint32) error {
+	if fd >= len(w.fds) {
+		n := max(2*len(w.fds), fd+1, 64)
+		fds := make([]fdEntry, n)
+		copy(fds, w.fds)
+		w.fds = fds
+	}
+	w.seq++
+	if w.seq == 0 {
+		w.seq = 1
+	}
+	e.seq = w.seq
+	w.fds[fd] = e
+	ev := unix.EpollEvent{Events: events, Fd: int32(fd), Pad: int32(e.seq)}
+	if err := unix.EpollCtl(w.ep, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		w.fds[fd] = fdEntry{}
+		return fmt.Errorf("adding descriptor to epoll: %w", err)
+	}
+	return nil
+}
+
+// closeFD forgets fd and closes it, which takes it out of the epoll.
+func (w *worker) closeFD(fd int) {
+	if fd < len(w.fds) {
+		w.fds[fd] = fdEntry{}
+	}
+	sysClose(fd)
+}
+
+// post queues fn to run on the worker's goroutine.
+func (w *worker) post(fn func(*worker)) {
+	w.mu.Lock()
+	if w.dead {
+		w.mu.Unlock()
+		fn(w)
+		return
+	}
+	w.tasks = append(w.tasks, fn)
+	wake := !w.woken
+	w.woken = true
+	w.mu.Unlock()
+	if wake {
+		one := [8]byte{1}
+		_, _ = unix.Write(w.evfd, one[:])
+	}
+}
+
+func (w *worker) runTasks() {
+	var b [8]byte
+	_, _ = unix.Read(w.evfd, b[:])
+	w.mu.Lock()
+	tasks := w.tasks
+	w.tasks = nil
+	w.woken = false
+	w.mu.Unlock()
+	for _, t := range tasks {
+		t(w)
+	}
+}
+
+// loopListener is one listening socket, owned by one worker.
+type loopListener struct {
+	w        *worker
+	fd       int
+	redirect bool
+	local    netip.AddrPort // bound address; unspecified: read each connection's
+	paused   bool           // out of descriptors: waiting for retry
+	backoff  time.Duration
+	lastLog  int64
+	retry    timer
+	queued   bool // in w.again
+	closed   bool
+}
+
+// loopListeners is one address's sockets, socket i on worker i.
+type loopListeners struct {
+	e       *loopEngine
+	socks   []*loopListener
+	started bool
+}
+
+func (e *loopEngine) listen(k listenKey, inherited func(i int) *os.File) (tcpListeners, error) {
+	g := &loopListeners{e: e}
+	addr := k.addr
+	for i, w := range e.workers {
+		var fd int
+		var err error
+		if file := inherited(i); file != nil {
+			fd, err = adoptSocket(file)
+			file.Close()
+		} else {
+			fd, err = listenSocket(addr, e.f.cfg.KeepAlive)
+		}
+		if err == nil && addr.Port() == 0 {
+			var bound netip.AddrPort
+			if bound, err = sockName(fd); err == nil {
+				addr = netip.AddrPortFrom(addr.Addr(), bound.Port())
+			} else {
+				unix.Close(fd)
+			}
+		}
+		if err != nil {
+			for _, s := range g.socks {
+				unix.Close(s.fd)
+			}
+			return nil, fmt.Errorf("listening on %v: %w", k.addr, err)
+		}
+		ln := &loopListener{w: w, fd: fd, redirect: k.redirect, local: addr}
+		ln.retry = timer{idx: -1, kind: timerAccept, ln: ln}
+		g.socks = append(g.socks, ln)
+	}
+	return g, nil
+}
+
+func (g *loopListeners) addr() netip.AddrPort { return g.socks[0].local }
+func (g *loopListeners) count() int           { return len(g.socks) }
+
+func (g *loopListeners) start() {
+	if g.started {
+		return
+	}
+	g.started = true
+	for _, ln := range g.socks {
+		ln.w.post(func(w *worker) {
+			if ln.closed {
+				return
+			}
+			if err := w.register(ln.fd, fdEntry{ln: ln}, unix.EPOLLIN|unix.EPOLLET); err != nil {
+				w.log.Error("cannot accept", zap.Stringer("listener", ln.local), zap.Error(err))
+				return
+			}
+			w.accept(ln) // connections queued before the edge
+		})
+	}
+}
+
+func (g *loopListeners) close(wait bool) {
+	var wg sync.WaitGroup
+	for _, ln := range g.socks {
+		wg.Add(1)
+		ln.w.post(func(*worker) { ln.closeNow(); wg.Done() })
+	}
+	if wait {
+		wg.Wait()
+	}
+}
+
+// closeNow closes ln on its worker's goroutine.
+func (ln *loopListener) closeNow() {
+	if ln.closed {
+		return
+	}
+	ln.closed = true
+	ln.w.timers.stop(&ln.retry)
+	ln.w.closeFD(ln.fd)
+}
+
+func (g *loopListeners) files() ([]*os.File, error) {
+	var out []*os.File
+	for _, ln := range g.socks {
+		fd, err := unix.FcntlInt(uintptr(ln.fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			for _, f := range out {
+				f.Close()
+			}
+			return nil, err
+		}
+		out = append(out, os.NewFile(uintptr(fd), "listener"))
+	}
+	return out, nil
+}
+
+// accept takes what ln has queued, acceptBatch at a time.
+func (w *worker) accept(ln *loopListener) {
+	if ln.paused || ln.closed {
+		return
+	}
+	for range acceptBatch {
+		fd, err := accept4(ln.fd, &w.rsa)
+		switch {
+		case err == nil:
+			ln.backoff = 0
+			w.open(ln, fd)
+			if ln.closed { // a task run by open's hook closed it
+				return
+			}
+			continue
+		case err == unix.EAGAIN:
+			return
+		case err == unix.EINTR:
+			continue
+		case isFDLimit(err):
+			w.f.m.acceptFDLimit.Inc()
+			if shedPipes() > 0 { // idle splice pipes hold descriptors: retry with theirs
+				continue
+			}
+			w.pauseAccept(ln, err)
+			return
+		default:
+			w.f.m.acceptOther.Inc()
+			if err != unix.ECONNABORTED {
+				w.log.Debug("accept failed", zap.Stringer("listener", ln.local), zap.Error(err))
+			}
+		}
+	}
+	if !ln.queued { // more may wait with no new edge: come back before parking
+		ln.queued = true
+		w.again = append(w.again, ln)
+	}
+}
+
+// relayRef is a relay as it was when queued: a relay that finished and
+// was reused since has another id.
+type relayRef struct {
+	r  *relay
+	id uint64
+}
+
+// later queues r to be pumped again before the worker waits.
+func (w *worker) later(r *relay) {
+	if !r.queued {
+		r.queued = true
+		w.busy = append(w.busy, relayRef{r, r.id})
+	}
+}
+
+func (w *worker) pumpBusy() {
+	busy := w.busy
+	w.busy = nil
+	for _, ref := range busy {
+		if ref.r.id == ref.id && ref.r.state == relayOpen {
+			ref.r.queued = false
+			ref.r.pump()
+		}
+	}
+}
+
+func (w *worker) acceptAgain() {
+	lns := w.again
+	w.again = nil
+	for _, ln := range lns {
+		ln.queued = false
+		w.accept(ln)
+	}
+}
+
+// pauseAccept stops accepting on ln for a back-off (5ms doubling to 1s)
+// when the process is out of descriptors: open connections keep flowing
+// meanwhile, and the kernel keeps the new ones queued.
+func (w *worker) pauseAccept(ln *loopListener, err error) {
+	ln.backoff = min(max(2*ln.backoff, 5*time.Millisecond), time.Second)
+	ln.paused = true
+	w.timers.set(&ln.retry, w.now+int64(ln.backoff))
+	if w.now-ln.lastLog > int64(10*time.Second) || ln.lastLog == 0 {
+		ln.lastLog = w.now
+		w.log.Warn("accepting paused for lack of file descriptors; backing off",
+			zap.Stringer("listener", ln.local), zap.Duration("backoff", ln.backoff), zap.Error(err))
+	}
+}
+
+// accept4 accepts a connection from fd as a non-blocking socket, with its
+// peer's address in rsa.
+func accept4(fd int, rsa *unix.RawSockaddrAny) (int, error) {
+	l := uint32(unix.SizeofSockaddrAny)
+	nfd, _, e := unix.RawSyscall6(unix.SYS_ACCEPT4, uintptr(fd), uintptr(unsafe.Pointer(rsa)), uintptr(unsafe.Pointer(&l)),
+		unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0, 0)
+	if e != 0 {
+		return -1, e
+	}
+	return int(nfd), nil
+}

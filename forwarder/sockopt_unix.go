@@ -1,0 +1,42 @@
+//go:build unix
+
+package forwarder
+
+import (
+	"errors"
+	"net"
+
+	"golang.org/x/sys/unix"
+)
+
+// peekGone waits until c is readable and reports whether the client has gone
+// (EOF or an error) rather than sent data. It returns early, with gone false,
+// when c's read deadline passes.
+func peekGone(c *net.TCPConn) bool {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return false
+	}
+	gone := false
+	var b [1]byte
+	_ = rc.Read(func(fd uintptr) bool {
+		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		if err == unix.EAGAIN || err == unix.EINTR {
+			return false // not readable yet: wait
+		}
+		gone = n == 0 || err != nil
+		return true
+	})
+	return gone
+}
+
+// isFDLimit reports whether an accept error is a file-descriptor or memory
+// shortage, after which accept must back off rather than spin.
+func isFDLimit(err error) bool {
+	return errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) || errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.ENOMEM)
+}
+
+// isRefused reports whether a dial error is a refusal or reset by the backend.
+func isRefused(err error) bool {
+	return errors.Is(err, unix.ECONNREFUSED) || errors.Is(err, unix.ECONNRESET) || errors.Is(err, unix.EHOSTUNREACH) || errors.Is(err, unix.ENETUNREACH)
+}

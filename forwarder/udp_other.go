@@ -1,0 +1,36 @@
+//go:build !linux
+
+package forwarder
+
+// replyBatch reads the datagrams a flow's backend has sent, one per read
+// (there is no recvmmsg here), into a buffer borrowed from datagramPool
+// only once the socket is readable.
+type replyBatch struct {
+	fl    *udpFlow
+	w     readWaiter
+	bufs  [udpBatch]*[]byte
+	sizes [udpBatch]int
+}
+
+func newReplyBatch(fl *udpFlow) *replyBatch {
+	b := &replyBatch{fl: fl}
+	b.w.init()
+	return b
+}
+
+// read waits until the backend has sent something (or the flow's read
+// deadline passes) and takes one datagram. The caller returns the buffers
+// of bufs[:count] to datagramPool.
+func (b *replyBatch) read() (int, error) {
+	if err := b.w.wait(b.fl.raw); err != nil {
+		return 0, err
+	}
+	bp := datagramPool.Get().(*[]byte)
+	n, err := b.fl.upstream.Read(*bp)
+	if err != nil {
+		datagramPool.Put(bp)
+		return 0, err
+	}
+	b.bufs[0], b.sizes[0] = bp, n
+	return 1, nil
+}
