@@ -61,6 +61,18 @@ type ControlPlane interface {
 	ProgramServices(ctx context.Context, e *Env, c *Cluster, services []SvcPort, changes []EndpointChange) (*CPResult, error)
 }
 
+// controlPlaneOf returns m's control plane, if the control-plane test
+// measures it: svcproxy on the VIPs is the userspace mode without its
+// steering rules, a data-path footing only (its programming is
+// svcproxy-userspace's minus the rules the test waits for).
+func controlPlaneOf(m Mode) (ControlPlane, bool) {
+	if s, ok := m.(svcproxyMode); ok && s.onVIP {
+		return nil, false
+	}
+	cp, ok := m.(ControlPlane)
+	return cp, ok
+}
+
 // EndpointChange replaces one endpoint of one Service port.
 type EndpointChange struct {
 	Service int            // index into the services slice

@@ -216,3 +216,36 @@ func TestReportFromSamples(t *testing.T) {
 		}
 	}
 }
+
+func TestControlPlaneOf(t *testing.T) {
+	for _, tc := range []struct {
+		m    Mode
+		want bool
+	}{
+		{svcproxyMode{name: "svcproxy-userspace"}, true},
+		{svcproxyMode{name: "svcproxy-iptables", kernelMode: "iptables"}, true},
+		{svcproxyMode{name: "svcproxy-vip", onVIP: true}, false}, // no rules to wait for
+		{&kubeDNATMode{}, true},
+		{haproxyMode{}, false},
+	} {
+		if _, got := controlPlaneOf(tc.m); got != tc.want {
+			t.Errorf("%s: measured by the control-plane test %v, want %v", tc.m.Name(), got, tc.want)
+		}
+	}
+}
+
+func TestClip(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		n    int
+		want string
+	}{
+		{"short", 10, "short"},
+		{"0123456789abc", 10, "0123456789… (3 more bytes)"},
+		{"ééé", 3, "é… (3 more bytes)"}, // never half a rune
+	} {
+		if got := clip(tc.in, tc.n); got != tc.want {
+			t.Errorf("clip(%q, %d) = %q, want %q", tc.in, tc.n, got, tc.want)
+		}
+	}
+}

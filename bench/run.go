@@ -114,7 +114,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	}
 	if cfg.runs(testControl) {
 		for _, m := range runnable {
-			if _, ok := m.(ControlPlane); ok {
+			if _, ok := controlPlaneOf(m); ok {
 				steps += len(cfg.Scales)
 			}
 		}
@@ -162,7 +162,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	if cfg.runs(testControl) {
 		for _, scale := range cfg.Scales {
 			for _, m := range runnable {
-				cp, ok := m.(ControlPlane)
+				cp, ok := controlPlaneOf(m)
 				if !ok || ctx.Err() != nil || skipped[m.Name()] {
 					continue
 				}

@@ -161,7 +161,19 @@ func (m svcproxyMode) launch(e *Env, c *Cluster, args []string) (*svcproxyProc, 
 func (sp *svcproxyProc) output() string {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	return strings.Join(sp.last, "\n")
+	lines := make([]string, len(sp.last))
+	for i, l := range sp.last {
+		lines[i] = clip(l, 400) // one log line can join a thousand errors
+	}
+	return strings.Join(lines, "\n")
+}
+
+// clip shortens s to about n bytes, saying how much it left out.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return fmt.Sprintf("%s… (%d more bytes)", strings.ToValidUTF8(s[:n], ""), len(s)-n)
 }
 
 // fail wraps err with svcproxy's last output.
