@@ -5,7 +5,7 @@ GO       ?= go
 BIN      := bin
 PKGS     := ./...
 
-.PHONY: all build run run-static bench bench-full bench-ipvs-vm test test-kube bench-kube test-short test-vm bench-go fuzz deps clean
+.PHONY: all build run run-deps test-deps run-static bench bench-full bench-ipvs-vm test test-kube bench-kube test-short test-vm bench-go fuzz deps clean
 
 all: build
 
@@ -17,17 +17,17 @@ build:
 # The first command a newcomer runs (as root): a self-contained sandbox of
 # network namespaces with real backends and svcproxy steering a ClusterIP
 # and a NodePort. Ctrl-C removes everything.
-run: build
+run: run-deps build
 	$(BIN)/svcproxy-sandbox --svcproxy $(BIN)/svcproxy --backend $(BIN)/svcproxy-backend
 
 # svcproxy alone on its embedded example services file (loopback, no rules).
 run-static: build
 	$(BIN)/svcproxy --conn-log=-
 
-# vet, then every test with the race detector. Tests that need root,
-# iptables, ipset or network namespaces skip with a message when those are
-# missing; `.ci/run` installs them so CI runs everything.
-test:
+# vet, then every test with the race detector. As root on Debian it first
+# installs what the namespace tests need (test-deps), so they run rather
+# than skip; as another user it says which tests will skip and why.
+test: test-deps
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 60m $(PKGS)
 	SVCPROXY_FORWARDER_ENGINE=goroutines $(GO) test -race -count=1 -timeout 10m ./forwarder/
@@ -85,11 +85,44 @@ fuzz:
 	$(GO) test -run=x -fuzz=FuzzApply -fuzztime=$(FUZZEXECS)x ./redirect
 	$(GO) test -run=x -fuzz=FuzzApply -fuzztime=$(FUZZEXECS)x ./kernelmodes/iptables
 
-# Debian packages the tests need (run as root).
+# What each command needs, as program (or absolute path):Debian package.
+RUN_TOOLS  := ip:iproute2 iptables:iptables iptables-restore:iptables ipset:ipset
+TEST_TOOLS := $(RUN_TOOLS) ping:iputils-ping conntrack:conntrack dig:dnsutils dnsmasq:dnsmasq-base \
+	unshare:util-linux mount:mount qemu-system-x86_64:qemu-system-x86
+BENCH_TOOLS := $(TEST_TOOLS) wrk:wrk iperf3:iperf3 haproxy:haproxy nginx:nginx \
+	/usr/lib/nginx/modules/ngx_stream_module.so:libnginx-mod-stream
+
+# $(call install,TOOLS,ROOTLESS): install the packages of the missing
+# programs with apt-get (apt-get update first), only when one is missing, so
+# running it again costs nothing. Not root: ROOTLESS says what follows
+# (fail, or warn and go on).
+define install
+	@missing=; for pair in $(1); do \
+		need=$${pair%%:*}; case $$need in \
+		/*) [ -e "$$need" ] ;; \
+		*) PATH="$$PATH:/usr/sbin:/sbin" command -v "$$need" >/dev/null 2>&1 ;; \
+		esac || missing="$$missing $${pair#*:}"; \
+	done; \
+	missing=$$(printf '%s\n' $$missing | sort -u | tr '\n' ' '); \
+	if [ -z "$${missing# }" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then \
+		if [ "$(2)" = warn ]; then echo "make: not root, and missing Debian packages: $$missing: the namespace tests will skip (run as root: sudo make test)"; exit 0; fi; \
+		echo "make: missing Debian packages: $$missing: run as root (sudo make $@) to install them"; exit 1; \
+	fi; \
+	if ! command -v apt-get >/dev/null 2>&1; then echo "make: not Debian: install the packages $$missing (or their equivalents), then run this again"; exit 1; fi; \
+	echo "make: installing $$missing"; \
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing
+endef
+
+run-deps:
+	$(call install,$(RUN_TOOLS),fail)
+
+test-deps:
+	$(call install,$(TEST_TOOLS),warn)
+
+# Everything the tests and the benchmarks use (run as root).
 deps:
-	apt-get update
-	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-		iproute2 iputils-ping iptables ipset conntrack dnsutils dnsmasq-base qemu-system-x86 wrk iperf3 haproxy nginx
+	$(call install,$(BENCH_TOOLS),fail)
 
 clean:
 	rm -rf $(BIN)

@@ -9,11 +9,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -68,7 +66,7 @@ func run(o *options) error {
 	}
 	disableTHP(log)
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop, term := notifyTermination(o.successorWait, log)
 	defer stop()
 
 	if o.cleanup {
@@ -134,6 +132,7 @@ func run(o *options) error {
 	if err != nil {
 		return err
 	}
+	term.follow(succ)
 	webInherited := map[string]*os.File{}
 	for name, f := range inherited {
 		if strings.HasPrefix(name, "http/") {
@@ -238,7 +237,11 @@ func run(o *options) error {
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), o.drainTimeout+5*time.Second)
 	defer cancel()
 	web.shutdown(shutdownCtx)
-	return errors.Join(err, dp.Shutdown(shutdownCtx, handedOver))
+	err = errors.Join(err, dp.Shutdown(shutdownCtx, handedOver))
+	if handedOver {
+		term.linger(ctx)
+	}
+	return err
 }
 
 // cleanup removes everything svcproxy installs, whichever mode installed it.

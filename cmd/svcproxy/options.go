@@ -52,6 +52,7 @@ type options struct {
 	masqueradeMark    uint32 // kernel modes' masquerade mark, 1<<--iptables-masquerade-bit
 	ipvsScheduler     string
 	pidFile           string
+	successorWait     time.Duration
 	oomScoreAdj       *int // nil: leave as it is
 
 	workers            int
@@ -322,6 +323,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 		fs.StringVar(&o.healthzAddr, "healthz-bind-address", "0.0.0.0:10256", "address of /healthz and /livez; empty: off")
 		fs.StringVar(&o.profilingAddr, "profiling-bind-address", "", "serve Go's /debug/pprof/ here, on a loopback address only; empty: off")
 		fs.StringVar(&o.handoverSocket, "handover-socket", "auto", "unix socket for zero-downtime restarts: a new svcproxy takes the running one's sockets through it (SIGUSR2 starts one from the binary on disk); auto: /run/svcproxy/handover-<network namespace inode>.sock; empty: off")
+		fs.DurationVar(&o.successorWait, "successor-wait", 0, "on SIGTERM, keep serving up to this long for a successor to take over (a DaemonSet whose new pod starts before the old one stops), which then keeps the rules; after handing over, stay until terminated, so kubelet does not restart the old version; 0: exit at once")
 		fs.StringVar(&o.pidFile, "pid-file", "", "write the process ID here (a successor overwrites it)")
 		oomScoreAdj = fs.Int("oom-score-adj", 0, "set this process's oom_score_adj, -1000 to 1000; unset: leave it")
 		logLevel = fs.String("log-level", "info", "debug, info, warn or error")

@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -26,6 +27,7 @@ type succession struct {
 
 	from       *handover.Handover // the predecessor, until it has let go
 	readyOnce  sync.Once
+	listening  chan struct{} // closed once a successor can take over
 	handedOver chan struct{} // closed when a successor has taken over
 }
 
@@ -42,7 +44,7 @@ const takeOverPatience = 2 * time.Minute
 // leave two processes serving, each with its own rules and drains, and the
 // old one never exiting.
 func takeOver(ctx context.Context, path string, patience time.Duration, log *zap.Logger) (*succession, map[string]*os.File, error) {
-	s := &succession{path: path, log: log, handedOver: make(chan struct{})}
+	s := &succession{path: path, log: log, listening: make(chan struct{}), handedOver: make(chan struct{})}
 	if path == "" {
 		return s, nil, nil
 	}
@@ -105,6 +107,7 @@ func (s *succession) serving(ctx context.Context, sockets func() (map[string]*os
 			s.log.Warn("cannot listen for a successor; restarts will not be seamless", zap.Error(err))
 			return
 		}
+		close(s.listening)
 		go func() {
 			defer srv.Close()
 			if err := srv.Serve(ctx, sockets, stopAccepting); err == nil {
@@ -150,4 +153,106 @@ func startSuccessorOnSIGUSR2(ctx context.Context, log *zap.Logger) {
 			go func() { _ = cmd.Wait() }()
 		}
 	}()
+}
+
+// termination decides when a termination signal ends svcproxy. SIGINT, and
+// SIGTERM with no successor wait, end it at once (ctx is cancelled). With
+// a successor wait (--successor-wait, for a DaemonSet that starts the new
+// pod before it stops the old one), SIGTERM to a process that can hand
+// over keeps it serving until a successor takes over, so the node is never
+// left unsteered: the successor gets the sockets and the rules, and ctx
+// stays uncancelled (svcproxy's own select sees the handover). If no
+// successor comes within the wait, ctx is cancelled and svcproxy exits as
+// before: a clean exit, rules removed in userspace mode (an uninstall).
+type termination struct {
+	wait time.Duration // 0: no successor wait
+	log  *zap.Logger
+	sig  chan os.Signal
+
+	cancel     context.CancelFunc
+	once       sync.Once
+	terminated chan struct{} // closed on the first SIGTERM or SIGINT
+
+	mu   sync.Mutex
+	succ *succession
+}
+
+// notifyTermination returns the daemon's context and its termination,
+// taking SIGTERM and SIGINT from now on; stop releases the signals.
+func notifyTermination(wait time.Duration, log *zap.Logger) (ctx context.Context, stop context.CancelFunc, t *termination) {
+	ctx, t = newTermination(wait, log)
+	signal.Notify(t.sig, syscall.SIGTERM, syscall.SIGINT)
+	return ctx, func() { signal.Stop(t.sig); t.cancel() }, t
+}
+
+// newTermination is notifyTermination without the process's signals:
+// signals arrive on t.sig.
+func newTermination(wait time.Duration, log *zap.Logger) (context.Context, *termination) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t := &termination{wait: wait, log: log, sig: make(chan os.Signal, 2), cancel: cancel, terminated: make(chan struct{})}
+	go t.run(ctx)
+	return ctx, t
+}
+
+// follow names the succession whose handover a SIGTERM waits for.
+func (t *termination) follow(s *succession) {
+	t.mu.Lock()
+	t.succ = s
+	t.mu.Unlock()
+}
+
+func (t *termination) run(ctx context.Context) {
+	var s os.Signal
+	select {
+	case <-ctx.Done():
+		return
+	case s = <-t.sig:
+	}
+	t.once.Do(func() { close(t.terminated) })
+	t.mu.Lock()
+	succ := t.succ
+	t.mu.Unlock()
+	if s != syscall.SIGTERM || t.wait <= 0 || succ == nil {
+		t.cancel()
+		return
+	}
+	select {
+	case <-succ.listening:
+	default: // not serving yet, or cannot hand over: nothing to wait for
+		t.cancel()
+		return
+	}
+	select {
+	case <-succ.handedOver:
+		return // already handed over: draining, then linger returns
+	default:
+	}
+	t.log.Info("SIGTERM: serving on until a successor takes over", zap.Duration("successorWait", t.wait))
+	timer := time.NewTimer(t.wait)
+	defer timer.Stop()
+	select {
+	case <-succ.handedOver:
+	case <-timer.C:
+		t.log.Info("no successor took over; exiting", zap.Duration("successorWait", t.wait))
+		t.cancel()
+	case <-t.sig: // a second signal: go now
+		t.cancel()
+	case <-ctx.Done():
+	}
+}
+
+// linger keeps a process that has handed over and drained alive until it
+// is told to terminate, when there is a successor wait: kubelet restarts
+// a container whose process exits, and the restarted old version would
+// take the sockets back from its successor. Without a successor wait
+// (SIGUSR2 restarts, systemd) it returns at once.
+func (t *termination) linger(ctx context.Context) {
+	if t.wait <= 0 {
+		return
+	}
+	t.log.Info("handed over and drained; waiting to be terminated")
+	select {
+	case <-t.terminated:
+	case <-ctx.Done():
+	}
 }

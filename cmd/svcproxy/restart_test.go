@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -120,6 +121,101 @@ func TestTakeOver(t *testing.T) {
 			if tc.files > 0 {
 				if err := s.from.Ready(ctx); err != nil {
 					t.Fatalf("telling the predecessor: %v", err)
+				}
+			}
+		})
+	}
+}
+
+// TestTermination: SIGTERM ends svcproxy at once unless it waits for a
+// successor (--successor-wait), and a process that handed over lingers
+// until it is terminated only when it waits for successors.
+func TestTermination(t *testing.T) {
+	type step int
+	const (
+		sigterm step = iota
+		sigint
+		handOver // the successor takes over
+	)
+	for _, tc := range []struct {
+		name      string
+		wait      time.Duration
+		listening bool   // the process can hand over
+		steps     []step // in order, 50ms apart
+		cancelled bool   // ctx ends (the process exits without a handover)
+		within    time.Duration
+		lingers   bool // linger still blocks after the steps
+	}{
+		{name: "SIGINT ends at once", wait: time.Minute, listening: true, steps: []step{sigint}, cancelled: true, within: time.Second},
+		{name: "SIGTERM without a successor wait ends at once", listening: true, steps: []step{sigterm}, cancelled: true, within: time.Second},
+		{name: "SIGTERM before serving ends at once", wait: time.Minute, steps: []step{sigterm}, cancelled: true, within: time.Second},
+		{name: "SIGTERM with nobody taking over ends after the wait", wait: 300 * time.Millisecond, listening: true,
+			steps: []step{sigterm}, cancelled: true, within: 2 * time.Second},
+		{name: "a second SIGTERM ends the wait", wait: time.Minute, listening: true, steps: []step{sigterm, sigterm}, cancelled: true, within: time.Second},
+		{name: "SIGTERM, then a successor takes over: it keeps the rules", wait: time.Minute, listening: true,
+			steps: []step{sigterm, handOver}},
+		{name: "handed over, not yet terminated: lingers", wait: time.Minute, listening: true,
+			steps: []step{handOver}, lingers: true},
+		{name: "handed over, then SIGTERM: goes at once", wait: time.Minute, listening: true,
+			steps: []step{handOver, sigterm}},
+		{name: "handed over without a successor wait: no lingering", listening: true, steps: []step{handOver}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, term := newTermination(tc.wait, zap.NewNop())
+			defer term.cancel()
+			succ := &succession{listening: make(chan struct{}), handedOver: make(chan struct{})}
+			if tc.listening {
+				close(succ.listening)
+			}
+			term.follow(succ)
+			start := time.Now()
+			for _, s := range tc.steps {
+				switch s {
+				case sigterm:
+					term.sig <- syscall.SIGTERM
+				case sigint:
+					term.sig <- syscall.SIGINT
+				case handOver:
+					close(succ.handedOver)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if tc.cancelled {
+				select {
+				case <-ctx.Done():
+				case <-time.After(tc.within):
+					t.Fatalf("ctx not cancelled within %v", tc.within)
+				}
+				if tc.wait > 0 && tc.wait < time.Minute && time.Since(start) < tc.wait {
+					t.Errorf("cancelled after %v, before the successor wait (%v) ran out", time.Since(start), tc.wait)
+				}
+				return
+			}
+			// Not cancelled: the handover decides, and svcproxy's own select
+			// must see it rather than a cancelled ctx.
+			time.Sleep(200 * time.Millisecond)
+			if ctx.Err() != nil {
+				t.Fatal("ctx cancelled, want it left to the handover")
+			}
+			lingered := make(chan struct{})
+			go func() { term.linger(ctx); close(lingered) }()
+			select {
+			case <-lingered:
+				if tc.lingers {
+					t.Fatal("linger returned before the process was terminated")
+				}
+			case <-time.After(300 * time.Millisecond):
+				if !tc.lingers {
+					t.Fatal("linger still blocks, want it to return at once")
+				}
+				term.sig <- syscall.SIGTERM
+				select {
+				case <-lingered:
+				case <-time.After(time.Second):
+					t.Fatal("linger did not return after SIGTERM")
+				}
+				if ctx.Err() != nil {
+					t.Error("SIGTERM after a handover cancelled ctx, want it left to the handover")
 				}
 			}
 		})

@@ -115,12 +115,22 @@ func newCluster(t *testing.T, backends int, extraServices string, proxyArgs ...s
 
 func newClusterOpts(t *testing.T, backends int, extraServices, bin string, proxyArgs ...string) *cluster {
 	t.Helper()
+	c := newNode(t, backends, extraServices)
+	c.proxyArgs, c.proxyBin = proxyArgs, bin
+	c.startProxy()
+	return c
+}
+
+// newNode is the cluster before svcproxy starts: the namespaces, the
+// Service route, the backends and the services file.
+func newNode(t *testing.T, backends int, extraServices string) *cluster {
+	t.Helper()
 	if bins.err != nil {
 		t.Fatal(bins.err)
 	}
 	needTools(t, "iptables", "iptables-save", "ipset")
 	topo := topology.NewT(t, topology.Options{Backends: backends, Clients: 1})
-	c := &cluster{t: t, topo: topo, dir: t.TempDir(), proxyArgs: proxyArgs, proxyBin: bin}
+	c := &cluster{t: t, topo: topo, dir: t.TempDir()}
 	// The node's own connections to a Service IP need a route before the
 	// nat OUTPUT hook sees them (on a real node the default route does it;
 	// these namespaces have none): send the VIP range to lo.
@@ -132,7 +142,6 @@ func newClusterOpts(t *testing.T, backends int, extraServices, bin string, proxy
 		c.startBackend(h, fmt.Sprintf("backend%d", i))
 	}
 	c.writeServices(extraServices)
-	c.startProxy()
 	return c
 }
 

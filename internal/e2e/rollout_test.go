@@ -1,0 +1,333 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/svcproxy/svcproxy/internal/topology"
+)
+
+// TestPrivilegedRolloutUnderLoad rolls svcproxy over twice the way
+// deploy/daemonset.yaml's update strategy does, under a steady load of new
+// connections: each new "pod" is a fresh process started with the
+// manifest's own args, ConfigMap and volume mounts while the old one
+// serves; the old one gets SIGTERM as kubelet sends it — once at once,
+// before the new one has taken over (its probes answer from the old one's
+// shared host port), once after. Not one connection may fail, and the old
+// process must neither exit before it is told to (kubelet would restart
+// it) nor leave the node unsteered.
+func TestPrivilegedRolloutUnderLoad(t *testing.T) {
+	needTools(t, "unshare", "mount")
+	c := newNode(t, 3, "")
+	pod := newPodSpec(t, c)
+	client := c.topo.Clients[0]
+
+	p := pod.start("pod-0")
+	c.waitServing(t, p)
+
+	var ok, failed atomic.Int64
+	var firstErr atomic.Value
+	stopLoad := make(chan struct{})
+	var lw sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		lw.Add(1)
+		go func() {
+			defer lw.Done()
+			for {
+				select {
+				case <-stopLoad:
+					return
+				default:
+				}
+				addr := webVIP + ":80" // a ClusterIP, and a NodePort
+				if w%2 == 1 {
+					addr = fmt.Sprintf("%s:%d", topology.NodeAddr, webNode)
+				}
+				if _, err := c.get(client, addr); err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error()) // one type: errors' differ
+				} else {
+					ok.Add(1)
+				}
+			}
+		}()
+	}
+	stopped := sync.OnceFunc(func() { close(stopLoad); lw.Wait() })
+	t.Cleanup(stopped) // before the namespaces go, when the test stops early
+	time.Sleep(time.Second)
+
+	for i, sigtermAt := range []string{"at once", "after the takeover"} {
+		old := p
+		before := ok.Load()
+		p = pod.start(fmt.Sprintf("pod-%d", i+1))
+		if sigtermAt == "at once" {
+			old.signal(t, syscall.SIGTERM)
+		}
+		if !waitFor(30*time.Second, func() bool { return strings.Contains(p.out.String(), "taking over the sockets") }) {
+			t.Fatalf("rollout %d: the new pod did not take over within 30s; new:\n%s\nold:\n%s", i+1, p.out, old.out)
+		}
+		if sigtermAt == "after the takeover" {
+			if !waitFor(10*time.Second, func() bool { return strings.Contains(old.out.String(), "waiting to be terminated") }) {
+				t.Fatalf("rollout %d: the old pod did not finish its handover within 10s:\n%s", i+1, old.out)
+			}
+			time.Sleep(time.Second)
+			if old.exited() {
+				t.Fatalf("rollout %d: the old pod exited before it was terminated (kubelet would restart it):\n%s", i+1, old.out)
+			}
+			old.signal(t, syscall.SIGTERM)
+		}
+		if err := old.wait(15 * time.Second); err != nil {
+			t.Fatalf("rollout %d: the old pod: %v\n%s", i+1, err, old.out)
+		}
+		time.Sleep(time.Second) // the new pod alone serves
+		t.Logf("rollout %d (SIGTERM %s): %d requests meanwhile", i+1, sigtermAt, ok.Load()-before)
+		if strings.Contains(old.out.String(), "removed steering rules") {
+			t.Errorf("rollout %d: the old pod removed the steering rules the new one serves by", i+1)
+		}
+	}
+	stopped()
+	if n := failed.Load(); n > 0 {
+		t.Errorf("%d of %d connections failed across 2 rollouts; first: %v", n, n+ok.Load(), firstErr.Load())
+	}
+	if ok.Load() < 100 {
+		t.Errorf("only %d requests in the run: the load did not run", ok.Load())
+	}
+	t.Logf("%d connections across 2 rollouts, %d failed", ok.Load()+failed.Load(), failed.Load())
+}
+
+// podSpec is deploy/daemonset.yaml's container as this test runs it on its
+// node namespace: the manifest's args (with $(NODE_NAME)), the ConfigMap's
+// config.yaml, and its volumes. Volumes mounted under /run are
+// bind-mounted for real into a private mount namespace whose /run is an
+// empty read-only tmpfs (the container's read-only root filesystem), so a
+// path the manifest does not mount cannot be written; other mounts are
+// directories of this test, their paths rewritten in the args and the
+// configuration. The Service source is this test's services file, as no
+// API server runs here.
+type podSpec struct {
+	c      *cluster
+	args   []string
+	mounts map[string]string // under /run: mountPath → the node's path
+}
+
+func newPodSpec(t *testing.T, c *cluster) *podSpec {
+	t.Helper()
+	var ds appsv1.DaemonSet
+	readManifest(t, "daemonset.yaml", &ds)
+	var cm corev1.ConfigMap
+	readManifest(t, "configmap.yaml", &cm)
+
+	ru := ds.Spec.UpdateStrategy.RollingUpdate
+	if ru == nil || ru.MaxSurge == nil || ru.MaxSurge.IntValue() < 1 || ru.MaxUnavailable == nil || ru.MaxUnavailable.IntValue() != 0 {
+		t.Fatalf("daemonset.yaml: the rollout this test proves starts the new pod first (maxSurge ≥ 1, maxUnavailable: 0); got %+v", ru)
+	}
+	ctr := ds.Spec.Template.Spec.Containers[0]
+	if sc := ctr.SecurityContext; sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Fatal("daemonset.yaml: this test emulates readOnlyRootFilesystem: true; update it with the manifest")
+	}
+
+	node := filepath.Join(c.dir, "node") // the node's filesystem
+	volumes := map[string]string{}       // volume name → directory or file on the node
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		switch {
+		case v.HostPath != nil:
+			path := filepath.Join(node, v.HostPath.Path)
+			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			var err error
+			if v.HostPath.Type != nil && *v.HostPath.Type == corev1.HostPathFileOrCreate {
+				err = os.WriteFile(path, nil, 0o600)
+			} else {
+				err = os.Mkdir(path, 0o755)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			volumes[v.Name] = path
+		case v.ConfigMap != nil:
+			dir := filepath.Join(c.dir, "configmap-"+v.Name)
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			volumes[v.Name] = dir
+			if v.ConfigMap.Name != cm.Name {
+				continue // kubeadm's kube-proxy kubeconfig: not on this node (the source is a file)
+			}
+			for key, data := range cm.Data {
+				volumes[v.Name+"/"+key] = data
+			}
+		default:
+			t.Fatalf("daemonset.yaml: volume %s of a kind this test cannot provide", v.Name)
+		}
+	}
+	p := &podSpec{c: c, mounts: map[string]string{}}
+	rewrite := map[string]string{} // mountPath → the test's directory
+	for _, m := range ctr.VolumeMounts {
+		path, ok := volumes[m.Name]
+		if !ok {
+			t.Fatalf("daemonset.yaml: mount of an undeclared volume %s", m.Name)
+		}
+		if strings.HasPrefix(m.MountPath, "/run/") {
+			p.mounts[m.MountPath] = path
+		} else {
+			rewrite[m.MountPath] = path
+		}
+	}
+	rewritten := func(s string) string {
+		for from, to := range rewrite {
+			s = strings.ReplaceAll(s, from+"/", to+"/")
+		}
+		return s
+	}
+	// The ConfigMap's files, their paths rewritten like the args'.
+	for key := range cm.Data {
+		for _, v := range ds.Spec.Template.Spec.Volumes {
+			if v.ConfigMap != nil && v.ConfigMap.Name == cm.Name {
+				if err := os.WriteFile(filepath.Join(volumes[v.Name], key), []byte(rewritten(volumes[v.Name+"/"+key])), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	for _, a := range ctr.Args {
+		p.args = append(p.args, rewritten(strings.ReplaceAll(a, "$(NODE_NAME)", "node")))
+	}
+	// The source: this test's services file instead of the API server.
+	p.args = append(p.args, "--kubeconfig=", "--services="+filepath.Join(c.dir, "services.yaml"))
+	return p
+}
+
+// readManifest decodes deploy/name, the file holding exactly one object.
+func readManifest(t *testing.T, name string, into any) {
+	t.Helper()
+	_, here, _, _ := runtime.Caller(0)
+	data, err := os.ReadFile(filepath.Join(filepath.Dir(here), "..", "..", "deploy", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.UnmarshalStrict(data, into); err != nil {
+		t.Fatalf("deploy/%s: %v", name, err)
+	}
+}
+
+// podScript runs in the pod's mount namespace: /run becomes the container's
+// own (empty, then read-only), with the manifest's /run mounts bound in;
+// then it becomes svcproxy. $1.. are pairs of mountPath and node path, "--",
+// then the command.
+const podScript = `set -e
+mount -t tmpfs -o mode=0755 svcproxy-pod-run /run
+while [ "$1" != -- ]; do
+	if [ -d "$2" ]; then mkdir -p "$1"; else mkdir -p "$(dirname "$1")"; : > "$1"; fi
+	mount --bind "$2" "$1"
+	shift 2
+done
+shift
+mount -o remount,ro /run
+exec "$@"`
+
+// podProc is one pod's svcproxy process.
+type podProc struct {
+	name string
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+	err  error
+}
+
+// start starts a pod: svcproxy in a fresh mount namespace on the node's
+// network namespace, as kubelet starts the DaemonSet's container.
+func (p *podSpec) start(name string) *podProc {
+	t := p.c.t
+	t.Helper()
+	args := []string{"netns", "exec", p.c.topo.Node.NS, "unshare", "--mount", "--propagation", "private", "sh", "-c", podScript, name}
+	for mountPath, path := range p.mounts {
+		args = append(args, mountPath, path)
+	}
+	args = append(args, "--", bins.svcproxy)
+	args = append(args, p.args...)
+	pp := &podProc{name: name, cmd: exec.Command("ip", args...), out: &syncBuffer{}, done: make(chan struct{})}
+	pp.cmd.Stdout, pp.cmd.Stderr = pp.out, pp.out
+	pp.cmd.WaitDelay = 5 * time.Second
+	if err := pp.cmd.Start(); err != nil { // ip, unshare and sh exec: the PID is svcproxy's
+		t.Fatalf("starting %s: %v", name, err)
+	}
+	go func() { pp.err = pp.cmd.Wait(); close(pp.done) }()
+	t.Cleanup(func() {
+		if !pp.exited() {
+			_ = pp.cmd.Process.Signal(os.Interrupt)
+			if err := pp.wait(15 * time.Second); err != nil {
+				t.Errorf("%s at the end: %v", name, err)
+			}
+		}
+		if t.Failed() {
+			t.Logf("%s output:\n%s", name, pp.out)
+		}
+	})
+	return pp
+}
+
+func (pp *podProc) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := pp.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("signalling %s: %v", pp.name, err)
+	}
+}
+
+func (pp *podProc) exited() bool {
+	select {
+	case <-pp.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// wait waits up to d for the process to exit, and says how it did.
+func (pp *podProc) wait(d time.Duration) error {
+	select {
+	case <-pp.done:
+		if pp.err != nil {
+			return fmt.Errorf("%s exited: %w", pp.name, pp.err)
+		}
+		return nil
+	case <-time.After(d):
+		quit(pp.cmd.Process.Pid)
+		<-pp.done
+		return fmt.Errorf("%s still running %v after it was told to stop", pp.name, d)
+	}
+}
+
+// waitServing waits until a ClusterIP answers from the client.
+func (c *cluster) waitServing(t *testing.T, pp *podProc) {
+	t.Helper()
+	if !waitFor(20*time.Second, func() bool { _, err := c.get(c.topo.Clients[0], webVIP+":80"); return err == nil }) {
+		t.Fatalf("%s did not start steering within 20s; output:\n%s", pp.name, pp.out)
+	}
+}
+
+// waitFor polls cond every 50ms for up to d.
+func waitFor(d time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(d); ; {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
