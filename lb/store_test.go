@@ -284,6 +284,19 @@ func TestFrontendConflict(t *testing.T) {
 			b:        func(s *Service) { s.NodePort = 30080; s.Protocol = UDP },
 			frontend: Frontend{TCP, netip.MustParseAddrPort("192.0.2.1:30080")},
 		},
+		{
+			name:     "same clusterIP and nodePort, SCTP beside TCP",
+			a:        func(s *Service) { s.ClusterIPs = []netip.Addr{ip("10.96.0.1")}; s.NodePort = 30080 },
+			b:        func(s *Service) { s.ClusterIPs = []netip.Addr{ip("10.96.0.1")}; s.NodePort = 30080; s.Protocol = SCTP },
+			frontend: Frontend{TCP, netip.MustParseAddrPort("10.96.0.1:80")},
+		},
+		{
+			name:     "same clusterIP, both SCTP",
+			a:        func(s *Service) { s.ClusterIPs = []netip.Addr{ip("10.96.0.1")}; s.Protocol = SCTP },
+			b:        func(s *Service) { s.ClusterIPs = []netip.Addr{ip("10.96.0.1")}; s.Protocol = SCTP },
+			frontend: Frontend{SCTP, netip.MustParseAddrPort("10.96.0.1:80")},
+			conflict: true,
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b := base("a"), base("b")
@@ -790,7 +803,9 @@ func TestParseProtocol(t *testing.T) {
 		{in: "tcp", want: TCP},
 		{in: "UDP", want: UDP},
 		{in: "Udp", want: UDP},
-		{in: "SCTP", err: true},
+		{in: "SCTP", want: SCTP},
+		{in: "sctp", want: SCTP},
+		{in: "DCCP", err: true},
 	} {
 		t.Run(tc.in, func(t *testing.T) {
 			got, err := ParseProtocol(tc.in)
@@ -800,7 +815,7 @@ func TestParseProtocol(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || got != tc.want {
+			if err != nil || got != tc.want || (tc.in != "" && got.String() != strings.ToUpper(tc.in)) {
 				t.Errorf("ParseProtocol(%q) = %v, %v; want %v, nil", tc.in, got, err, tc.want)
 			}
 		})
