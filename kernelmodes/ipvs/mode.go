@@ -420,7 +420,9 @@ func (m *Mode) reconcile(ctx context.Context, have map[vsKey]*vsState, want map[
 			if slices.Contains(w.dests, a) || !d.draining.IsZero() {
 				continue
 			}
-			if k.proto == lb.UDP {
+			if k.proto != lb.TCP {
+				// UDP and SCTP real servers go at once, as kube-proxy
+				// does: graceful termination is TCP's.
 				if err := m.delDest(ctx, k, s, a); err != nil {
 					errs = append(errs, fmt.Errorf("removing real server %v of %v (%v): %w", a, k, w.service, err))
 				}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/internal/cases"
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 )
 
 // TestServiceSemantics runs the shared Service table (the one the VM test
@@ -85,7 +86,7 @@ func (w *world) runStep(t *testing.T, step cases.Step, full bool) {
 	}
 	for _, p := range step.Probes {
 		if msg := cases.Check(p, w.probe(p)); msg != "" {
-			t.Errorf("%s (%v -> %s/%v): %s", p.Name, p.From, protoName(p.Proto), p.To, msg)
+			t.Errorf("%s (%v -> %s/%v): %s", p.Name, p.From, netfilter.ProtoName(p.Proto), p.To, msg)
 		}
 	}
 	if h := step.Held; h != nil && h.Proto == lb.TCP {
@@ -663,7 +664,7 @@ func TestFakeRulesRefusesWhatIptablesRefuses(t *testing.T) {
 	for _, bad := range []string{
 		"add nope 1.2.3.4",
 		"create s hash:ip\nadd s 2001:db8::1",
-		"create p hash:ip,port\nadd p 1.2.3.4,sctp:80",
+		"create p hash:ip,port\nadd p 1.2.3.4,bogus:80",
 		"create s hash:ip,port",
 		"create q bitmap:port range 0-65535\nswap q s",
 	} {

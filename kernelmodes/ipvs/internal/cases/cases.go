@@ -36,6 +36,9 @@ var (
 	WebNodePort   = netip.AddrPortFrom(NodeIP, 30080)
 	StickyIP      = netip.MustParseAddrPort("198.19.0.11:80")
 	DNSClusterIP  = netip.MustParseAddrPort("198.19.0.12:53")
+	// SCTPClusterIP and SCTPNodePort are Diameter's frontends.
+	SCTPClusterIP = netip.MustParseAddrPort("198.19.0.13:3868")
+	SCTPNodePort  = netip.AddrPortFrom(NodeIP, 30868)
 )
 
 // Client is where a probe starts.
@@ -159,6 +162,21 @@ func DNS(idx ...int) lb.Service {
 	}
 }
 
+// Diameter is an SCTP Service with a ClusterIP and a NodePort. No probe
+// sends to it: the VM's guest has no SCTP client (TestSCTP traces SCTP
+// through the fakes). The steps still make the real kernel hold its SCTP
+// virtual servers, and the guest's full sync read them back as its own.
+func Diameter(idx ...int) lb.Service {
+	return lb.Service{
+		Name:       lb.ServicePortName{Namespace: "default", Name: "diameter"},
+		Protocol:   lb.SCTP,
+		Port:       SCTPClusterIP.Port(),
+		ClusterIPs: []netip.Addr{SCTPClusterIP.Addr()},
+		NodePort:   SCTPNodePort.Port(),
+		Endpoints:  endpoints(SCTPClusterIP.Port()+1, idx...),
+	}
+}
+
 // Steps is the table, in order: each step starts from the state the one
 // before left.
 func Steps() []Step {
@@ -204,7 +222,7 @@ func Steps() []Step {
 		},
 		{
 			Name:     "endpoints replaced",
-			Services: []lb.Service{Web(2), DNS(0), Sticky()},
+			Services: []lb.Service{Web(2), DNS(0), Sticky(), Diameter(2)},
 			Probes: []Probe{
 				{Name: "ClusterIP reaches the new endpoint", From: Pod, To: WebClusterIP, N: 2, Backends: []int{2}},
 				{Name: "ExternalIP reaches the new endpoint", From: Pod, To: WebExternalIP, N: 1, Backends: []int{2}, Masq: MasqYes},
@@ -222,7 +240,7 @@ func Steps() []Step {
 		},
 		{
 			Name:     "Service removed",
-			Services: []lb.Service{DNS(0), Sticky()},
+			Services: []lb.Service{DNS(0), Sticky(), Diameter(0, 1)},
 			Probes: []Probe{
 				{Name: "its ClusterIP is gone", From: Pod, To: WebClusterIP, Outcome: Gone},
 				{Name: "its NodePort is gone", From: Pod, To: WebNodePort, Outcome: Gone},
