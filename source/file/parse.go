@@ -17,7 +17,7 @@
 //	    algorithm: round-robin      # round-robin | random | least-conn | maglev; default: the Store's
 //	    ports:                      # required, at least one
 //	      - name: http              # required when more than one port
-//	        protocol: TCP           # TCP (default) | UDP
+//	        protocol: TCP           # TCP (default) | UDP | SCTP (served by the kernel modes only)
 //	        port: 18080             # required, 1-65535
 //	        targetPort: 8080        # default: port
 //	        nodePort: 30080         # optional, 1-65535

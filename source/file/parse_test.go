@@ -95,6 +95,33 @@ services:
 			return []lb.Service{http, dns}
 		}(),
 	}, {
+		name: "SCTP beside TCP on the same port and nodePort",
+		yaml: `
+services:
+  - name: diameter
+    clusterIP: 10.0.0.3
+    ports:
+      - {name: tcp, port: 3868, nodePort: 30868}
+      - {name: sctp, protocol: SCTP, port: 3868, nodePort: 30868, targetPort: 3869}
+    endpoints:
+      - ip: 10.1.0.3
+`,
+		want: []lb.Service{{
+			Name:       lb.ServicePortName{Namespace: "default", Name: "diameter", Port: "tcp"},
+			Protocol:   lb.TCP,
+			Port:       3868,
+			NodePort:   30868,
+			ClusterIPs: []netip.Addr{addr("10.0.0.3")},
+			Endpoints:  []lb.Endpoint{{Addr: addrPort("10.1.0.3:3868"), Ready: true, Serving: true}},
+		}, {
+			Name:       lb.ServicePortName{Namespace: "default", Name: "diameter", Port: "sctp"},
+			Protocol:   lb.SCTP,
+			Port:       3868,
+			NodePort:   30868,
+			ClusterIPs: []netip.Addr{addr("10.0.0.3")},
+			Endpoints:  []lb.Endpoint{{Addr: addrPort("10.1.0.3:3869"), Ready: true, Serving: true}},
+		}},
+	}, {
 		name: "affinity default timeout, nodePort only, no endpoints",
 		yaml: `
 services:
@@ -367,8 +394,8 @@ func TestParseErrors(t *testing.T) {
     clusterIP: 10.0.0.1
     ports:
       - port: 80
-        protocol: SCTP
-`, `line 6: services[0].ports[0].protocol: unsupported protocol "SCTP"`, false, 0},
+        protocol: DCCP
+`, `line 6: services[0].ports[0].protocol: unsupported protocol "DCCP" (want TCP, UDP or SCTP)`, false, 0},
 		{"bad affinity", `services:
   - name: web
     clusterIP: 10.0.0.1

@@ -399,7 +399,7 @@ func (c *converter) slicePorts(es *discovery.EndpointSlice) map[portKey]uint16 {
 		if p.Protocol != nil {
 			proto, err := lb.ParseProtocol(string(*p.Protocol))
 			if err != nil {
-				// SCTP and the like: no Service port of ours can use it.
+				// Not TCP, UDP or SCTP: no Service port can use it.
 				continue
 			}
 			key.proto = proto

@@ -383,9 +383,32 @@ func TestConvert(t *testing.T) {
 			proxy: "svcproxy",
 		},
 		{
-			name: "SCTP port: not proxied, the others are",
+			name: "SCTP port beside TCP on the same number, each with its slice port",
 			svc: svc(func(s *v1.Service) {
-				s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "sctp", Protocol: v1.ProtocolSCTP, Port: 9})
+				s.Spec.Type = v1.ServiceTypeNodePort
+				s.Spec.Ports = []v1.ServicePort{
+					{Name: "http", Protocol: v1.ProtocolTCP, Port: 80, NodePort: 30080},
+					{Name: "diameter", Protocol: v1.ProtocolSCTP, Port: 80, NodePort: 30080},
+				}
+			}),
+			slices: []*discovery.EndpointSlice{
+				slice("a", discovery.AddressTypeIPv4, []sport{{"http", v1.ProtocolTCP, 8080}, {"diameter", v1.ProtocolSCTP, 3868}}, ep("10.1.0.1", "", "")),
+			},
+			want: []lb.Service{
+				base(func(s *lb.Service) {
+					s.Name.Port, s.Protocol, s.NodePort = "diameter", lb.SCTP, 30080
+					s.Endpoints = []lb.Endpoint{lbep("10.1.0.1:3868", true, true, false, "")}
+				}),
+				base(func(s *lb.Service) {
+					s.NodePort = 30080
+					s.Endpoints = []lb.Endpoint{lbep("10.1.0.1:8080", true, true, false, "")}
+				}),
+			},
+		},
+		{
+			name: "unknown protocol: that port not proxied, the others are",
+			svc: svc(func(s *v1.Service) {
+				s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "dccp", Protocol: "DCCP", Port: 9})
 			}),
 			want: []lb.Service{base()},
 			errs: []string{"Service ns/web: spec.ports[1].protocol: unsupported protocol"},
