@@ -160,6 +160,7 @@ type Endpoint struct {
 	NodeName    string
 	Zone        string
 	ZoneHints   []string // topology hints: zones this endpoint should serve
+	NodeHints   []string // topology hints: nodes this endpoint should serve (trafficDistribution PreferSameNode)
 }
 
 // Validate reports every problem with s, each naming the field.
