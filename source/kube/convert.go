@@ -355,6 +355,11 @@ func (c *converter) endpoints(all []*discovery.EndpointSlice, nodeName string) m
 						ep.ZoneHints = append(ep.ZoneHints, z.Name)
 					}
 				}
+				for _, n := range e.Hints.ForNodes {
+					if n.Name != "" && !slices.Contains(ep.NodeHints, n.Name) {
+						ep.NodeHints = append(ep.NodeHints, n.Name)
+					}
+				}
 			}
 			eps = append(eps, entry{ep, nodeName != "" && ep.NodeName == nodeName})
 		}

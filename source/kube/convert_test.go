@@ -61,6 +61,17 @@ func ep(addr, conds, node string, hints ...string) discovery.Endpoint {
 	return e
 }
 
+// forNodes adds node hints (hints.forNodes) to e.
+func forNodes(e discovery.Endpoint, nodes ...string) discovery.Endpoint {
+	if e.Hints == nil {
+		e.Hints = &discovery.EndpointHints{}
+	}
+	for _, n := range nodes {
+		e.Hints.ForNodes = append(e.Hints.ForNodes, discovery.ForNode{Name: n})
+	}
+	return e
+}
+
 type sport struct {
 	name  string
 	proto v1.Protocol
@@ -98,6 +109,11 @@ func lbep(addr string, ready, serving, terminating bool, node string, hints ...s
 	if len(hints) > 0 {
 		e.ZoneHints = hints
 	}
+	return e
+}
+
+func nodeHints(e lb.Endpoint, nodes ...string) lb.Endpoint {
+	e.NodeHints = nodes
 	return e
 }
 
@@ -355,6 +371,16 @@ func TestConvert(t *testing.T) {
 			want: []lb.Service{base(withEndpoints(
 				lbep("10.1.0.1:8080", true, true, false, "a", "zone-a"),
 				lbep("10.1.0.2:8080", true, true, false, "b", "zone-b", "zone-c"),
+			))},
+		},
+		{
+			name: "node hints (trafficDistribution PreferSameNode) are carried beside zone hints, empty names dropped",
+			svc:  svc(func(s *v1.Service) { s.Spec.TrafficDistribution = ptr(v1.ServiceTrafficDistributionPreferSameNode) }),
+			slices: []*discovery.EndpointSlice{slice("web-1", discovery.AddressTypeIPv4, httpPort,
+				forNodes(ep("10.1.0.1", "", "a", "zone-a"), "a", "", "a"), forNodes(ep("10.1.0.2", "", "b"), "b", "c"))},
+			want: []lb.Service{base(withEndpoints(
+				nodeHints(lbep("10.1.0.1:8080", true, true, false, "a", "zone-a"), "a"),
+				nodeHints(lbep("10.1.0.2:8080", true, true, false, "b"), "b", "c"),
 			))},
 		},
 		{
