@@ -67,6 +67,7 @@ services:
         nodeName: node-a
         zone: zone-a
         zoneHints: [zone-a, zone-b]
+        nodeHints: [node-a]
       - ip: 10.1.0.2
         ready: false
         ports: {http: 9090}
@@ -81,7 +82,7 @@ services:
 				ExternalTrafficPolicy: lb.PolicyLocal,
 				Algorithm:             lb.LeastConn,
 			}
-			ep1 := lb.Endpoint{Serving: true, Terminating: true, NodeName: "node-a", Zone: "zone-a", ZoneHints: []string{"zone-a", "zone-b"}}
+			ep1 := lb.Endpoint{Serving: true, Terminating: true, NodeName: "node-a", Zone: "zone-a", ZoneHints: []string{"zone-a", "zone-b"}, NodeHints: []string{"node-a"}}
 			ep2 := lb.Endpoint{}
 			http, dns := base, base
 			http.Name = lb.ServicePortName{Namespace: "shop", Name: "web", Port: "http"}
@@ -396,6 +397,20 @@ func TestParseErrors(t *testing.T) {
       - port: 80
         protocol: DCCP
 `, `line 6: services[0].ports[0].protocol: unsupported protocol "DCCP" (want TCP, UDP or SCTP)`, false, 0},
+		{"empty node hint", `services:
+  - name: web
+    clusterIP: 10.0.0.1
+    ports: [{port: 80}]
+    endpoints:
+      - {ip: 10.1.0.1, nodeHints: [node-a, ""]}
+`, `line 6: services[0].endpoints[0].nodeHints[1]: must not be empty`, false, 0},
+		{"node hints not a list", `services:
+  - name: web
+    clusterIP: 10.0.0.1
+    ports: [{port: 80}]
+    endpoints:
+      - {ip: 10.1.0.1, nodeHints: node-a}
+`, `line 6: services[0].endpoints[0].nodeHints:`, false, 0},
 		{"bad affinity", `services:
   - name: web
     clusterIP: 10.0.0.1
