@@ -213,3 +213,23 @@ func TestTraceForeignRules(t *testing.T) {
 	checkTrace(t, f, pkt(lb.TCP, "192.0.2.1:80", Output), Verdict{Action: Drop})
 	checkTrace(t, f, pkt(lb.TCP, "192.0.2.10:22", Prerouting), accepted)
 }
+
+func TestRestoreFailures(t *testing.T) {
+	ctx := context.Background()
+	f := NewFake()
+	var c RestoreFailures
+	good := []byte("*nat\n:SVCPROXY-X - [0:0]\nCOMMIT\n")
+	if err := c.Restore(ctx, f, IPv4, good); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Restore(ctx, f, IPv6, []byte("*nat\n-A PREROUTING -j NOPE\nCOMMIT\n")); err == nil {
+		t.Fatal("a restore the Fake refuses succeeded")
+	}
+	f.FailNext("iptables-restore", context.DeadlineExceeded)
+	if err := c.Restore(ctx, f, IPv4, good); err == nil {
+		t.Fatal("FailNext did not fail the restore")
+	}
+	if v4, v6 := c.Count(IPv4), c.Count(IPv6); v4 != 1 || v6 != 1 {
+		t.Errorf("failures IPv4 %d, IPv6 %d; want 1 each", v4, v6)
+	}
+}

@@ -371,6 +371,9 @@ func TestFaults(t *testing.T) {
 		if r.Repairs() != 0 {
 			t.Errorf("Repairs = %d; a failed sync is not tampering", r.Repairs())
 		}
+		if n := r.RestoreFailures(netfilter.IPv4); n != 1 {
+			t.Errorf("RestoreFailures(IPv4) = %d, want 1", n)
+		}
 	})
 	t.Run("reading fails", func(t *testing.T) {
 		r, f := newFakeRedirector(t, Config{})

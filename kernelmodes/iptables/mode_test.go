@@ -637,6 +637,9 @@ func TestFaults(t *testing.T) {
 		if m.Repairs() != 0 {
 			t.Errorf("Repairs = %d; a failed restore is not tampering", m.Repairs())
 		}
+		if v4, v6 := m.RestoreFailures(netfilter.IPv4), m.RestoreFailures(netfilter.IPv6); v4 != 1 || v6 != 0 {
+			t.Errorf("RestoreFailures IPv4 %d, IPv6 %d; want 1, 0", v4, v6)
+		}
 	})
 	t.Run("failed full sync leaves the next Apply full", func(t *testing.T) {
 		m, f := newFakeMode(t, Config{})

@@ -95,6 +95,7 @@ type Mode struct {
 	// needFull: a sync failed part-way; the next Apply reads the kernel.
 	needFull bool
 	repairs  atomic.Uint64
+	restores netfilter.RestoreFailures
 	draining atomic.Int64
 }
 
@@ -183,6 +184,11 @@ func New(cfg Config) (*Mode, error) {
 // sets or rules differing from what it last left (someone tampered with
 // them) and repaired them.
 func (m *Mode) Repairs() uint64 { return m.repairs.Load() }
+
+// RestoreFailures counts the iptables-restore runs of this mode's syncs
+// that failed for family (kube-proxy's
+// kubeproxy_sync_proxy_rules_iptables_restore_failures_total).
+func (m *Mode) RestoreFailures(family Family) uint64 { return m.restores.Count(family) }
 
 // Draining is the number of real servers at weight 0 waiting for their
 // connections to end.

@@ -515,6 +515,30 @@ func TestFailedApplyConverges(t *testing.T) {
 	}
 }
 
+// TestRestoreFailuresCounted: a failed iptables-restore of a sync is
+// counted for its family (kube-proxy's
+// kubeproxy_sync_proxy_rules_iptables_restore_failures_total); the next
+// sync writes the rules.
+func TestRestoreFailuresCounted(t *testing.T) {
+	w := newWorld(t, Config{})
+	boom := errors.New("boom")
+	w.f.Rules.FailNext("iptables-restore", boom)
+	if err := w.tryApply(true, cases.Web(0, 1)); !errors.Is(err, boom) {
+		t.Fatalf("Apply: %v, want the injected error", err)
+	}
+	if v4, v6 := w.m.RestoreFailures(IPv4), w.m.RestoreFailures(IPv6); v4 != 1 || v6 != 0 {
+		t.Errorf("RestoreFailures IPv4 %d, IPv6 %d; want 1, 0", v4, v6)
+	}
+	w.apply(true, cases.Web(0, 1))
+	if n := w.m.RestoreFailures(IPv4); n != 1 {
+		t.Errorf("after a good sync RestoreFailures(IPv4) = %d, want still 1", n)
+	}
+	if msg := cases.Check(cases.Probe{From: cases.Pod, To: cases.WebNodePort, N: 2, Backends: []int{0, 1}, Balanced: true, Masq: cases.MasqYes},
+		w.probe(cases.Probe{From: cases.Pod, To: cases.WebNodePort, N: 2})); msg != "" {
+		t.Errorf("after the retry: %s", msg)
+	}
+}
+
 func TestIPv6(t *testing.T) {
 	w := newWorld(t, Config{IPv6: true})
 	w.f.Links.AddNodeAddr("eth0", netip.MustParseAddr("2001:db8::1"))
