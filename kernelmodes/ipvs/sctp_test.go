@@ -16,8 +16,8 @@ import (
 // nodeIP,sctp:port members (the kernel's bitmap:port never matches SCTP),
 // a removed real server deleted at once, and a full sync that reads the
 // SCTP virtual servers back without seeing tampering. This kernel has no
-// IPVS, and the VM test's guest has no SCTP client: the fakes are all
-// there is here.
+// IPVS; the shared case table's SCTP probes run against a real one in the
+// VM test (TestPrivilegedIPVSInVM).
 func TestSCTP(t *testing.T) {
 	vip := netip.MustParseAddrPort("198.19.0.38:3868")
 	deadVIP := netip.MustParseAddrPort("198.19.0.39:3868")
