@@ -11,6 +11,10 @@ import (
 	"github.com/svcproxy/svcproxy/netfilter"
 )
 
+// ipprotoSCTP is IPPROTO_SCTP, which package syscall lacks on some of the
+// systems svcproxy builds for.
+const ipprotoSCTP = 132
+
 // IPVS service flags (include/uapi/linux/ip_vs.h).
 const (
 	flagPersistent = 0x1
@@ -216,7 +220,7 @@ func toService(k vsKey, a vsAttrs) *Service {
 	case lb.UDP:
 		s.Protocol = syscall.IPPROTO_UDP
 	case lb.SCTP:
-		s.Protocol = syscall.IPPROTO_SCTP
+		s.Protocol = ipprotoSCTP
 	}
 	if k.addr.Addr().Is4() {
 		s.AddressFamily = syscall.AF_INET
@@ -237,7 +241,7 @@ func fromService(s *Service) (vsKey, vsAttrs, bool) {
 		k.proto = lb.TCP
 	case syscall.IPPROTO_UDP:
 		k.proto = lb.UDP
-	case syscall.IPPROTO_SCTP:
+	case ipprotoSCTP:
 		k.proto = lb.SCTP
 	default:
 		return k, vsAttrs{}, false
