@@ -78,10 +78,9 @@ func TestPrivilegedSCTPTraffic(t *testing.T) {
 
 func testSCTPTraffic(t *testing.T, variant string) {
 	ctx := context.Background()
-	top := topology.NewT(t, topology.Options{Backends: 2, Clients: 1})
+	top := serviceTopology(t)
 	node, client := top.Node, top.Clients[0]
 	b0, b1 := top.Backends[0], top.Backends[1]
-	run(t, "ip", "-n", node.NS, "route", "add", topology.FreeRange.String(), "dev", "lo")
 
 	vip := netip.AddrFrom4([4]byte{198, 19, 0, 38})
 	deadVIP := netip.AddrFrom4([4]byte{198, 19, 0, 39})

@@ -153,21 +153,14 @@ func TestVirtualServers(t *testing.T) {
 	w := newWorld(t, Config{})
 	w.f.Links.AddNodeAddr("eth1", netip.MustParseAddr("192.0.2.7"))
 	w.apply(false, cases.Web(0, 1), cases.Sticky())
-	var got []string
-	for _, v := range w.f.IPVS.Services() {
-		got = append(got, v.String())
-	}
-	want := []string{
+	checkVirtualServers(t, virtualServers(w.f, func(VirtualServer) bool { return true }), []string{
 		"tcp 192.0.2.7:30080 rr -> 198.18.2.1:8080 w1 -> 198.18.2.2:8080 w1",
 		"tcp 198.18.0.1:30080 rr -> 198.18.2.1:8080 w1 -> 198.18.2.2:8080 w1",
 		"tcp 198.19.0.10:80 rr -> 198.18.2.1:8080 w1 -> 198.18.2.2:8080 w1",
 		"tcp 198.19.0.11:80 rr persistent 10800 -> 198.18.2.1:8080 w1 -> 198.18.2.2:8080 w1 -> 198.18.2.3:8080 w1",
 		"tcp 198.19.1.10:80 rr -> 198.18.2.1:8080 w1 -> 198.18.2.2:8080 w1",
 		"tcp 198.19.2.10:80 rr -> 198.18.2.1:8080 w1 -> 198.18.2.2:8080 w1",
-	}
-	if !slices.Equal(got, want) {
-		t.Errorf("virtual servers:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
+	})
 	_, addrs, _ := w.f.Links.Link(DummyInterface)
 	slices.SortFunc(addrs, netip.Addr.Compare)
 	if g, w := fmtAddrs(addrs), "198.19.0.10 198.19.0.11 198.19.1.10 198.19.2.10"; g != w {

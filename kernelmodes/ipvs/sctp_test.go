@@ -46,21 +46,13 @@ func TestSCTP(t *testing.T) {
 			w := newWorld(t, Config{})
 			w.apply(full, diameter(0, 1), dead, cases.Web(0))
 
-			var got []string
-			for _, v := range w.f.IPVS.Services() {
-				if v.Protocol == lb.SCTP {
-					got = append(got, v.String())
-				}
-			}
-			want := []string{
+			sctpOnly := func(v VirtualServer) bool { return v.Protocol == lb.SCTP }
+			checkVirtualServers(t, virtualServers(w.f, sctpOnly), []string{
 				"sctp 198.18.0.1:30868 rr -> 198.18.2.1:3869 w1 -> 198.18.2.2:3869 w1",
 				"sctp 198.18.0.1:30869 rr",
 				"sctp 198.19.0.38:3868 rr -> 198.18.2.1:3869 w1 -> 198.18.2.2:3869 w1",
 				"sctp 198.19.0.39:3868 rr",
-			}
-			if !slices.Equal(got, want) {
-				t.Errorf("SCTP virtual servers:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-			}
+			})
 			for _, m := range []string{
 				"add svcproxy-ipvs-np-masq-sctp-v4 198.18.0.1,sctp:30868",
 				"add svcproxy-ipvs-np-masq-sctp-v4 198.18.0.1,sctp:30869",
