@@ -20,8 +20,12 @@ func TestNodePortsClaimed(t *testing.T) {
 	tsvc.NodePort = tcpPort
 	usvc := udpService("np-udp", netip.AddrPortFrom(netip.MustParseAddr("198.18.255.2"), 53))
 	usvc.NodePort = udpPort
+	// An SCTP Service on the TCP NodePort's number: no SCTP socket can
+	// claim it, and it must not take the TCP claim's place.
+	ssvc := service("np-sctp", netip.AddrPortFrom(netip.MustParseAddr("198.18.255.3"), 3868))
+	ssvc.Protocol, ssvc.NodePort = lb.SCTP, tcpPort
 	store := lb.NewStore(lb.StoreOptions{})
-	snap, err := store.Replace([]lb.Service{tsvc, usvc})
+	snap, err := store.Replace([]lb.Service{tsvc, usvc, ssvc})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,6 +36,9 @@ func TestNodePortsClaimed(t *testing.T) {
 	defer fwd.Shutdown(context.Background())
 	if err := fwd.Apply(context.Background(), snap); err != nil {
 		t.Fatal(err)
+	}
+	if got := fwd.ClaimedNodePorts(); len(got) != 2 {
+		t.Errorf("claimed %v, want the TCP and the UDP NodePort only", got)
 	}
 	if ln, err := net.Listen("tcp", fmt.Sprintf(":%d", tcpPort)); err == nil {
 		ln.Close()

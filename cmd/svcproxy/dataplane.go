@@ -161,6 +161,7 @@ func newUserspace(o *options, reg prometheus.Registerer, log *zap.Logger, clog *
 			Namespace: "svcproxy", Subsystem: "redirect", Name: "repairs_total",
 			Help: "Full syncs that found svcproxy's rules or sets tampered with and repaired them.",
 		}, func() float64 { return float64(red.Repairs()) }))
+		registerRestoreFailures(reg, red.RestoreFailures)
 		log.Info("steering with iptables REDIRECT", zap.String("iptables", red.Backend()), zap.Uint16("redirectPort", o.redirectPort))
 		u.red = red
 	}

@@ -21,6 +21,7 @@ type kernelMode interface {
 	Apply(ctx context.Context, snap *lb.Snapshot, full bool) error
 	Cleanup(ctx context.Context) error
 	Repairs() uint64
+	RestoreFailures(family netfilter.Family) uint64
 }
 
 // kernel drives a kernel mode. On exit it leaves the rules in place, as
@@ -56,8 +57,10 @@ func newIPVSMode(o *options, log *zap.Logger) (*ipvs.Mode, error) {
 	})
 }
 
-// newKernel builds a kernel mode's dataplane and exports its repair count.
+// newKernel builds a kernel mode's dataplane and exports its repair and
+// iptables-restore failure counts.
 func newKernel(name string, m kernelMode, reg prometheus.Registerer) kernel {
+	registerRestoreFailures(reg, m.RestoreFailures)
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Namespace: "svcproxy", Subsystem: name, Name: "repairs_total",
 		Help: "Full syncs that found the " + name + " mode's rules tampered with and repaired them.",

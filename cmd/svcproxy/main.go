@@ -83,6 +83,7 @@ func run(o *options) error {
 
 	var kubeClient kubernetes.Interface
 	var node *corev1.Node
+	zone := o.zone // without --zone, the Node's label, followed live by the kube source
 	if o.kubeconfig != "" || o.master != "" || o.inCluster {
 		kube.RegisterRESTClientMetrics(reg)
 		if kubeClient, err = kube.NewClient(kube.ClientConfig{Kubeconfig: o.kubeconfig, Master: o.master,
@@ -95,15 +96,15 @@ func run(o *options) error {
 		if err != nil {
 			log.Warn("carrying on without this node's Node object: no zone, no proxy-mode annotation", zap.Error(err))
 		}
-		if o.zone == "" {
-			o.zone = kube.Zone(node)
+		if zone == "" {
+			zone = kube.Zone(node)
 		}
 	}
 	if w := o.resolvePrimary(node); w != "" {
 		log.Warn(w)
 	}
 	store := lb.NewStore(lb.StoreOptions{
-		Node:             lb.Node{Name: o.hostname, Zone: o.zone},
+		Node:             lb.Node{Name: o.hostname, Zone: zone},
 		DefaultAlgorithm: o.algorithm,
 	})
 
@@ -202,7 +203,7 @@ func run(o *options) error {
 		hc := healthcheck.New(healthcheck.Config{Healthy: func() bool { return tracker.Status().Healthy }, Logger: log})
 		defer hc.Close()
 		go func() {
-			watchErr <- kube.Run(ctx, kube.Options{Client: kubeClient, NodeName: o.hostname, ProxyName: o.proxyName,
+			watchErr <- kube.Run(ctx, kube.Options{Client: kubeClient, NodeName: o.hostname, Zone: o.zone, ProxyName: o.proxyName,
 				MinSyncPeriod: o.minSyncPeriod, ResyncPeriod: o.configSyncPeriod,
 				Logger: log, Metrics: kube.NewMetrics(reg), Health: tracker, HealthCheck: hc, Changes: m.changes, OnSync: watcher.OnReload}, store)
 		}()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/svcproxy/svcproxy/health"
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 	"github.com/svcproxy/svcproxy/runner"
 )
 
@@ -61,6 +62,25 @@ func newDaemonMetrics(reg prometheus.Registerer) *daemonMetrics {
 	}
 	reg.MustRegister(m.mode, m.networkProgramming, m.services, m.sourceErrors)
 	return m
+}
+
+// registerRestoreFailures exports a mode's failed iptables-restore runs as
+// kube-proxy's kubeproxy_sync_proxy_rules_iptables_restore_failures_total,
+// one series per programmed ip_family, with its help text. kube-proxy
+// counts them in its iptables and IPVS modes; svcproxy also in the
+// userspace mode's REDIRECT steering, which writes its rules the same way.
+func registerRestoreFailures(reg prometheus.Registerer, failures func(netfilter.Family) uint64) {
+	for _, fam := range programmedFamilies {
+		f := netfilter.IPv4
+		if fam == runner.IPv6 {
+			f = netfilter.IPv6
+		}
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Subsystem: "kubeproxy", Name: "sync_proxy_rules_iptables_restore_failures_total",
+			Help:        "Cumulative proxy iptables restore failures",
+			ConstLabels: prometheus.Labels{"ip_family": fam},
+		}, func() float64 { return float64(failures(f)) }))
+	}
 }
 
 // synced records what a successful sync of snap programmed: each change it
