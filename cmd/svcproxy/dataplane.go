@@ -152,8 +152,8 @@ func newUserspace(o *options, reg prometheus.Registerer, log *zap.Logger, clog *
 	}
 	u := &userspace{port: o.redirectPort, log: log}
 	if steer {
-		cfg.Redirect = []netip.AddrPort{netip.AddrPortFrom(netip.IPv4Unspecified(), o.redirectPort)}
-		red, err := redirect.New(redirect.Config{Mark: uint32(o.mark), NodePortAddresses: o.nodePortAddresses, Logger: log})
+		cfg.Redirect = redirectAddrs(o)
+		red, err := redirect.New(redirectConfig(o, log))
 		if err != nil {
 			return nil, err
 		}
@@ -170,6 +170,20 @@ func newUserspace(o *options, reg prometheus.Registerer, log *zap.Logger, clog *
 	}
 	u.fwd = fwd
 	return u, nil
+}
+
+// redirectAddrs are the forwarder's redirect listeners: 0.0.0.0:port, and
+// [::]:port when the node serves IPv6.
+func redirectAddrs(o *options) []netip.AddrPort {
+	addrs := []netip.AddrPort{netip.AddrPortFrom(netip.IPv4Unspecified(), o.redirectPort)}
+	if o.ipv6 {
+		addrs = append(addrs, netip.AddrPortFrom(netip.IPv6Unspecified(), o.redirectPort))
+	}
+	return addrs
+}
+
+func redirectConfig(o *options, log *zap.Logger) redirect.Config {
+	return redirect.Config{Mark: uint32(o.mark), NodePortAddresses: o.nodePortAddresses, IPv6: o.ipv6, Logger: log}
 }
 
 func (u *userspace) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {

@@ -67,7 +67,7 @@ func startDaemon(t *testing.T) *daemon {
 	ctx, cancel := context.WithCancel(context.Background())
 	log := zaptest.NewLogger(t)
 	reg := prometheus.NewPedanticRegistry()
-	m := newDaemonMetrics(reg)
+	m := newDaemonMetrics(reg, ipFamilies(&options{}))
 	tracker := health.NewTracker(time.Minute, nil)
 	store := lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: "node-a"}})
 	d := &daemon{t: t, client: fake.NewClientset(), dp: &faultyDataplane{}}
