@@ -40,13 +40,19 @@ func TestNodePortsClaimed(t *testing.T) {
 	if got := fwd.ClaimedNodePorts(); len(got) != 2 {
 		t.Errorf("claimed %v, want the TCP and the UDP NodePort only", got)
 	}
-	if ln, err := net.Listen("tcp", fmt.Sprintf(":%d", tcpPort)); err == nil {
-		ln.Close()
-		t.Errorf("another program could listen on claimed TCP NodePort %d", tcpPort)
+	// One claim holds the port in both families, as a Service's NodePort
+	// serves both.
+	for _, network := range []string{"tcp", "tcp4", "tcp6"} {
+		if ln, err := net.Listen(network, fmt.Sprintf(":%d", tcpPort)); err == nil {
+			ln.Close()
+			t.Errorf("another program could listen (%s) on claimed TCP NodePort %d", network, tcpPort)
+		}
 	}
-	if pc, err := net.ListenPacket("udp", fmt.Sprintf(":%d", udpPort)); err == nil {
-		pc.Close()
-		t.Errorf("another program could bind claimed UDP NodePort %d", udpPort)
+	for _, network := range []string{"udp", "udp4", "udp6"} {
+		if pc, err := net.ListenPacket(network, fmt.Sprintf(":%d", udpPort)); err == nil {
+			pc.Close()
+			t.Errorf("another program could bind (%s) claimed UDP NodePort %d", network, udpPort)
+		}
 	}
 	// A claim never serves: a stray connection is refused, not left hanging.
 	if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", tcpPort), time.Second); err == nil {

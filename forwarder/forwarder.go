@@ -328,6 +328,17 @@ func (f *Forwarder) Sockets() (map[string]*os.File, error) {
 	return out, nil
 }
 
+// v6only reports whether the sockets of a listener on addr are IPv6-only
+// (IPV6_V6ONLY): an unspecified IPv6 address whose port also has an IPv4
+// redirect listener on 0.0.0.0, which takes that family's connections.
+// Otherwise an unspecified IPv6 address is dual-stack, as Go's "tcp".
+func (f *Forwarder) v6only(addr netip.AddrPort) bool {
+	if addr.Addr() != netip.IPv6Unspecified() {
+		return false
+	}
+	return slices.Contains(f.cfg.Redirect, netip.AddrPortFrom(netip.IPv4Unspecified(), addr.Port()))
+}
+
 func (k listenKey) socketName(i int) string {
 	kind := "frontend"
 	if k.redirect {

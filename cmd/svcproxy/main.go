@@ -79,7 +79,6 @@ func run(o *options) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerBuildInfo(reg, readBuildInfo())
-	m := newDaemonMetrics(reg)
 
 	var kubeClient kubernetes.Interface
 	var node *corev1.Node
@@ -121,6 +120,8 @@ func run(o *options) error {
 	if err != nil {
 		return err
 	}
+	unserved := newUnservedIPv6(detectIPv6(ctx, hostIPv6, choice.Mode, o, log), log)
+	m := newDaemonMetrics(reg, ipFamilies(o))
 	m.mode.WithLabelValues(string(choice.Mode), string(choice.Requested)).Set(1)
 	if choice.Mode != choice.Requested {
 		log.Warn("proxy mode fell back", zap.Stringer("choice", choice))
@@ -172,7 +173,8 @@ func run(o *options) error {
 		}
 		stopAccepting = h.StopAccepting
 	}
-	syncer := newSyncer(store, dp, m, tracker, o.minSyncPeriod, o.syncPeriod, func(ctx context.Context) {
+	syncer := newSyncer(store, dp, m, tracker, o.minSyncPeriod, o.syncPeriod, func(ctx context.Context, snap *lb.Snapshot) {
+		unserved.check(snap)
 		succ.serving(ctx, sockets, stopAccepting)
 	})
 	changes := store.Subscribe() // before any source can publish

@@ -14,19 +14,15 @@ import (
 	"github.com/svcproxy/svcproxy/runner"
 )
 
-// programmedFamilies are the IP families the proxy modes program, as
-// kube-proxy's ip_family label values. cmd/svcproxy turns on no mode's IPv6
-// support yet (issue 12, dual-stack); add runner.IPv6 when it does.
-var programmedFamilies = []string{runner.IPv4}
-
 // daemonMetrics are the daemon's metrics: the sync loop's (runner.Metrics:
 // kube-proxy's kubeproxy_sync_proxy_rules_* and svcproxy_sync_*), the
 // changes followed to the sync that programs them, the health endpoints',
 // and svcproxy's own below.
 type daemonMetrics struct {
-	sync    *runner.Metrics
-	changes *runner.Changes
-	health  *health.Metrics
+	sync     *runner.Metrics
+	changes  *runner.Changes
+	health   *health.Metrics
+	families []string // the ip_family label values: the families the mode programs
 
 	networkProgramming prometheus.Histogram
 	services           prometheus.Gauge
@@ -36,12 +32,15 @@ type daemonMetrics struct {
 	programmed uint64 // the newest snapshot version synced; the sync loop's only
 }
 
-func newDaemonMetrics(reg prometheus.Registerer) *daemonMetrics {
-	syncMetrics := runner.NewMetrics(reg, programmedFamilies...)
+// newDaemonMetrics registers the daemon's metrics; families are the IP
+// families the mode programs (ipFamilies).
+func newDaemonMetrics(reg prometheus.Registerer, families []string) *daemonMetrics {
+	syncMetrics := runner.NewMetrics(reg, families...)
 	m := &daemonMetrics{
-		sync:    syncMetrics,
-		changes: runner.NewChanges(syncMetrics, nil),
-		health:  health.NewMetrics(reg),
+		sync:     syncMetrics,
+		changes:  runner.NewChanges(syncMetrics, nil),
+		health:   health.NewMetrics(reg),
+		families: families,
 		networkProgramming: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "svcproxy", Name: "network_programming_duration_seconds",
 			Help:    "From a change reaching the load-balancer store to the proxy mode serving it.",
@@ -69,8 +68,8 @@ func newDaemonMetrics(reg prometheus.Registerer) *daemonMetrics {
 // one series per programmed ip_family, with its help text. kube-proxy
 // counts them in its iptables and IPVS modes; svcproxy also in the
 // userspace mode's REDIRECT steering, which writes its rules the same way.
-func registerRestoreFailures(reg prometheus.Registerer, failures func(netfilter.Family) uint64) {
-	for _, fam := range programmedFamilies {
+func registerRestoreFailures(reg prometheus.Registerer, families []string, failures func(netfilter.Family) uint64) {
+	for _, fam := range families {
 		f := netfilter.IPv4
 		if fam == runner.IPv6 {
 			f = netfilter.IPv6
@@ -93,7 +92,7 @@ func (m *daemonMetrics) synced(snap *lb.Snapshot) {
 		m.networkProgramming.Observe(time.Since(snap.Time).Seconds())
 		m.programmed = snap.Version
 	}
-	for _, fam := range programmedFamilies {
+	for _, fam := range m.families {
 		internal, external := noLocalEndpoints(snap, fam)
 		m.sync.SetNoLocalEndpoints(fam, internal, external)
 	}
@@ -101,9 +100,9 @@ func (m *daemonMetrics) synced(snap *lb.Snapshot) {
 
 // newSyncer returns the sync loop that carries store's snapshots to dp.
 // After each successful sync it records what was programmed, tells the
-// health tracker and calls served (nil: nothing); a failed sync is counted
-// and retried by the runner, and moves neither.
-func newSyncer(store *lb.Store, dp dataplane, m *daemonMetrics, tracker *health.Tracker, minSync, maxSync time.Duration, served func(context.Context)) *runner.Runner {
+// health tracker and calls served with the snapshot (nil: nothing); a
+// failed sync is counted and retried by the runner, and moves neither.
+func newSyncer(store *lb.Store, dp dataplane, m *daemonMetrics, tracker *health.Tracker, minSync, maxSync time.Duration, served func(context.Context, *lb.Snapshot)) *runner.Runner {
 	r := runner.New(func(ctx context.Context, full bool) error {
 		snap := store.Snapshot()
 		if err := dp.Apply(ctx, snap, full); err != nil {
@@ -112,7 +111,7 @@ func newSyncer(store *lb.Store, dp dataplane, m *daemonMetrics, tracker *health.
 		m.synced(snap)
 		tracker.Applied()
 		if served != nil {
-			served(ctx)
+			served(ctx, snap)
 		}
 		return nil
 	}, minSync, maxSync)

@@ -69,7 +69,7 @@ func startDaemon(t *testing.T) *daemon {
 	ctx, cancel := context.WithCancel(context.Background())
 	log := zaptest.NewLogger(t)
 	reg := prometheus.NewPedanticRegistry()
-	m := newDaemonMetrics(reg)
+	m := newDaemonMetrics(reg, ipFamilies(&options{}))
 	tracker := health.NewTracker(time.Minute, nil)
 	store := lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: "node-a"}})
 	d := &daemon{t: t, client: fake.NewClientset(), dp: &faultyDataplane{}}
@@ -520,13 +520,13 @@ func (s *syncBuffer) String() string {
 // move by one, and not on the good syncs around it.
 func TestIPTablesRestoreFailuresMetric(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
-	newDaemonMetrics(reg) // beside the daemon's other metrics, as run() registers them
+	newDaemonMetrics(reg, ipFamilies(&options{})) // beside the daemon's other metrics, as run() registers them
 	f := netfilter.NewFake()
 	mode, err := iptables.New(iptables.Config{Exec: f, FullSyncPeriod: -1, Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := newKernel("iptables", mode, reg)
+	k := newKernel("iptables", mode, reg, ipFamilies(&options{}))
 	web := &httpServers{log: zaptest.NewLogger(t)}
 	web.serve("metrics", "127.0.0.1:0", metricsHandler(reg, "iptables"))
 	t.Cleanup(func() { web.shutdown(context.Background()) })

@@ -44,6 +44,7 @@ type options struct {
 	bindAddress       netip.Addr // kube-proxy's --bind-address: this node's primary IP of its family; unspecified: from the Node
 	nodePortAddresses []netip.Prefix
 	nodePortPrimary   bool // --nodeport-addresses=primary: the node's primary IPs, resolved once the Node is known
+	ipv6              bool // the node serves IPv6 too: set by detectIPv6, not a flag
 	cleanup           bool
 	initOnly          bool
 	handoverSocket    string
