@@ -68,8 +68,8 @@ func ipvsConfig(o *options, log *zap.Logger) ipvs.Config {
 }
 
 // newKernel builds a kernel mode's dataplane and exports its repair and
-// iptables-restore failure counts.
-// families are the ip_family label values of the families it programs.
+// iptables-restore failure counts, the latter per family it programs
+// (families: kube-proxy's ip_family label values).
 func newKernel(name string, m kernelMode, reg prometheus.Registerer, families []string) kernel {
 	registerRestoreFailures(reg, families, m.RestoreFailures)
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
