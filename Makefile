@@ -20,6 +20,23 @@ build:
 run: run-deps build
 	$(BIN)/svcproxy-sandbox --svcproxy $(BIN)/svcproxy --backend $(BIN)/svcproxy-backend
 
+# The node's container image without a Docker daemon: a Debian bookworm
+# root filesystem from mmdebstrap with iptables (legacy and nf_tables),
+# ipset and conntrack (cached in ~/.cache/svcproxy/rootfs), and the static
+# svcproxy on top; bin/svcproxy-image.tar is for docker load, podman load or
+# ctr images import. `IMAGE=registry/repo:tag make image-push` pushes it
+# instead. deploy/Dockerfile is the route for Docker users.
+IMAGE_TOOLS := mmdebstrap:mmdebstrap
+.PHONY: image image-push
+image:
+	$(call install,$(IMAGE_TOOLS),fail)
+	$(GO) run ./deploy/image --out $(BIN)/svcproxy-image.tar
+
+image-push:
+	@[ -n "$(IMAGE)" ] || { echo "make: say where: IMAGE=registry/repo:tag make image-push"; exit 1; }
+	$(call install,$(IMAGE_TOOLS),fail)
+	$(GO) run ./deploy/image --push $(IMAGE)
+
 # svcproxy alone on its embedded example services file (loopback, no rules).
 run-static: build
 	$(BIN)/svcproxy --conn-log=-

@@ -14,10 +14,25 @@ type buildInfo struct {
 	GoVersion string
 }
 
+// linkedRevision is the commit for builds Go cannot stamp, set with
+// -ldflags "-X main.linkedRevision=<commit>[-dirty]" (deploy/image,
+// deploy/Dockerfile): cmd/go stamps VCS information only where .git is a
+// directory, so not in a git worktree nor in a build context without .git.
+// Go's own stamp wins when there is one.
+var linkedRevision string
+
 // readBuildInfo reads the binary's own build information.
 func readBuildInfo() buildInfo {
 	bi, _ := debug.ReadBuildInfo()
-	return newBuildInfo(bi)
+	return newBuildInfo(bi).withLinkedRevision(linkedRevision)
+}
+
+// withLinkedRevision returns b with rev as its revision when Go stamped none.
+func (b buildInfo) withLinkedRevision(rev string) buildInfo {
+	if b.Revision == "unknown" && rev != "" {
+		b.Revision = rev
+	}
+	return b
 }
 
 // newBuildInfo extracts buildInfo from bi (nil: a binary without it).

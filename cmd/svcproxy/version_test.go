@@ -37,6 +37,27 @@ func TestBuildInfo(t *testing.T) {
 	}
 }
 
+func TestBuildInfoLinkedRevision(t *testing.T) {
+	stamped := buildInfo{"v1.2.3", "3a89d30", "go1.26.8"}
+	unstamped := buildInfo{"(devel)", "unknown", "go1.26.8"}
+	for _, tc := range []struct {
+		name   string
+		b      buildInfo
+		linked string
+		want   buildInfo
+	}{
+		{"Go's stamp wins", stamped, "ffffff", stamped},
+		{"no stamp, linked", unstamped, "3a89d30-dirty", buildInfo{"(devel)", "3a89d30-dirty", "go1.26.8"}},
+		{"no stamp, nothing linked", unstamped, "", unstamped},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.b.withLinkedRevision(tc.linked); got != tc.want {
+				t.Errorf("withLinkedRevision(%q) = %+v, want %+v", tc.linked, got, tc.want)
+			}
+		})
+	}
+}
+
 func TestBuildInfoMetric(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	registerBuildInfo(reg, buildInfo{Version: "v1.2.3", Revision: "abc", GoVersion: "go1.26.8"})
