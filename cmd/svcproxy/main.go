@@ -57,6 +57,9 @@ func run(o *options) error {
 	for _, w := range o.warnings {
 		log.Warn(w)
 	}
+	if o.check {
+		return check(o, os.Stdout)
+	}
 	if o.initOnly {
 		log.Info("--init-only: svcproxy needs no privileged initialisation step; exiting")
 		return nil
@@ -75,6 +78,15 @@ func run(o *options) error {
 	if o.writeConfigTo != "" {
 		return writeConfig(o, o.writeConfigTo)
 	}
+	cluster := o.kubeconfig != "" || o.master != "" || o.inCluster
+	if !cluster && o.services != "" {
+		// Refuse a bad file before anything starts, above all before
+		// taking over from a running svcproxy: a restart with a broken
+		// file must leave the running one be.
+		if _, err := checkServices(o.services); err != nil {
+			return fmt.Errorf("services file %s, nothing started (svcproxy --check lists the same):\n%w", o.services, err)
+		}
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -83,7 +95,7 @@ func run(o *options) error {
 
 	var kubeClient kubernetes.Interface
 	var node *corev1.Node
-	if o.kubeconfig != "" || o.master != "" || o.inCluster {
+	if cluster {
 		kube.RegisterRESTClientMetrics(reg)
 		if kubeClient, err = kube.NewClient(kube.ClientConfig{Kubeconfig: o.kubeconfig, Master: o.master,
 			QPS: o.kubeAPIQPS, Burst: o.kubeAPIBurst, ContentType: o.kubeAPIContentType}); err != nil {
@@ -186,14 +198,14 @@ func run(o *options) error {
 	// for its informers: an empty first sync would drop every Service (and
 	// tell a predecessor to stop while serving nothing).
 	loaded, loadedOnce := make(chan struct{}), sync.Once{}
-	watcher := &file.Watcher{Path: o.services, Data: examples.Services, Store: store, Logger: log,
-		OnReload: func(services int, err error) {
-			loadedOnce.Do(func() { close(loaded) })
-			m.services.Set(float64(services))
-			if err != nil {
-				m.sourceErrors.Inc()
-			}
-		}}
+	sourceLoaded := func(services int, err error) {
+		loadedOnce.Do(func() { close(loaded) })
+		m.services.Set(float64(services))
+		if err != nil {
+			m.sourceErrors.Inc()
+		}
+	}
+	watcher := &file.Watcher{Path: o.services, Data: examples.Services, Store: store, Logger: log}
 	if o.services == "" && kubeClient == nil {
 		log.Info("no --services given: serving the embedded example services file")
 	}
@@ -204,9 +216,19 @@ func run(o *options) error {
 		go func() {
 			watchErr <- kube.Run(ctx, kube.Options{Client: kubeClient, NodeName: o.hostname, ProxyName: o.proxyName,
 				MinSyncPeriod: o.minSyncPeriod, ResyncPeriod: o.configSyncPeriod,
-				Logger: log, Metrics: kube.NewMetrics(reg), Health: tracker, HealthCheck: hc, Changes: m.changes, OnSync: watcher.OnReload}, store)
+				Logger: log, Metrics: kube.NewMetrics(reg), Health: tracker, HealthCheck: hc, Changes: m.changes, OnSync: sourceLoaded}, store)
 		}()
 	} else {
+		reloads := newReloadMetrics(reg)
+		watcher.OnReload = func(services int, err error) {
+			reloads.loaded(err, time.Now())
+			if err != nil { // nothing applied: a failed first load ends svcproxy
+				m.services.Set(float64(services))
+				m.sourceErrors.Inc()
+				return
+			}
+			sourceLoaded(services, nil)
+		}
 		go func() { watchErr <- watcher.Run(ctx) }()
 	}
 
