@@ -79,14 +79,6 @@ func run(o *options) error {
 		return writeConfig(o, o.writeConfigTo)
 	}
 	cluster := o.kubeconfig != "" || o.master != "" || o.inCluster
-	if !cluster && o.services != "" {
-		// Refuse a bad file before anything starts, above all before
-		// taking over from a running svcproxy: a restart with a broken
-		// file must leave the running one be.
-		if _, err := checkServices(o.services); err != nil {
-			return fmt.Errorf("services file %s, nothing started (svcproxy --check lists the same):\n%w", o.services, err)
-		}
-	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -118,6 +110,38 @@ func run(o *options) error {
 		Node:             lb.Node{Name: o.hostname, Zone: o.zone},
 		DefaultAlgorithm: o.algorithm,
 	})
+
+	// The first sync waits for the source's first load, as kube-proxy waits
+	// for its informers: an empty first sync would drop every Service (and
+	// tell a predecessor to stop while serving nothing).
+	loaded, loadedOnce := make(chan struct{}), sync.Once{}
+	sourceLoaded := func(services int, err error) {
+		loadedOnce.Do(func() { close(loaded) })
+		m.services.Set(float64(services))
+		if err != nil {
+			m.sourceErrors.Inc()
+		}
+	}
+	watcher := &file.Watcher{Path: o.services, Data: examples.Services, Store: store, Logger: log}
+	if !cluster {
+		reloads := newReloadMetrics(reg)
+		watcher.OnReload = func(services int, err error) {
+			reloads.loaded(err, time.Now())
+			if err != nil { // nothing applied
+				m.services.Set(float64(services))
+				m.sourceErrors.Inc()
+				return
+			}
+			sourceLoaded(services, nil)
+		}
+		// The first load, before anything starts and above all before
+		// taking over from a running svcproxy: a file with problems ends
+		// this one, listing them all, and leaves a running one be. (Run
+		// does not parse the same content again.)
+		if err := watcher.Reload(); err != nil {
+			return fmt.Errorf("nothing started (svcproxy --check lists the same problems): %w", err)
+		}
+	}
 
 	var clog *connlog.Log
 	if o.connLog != "" {
@@ -194,18 +218,6 @@ func run(o *options) error {
 		}
 	}()
 
-	// The first sync waits for the source's first load, as kube-proxy waits
-	// for its informers: an empty first sync would drop every Service (and
-	// tell a predecessor to stop while serving nothing).
-	loaded, loadedOnce := make(chan struct{}), sync.Once{}
-	sourceLoaded := func(services int, err error) {
-		loadedOnce.Do(func() { close(loaded) })
-		m.services.Set(float64(services))
-		if err != nil {
-			m.sourceErrors.Inc()
-		}
-	}
-	watcher := &file.Watcher{Path: o.services, Data: examples.Services, Store: store, Logger: log}
 	if o.services == "" && kubeClient == nil {
 		log.Info("no --services given: serving the embedded example services file")
 	}
@@ -219,16 +231,6 @@ func run(o *options) error {
 				Logger: log, Metrics: kube.NewMetrics(reg), Health: tracker, HealthCheck: hc, Changes: m.changes, OnSync: sourceLoaded}, store)
 		}()
 	} else {
-		reloads := newReloadMetrics(reg)
-		watcher.OnReload = func(services int, err error) {
-			reloads.loaded(err, time.Now())
-			if err != nil { // nothing applied: a failed first load ends svcproxy
-				m.services.Set(float64(services))
-				m.sourceErrors.Inc()
-				return
-			}
-			sourceLoaded(services, nil)
-		}
 		go func() { watchErr <- watcher.Run(ctx) }()
 	}
 

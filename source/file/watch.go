@@ -50,15 +50,17 @@ type Watcher struct {
 	// must not call Reload.
 	OnReload func(services int, err error)
 
-	mu   sync.Mutex // serialises loads
-	last []byte     // the content last read, to skip change events that change nothing
+	mu      sync.Mutex // serialises loads
+	last    []byte     // the content last read, to skip change events that change nothing
+	applied bool       // last was applied
 }
 
-// Run loads the services file, applies it, then reloads it on SIGHUP and on
-// changes to the file (its directory is watched, so editors that replace the
-// file by renaming work) until ctx is done, when it returns nil. It returns
-// an error, listing every problem, if the first load fails (see Reload) or
-// the file cannot be watched; later failed reloads are logged and keep the
+// Run loads the services file and applies it (unless Reload has just
+// applied this very content), then reloads it on SIGHUP and on changes to
+// the file (its directory is watched, so editors that replace the file by
+// renaming work) until ctx is done, when it returns nil. It returns an
+// error, listing every problem, if the first load fails (see Reload) or the
+// file cannot be watched; later failed reloads are logged and keep the
 // previous Services.
 func (w *Watcher) Run(ctx context.Context) error {
 	hup := make(chan os.Signal, 1)
@@ -79,7 +81,10 @@ func (w *Watcher) Run(ctx context.Context) error {
 		}
 		events, watchErrs = fw.Events, fw.Errors
 	}
-	if err := w.Reload(); err != nil {
+	w.mu.Lock()
+	applied := w.applied
+	w.mu.Unlock()
+	if err := w.reload(!applied); err != nil {
 		return err
 	}
 
@@ -175,13 +180,14 @@ func (w *Watcher) reload(force bool) error {
 		log.Debug("services file unchanged")
 		return nil
 	}
-	w.last = data
+	w.last, w.applied = data, false
 
 	services, err := Parse(data)
 	if err != nil {
 		return w.reject(err)
 	}
 	snap, err := w.Store.Replace(services)
+	w.applied = true
 	// Parse leaves the Store nothing to reject; if it did, say so.
 	forEach(err, func(err error) { log.Error("service rejected by the store", zap.Error(err)) })
 	log.Info("loaded services",

@@ -288,6 +288,37 @@ func TestWatcherFirstLoadListsEveryProblem(t *testing.T) {
 	}
 }
 
+// TestWatcherRunAfterReload: Run does not load again what Reload has just
+// applied (a daemon loads first, before anything starts), but does not
+// take a failed Reload for a load either.
+func TestWatcherRunAfterReload(t *testing.T) {
+	dir := t.TempDir()
+	good, bad := filepath.Join(dir, "good.yaml"), filepath.Join(dir, "bad.yaml")
+	writeFile(t, good, servicesYAML("a"))
+	writeFile(t, bad, "")
+	for _, tt := range []struct {
+		path    string
+		wantErr bool
+	}{{good, false}, {bad, true}} {
+		t.Run(filepath.Base(tt.path), func(t *testing.T) {
+			reports := 0
+			w := &Watcher{Path: tt.path, Store: lb.NewStore(lb.StoreOptions{}), Logger: zaptest.NewLogger(t),
+				OnReload: func(int, error) { reports++ }}
+			if err := w.Reload(); (err != nil) != tt.wantErr {
+				t.Fatalf("Reload: %v", err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			defer cancel()
+			if err := w.Run(ctx); (err != nil) != tt.wantErr {
+				t.Errorf("Run: %v, want an error: %v", err, tt.wantErr)
+			}
+			if want := map[bool]int{false: 1, true: 2}[tt.wantErr]; reports != want {
+				t.Errorf("%d loads reported, want %d", reports, want)
+			}
+		})
+	}
+}
+
 // TestDebouncer: a burst of changes is read once, quiet after its last
 // change, or max after its first if it never goes quiet.
 func TestDebouncer(t *testing.T) {
