@@ -188,7 +188,8 @@ func run(o *options) error {
 	if u, ok := dp.(*userspace); ok {
 		conns = u.fwd.Active
 	}
-	go newMemoryReturner(reg, log, conns).Run(ctx)
+	memory := newMemoryReturner(reg, log, conns)
+	go memory.Run(ctx)
 
 	tracker := health.NewTracker(2*o.syncPeriod, nil)
 	web := &httpServers{log: log, inherited: webInherited}
@@ -207,7 +208,8 @@ func run(o *options) error {
 		}
 		stopAccepting = h.StopAccepting
 	}
-	syncer := newSyncer(store, dp, m, tracker, o.minSyncPeriod, o.syncPeriod, func(ctx context.Context) {
+	syncer := newSyncer(store, dp, m, tracker, o.minSyncPeriod, o.syncPeriod, func(ctx context.Context, snap *lb.Snapshot) {
+		memory.Applied(snap)
 		succ.serving(ctx, sockets, stopAccepting)
 	})
 	changes := store.Subscribe() // before any source can publish

@@ -122,9 +122,9 @@ func (m *daemonMetrics) synced(snap *lb.Snapshot) {
 
 // newSyncer returns the sync loop that carries store's snapshots to dp.
 // After each successful sync it records what was programmed, tells the
-// health tracker and calls served (nil: nothing); a failed sync is counted
-// and retried by the runner, and moves neither.
-func newSyncer(store *lb.Store, dp dataplane, m *daemonMetrics, tracker *health.Tracker, minSync, maxSync time.Duration, served func(context.Context)) *runner.Runner {
+// health tracker and calls served (nil: nothing) with the snapshot applied;
+// a failed sync is counted and retried by the runner, and moves neither.
+func newSyncer(store *lb.Store, dp dataplane, m *daemonMetrics, tracker *health.Tracker, minSync, maxSync time.Duration, served func(context.Context, *lb.Snapshot)) *runner.Runner {
 	r := runner.New(func(ctx context.Context, full bool) error {
 		snap := store.Snapshot()
 		if err := dp.Apply(ctx, snap, full); err != nil {
@@ -133,7 +133,7 @@ func newSyncer(store *lb.Store, dp dataplane, m *daemonMetrics, tracker *health.
 		m.synced(snap)
 		tracker.Applied()
 		if served != nil {
-			served(ctx)
+			served(ctx, snap)
 		}
 		return nil
 	}, minSync, maxSync)
