@@ -270,8 +270,12 @@ func run(o *options) error {
 	return err
 }
 
-// cleanup removes everything svcproxy installs, whichever mode installed it.
+// cleanup removes everything svcproxy installs, whichever mode installed it,
+// unless a running svcproxy owns it (and not --force).
 func cleanup(ctx context.Context, o *options, log *zap.Logger) error {
+	if err := guardCleanup(ctx, newOwner(o), o.force, log); err != nil {
+		return err
+	}
 	if err := cleanupModes(ctx, "", o, log); err != nil {
 		return err
 	}
