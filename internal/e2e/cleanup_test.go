@@ -17,12 +17,8 @@ import (
 func TestPrivilegedCleanupWhileRunning(t *testing.T) {
 	c := newCluster(t, 1, "")
 	sock := filepath.Join(c.dir, "handover.sock")
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if _, err := os.Stat(sock); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("svcproxy does not listen on its handover socket: %v", err)
-		}
+	if !waitFor(10*time.Second, func() bool { _, err := os.Stat(sock); return err == nil }) {
+		t.Fatalf("svcproxy does not listen on its handover socket %s", sock)
 	}
 	running := c.nodeRules()
 	cleanup := func(args ...string) (string, int) {

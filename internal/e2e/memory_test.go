@@ -58,22 +58,14 @@ func TestPrivilegedMemoryAfterShrink(t *testing.T) {
 	if err := os.WriteFile(path, []byte(large), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	waitFor := func(what string, d time.Duration, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(d)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within %v", what, d)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+	if !waitFor(2*time.Minute, func() bool { return ports() == smallPorts+bulk }) {
+		t.Fatal("the large file was not loaded within 2 minutes")
 	}
-	waitFor("the large file loaded", 2*time.Minute, func() bool { return ports() == smallPorts+bulk })
 	// Programmed: a Service of the bulk answers.
-	waitFor("a bulk Service served", 2*time.Minute, func() bool {
-		_, err := c.get(client, fmt.Sprintf("198.19.%d.%d:80", 16+(bulk-1)/250, 1+(bulk-1)%250))
-		return err == nil
-	})
+	last := fmt.Sprintf("198.19.%d.%d:80", 16+(bulk-1)/250, 1+(bulk-1)%250)
+	if !waitFor(2*time.Minute, func() bool { _, err := c.get(client, last); return err == nil }) {
+		t.Fatalf("%s not served within 2 minutes of loading", last)
+	}
 	loaded := c.usage(t, pid)
 	t.Logf("with %d more Services: %v", bulk, loaded)
 
@@ -82,7 +74,9 @@ func TestPrivilegedMemoryAfterShrink(t *testing.T) {
 		t.Fatal(err)
 	}
 	shrunk := time.Now()
-	waitFor("the small file loaded", time.Minute, func() bool { return ports() == smallPorts })
+	if !waitFor(time.Minute, func() bool { return ports() == smallPorts }) {
+		t.Fatal("the small file was not loaded again within a minute")
+	}
 	if _, err := c.get(client, webVIP+":80"); err != nil {
 		t.Fatal(err)
 	}

@@ -4,8 +4,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -25,45 +23,13 @@ func TestPrivilegedBadReloadKeepsServing(t *testing.T) {
 	const failures = `svcproxy_config_reloads_total{result="failure"}`
 	const successes = `svcproxy_config_reloads_total{result="success"}`
 
-	// Load: requests to two Services back to back, from four clients.
-	var ok, failed atomic.Int64
-	var firstErr atomic.Value
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := 0; w < 4; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				addr := webVIP + ":80"
-				if i%2 == 1 {
-					addr = webExtIP + ":80"
-				}
-				if _, err := c.get(client, addr); err != nil {
-					failed.Add(1)
-					firstErr.CompareAndSwap(nil, err)
-				} else {
-					ok.Add(1)
-				}
-			}
-		}()
-	}
-	stopLoad := sync.OnceFunc(func() { close(stop); wg.Wait() })
-	defer stopLoad()
+	// Load: requests to two Services, from four clients.
+	load := c.startLoad(client, webVIP+":80", webExtIP+":80")
 
 	waitMetric := func(name string, want float64) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for c.metric(t, name) < want {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s stayed under %v for 10s; svcproxy output:\n%s", name, want, c.proxyOut)
-			}
-			time.Sleep(50 * time.Millisecond)
+		if !waitFor(10*time.Second, func() bool { return c.metric(t, name) >= want }) {
+			t.Fatalf("%s stayed under %v for 10s; svcproxy output:\n%s", name, want, c.proxyOut)
 		}
 	}
 	write := func(content []byte) {
@@ -107,14 +73,15 @@ func TestPrivilegedBadReloadKeepsServing(t *testing.T) {
 	waitMetric(successes, s0+2)
 	settle()
 
-	stopLoad()
-	t.Logf("%d requests during the bad reloads, %d failed; reloads: %v ok, %v failed", ok.Load(), failed.Load(),
+	load.stop()
+	ok, failed := load.ok.Load(), load.failed.Load()
+	t.Logf("%d requests during the bad reloads, %d failed; reloads: %v ok, %v failed", ok, failed,
 		c.metric(t, successes), c.metric(t, failures))
-	if n := failed.Load(); n != 0 {
-		t.Errorf("%d of %d requests failed while bad files were rejected; first: %v", n, n+ok.Load(), firstErr.Load())
+	if failed != 0 {
+		t.Errorf("%d of %d requests failed while bad files were rejected; first: %v", failed, failed+ok, load.firstErr.Load())
 	}
-	if ok.Load() < 100 {
-		t.Errorf("only %d requests succeeded: no real load", ok.Load())
+	if ok < 100 {
+		t.Errorf("only %d requests succeeded: no real load", ok)
 	}
 	if got := c.metric(t, "svcproxy_config_last_reload_successful"); got != 1 {
 		t.Errorf("svcproxy_config_last_reload_successful = %v after the good file came back, want 1", got)
