@@ -25,11 +25,12 @@ type claimKey struct {
 	port  uint16
 }
 
-// nodePortClaims lists the NodePorts of snap.
+// nodePortClaims lists the NodePorts of snap, but SCTP ones: without SCTP
+// sockets they cannot be claimed (and the forwarder does not serve them).
 func nodePortClaims(snap *lb.Snapshot) map[claimKey]bool {
 	want := map[claimKey]bool{}
 	for _, b := range snap.Balancers() {
-		if svc := b.Service; svc.NodePort != 0 {
+		if svc := b.Service; svc.NodePort != 0 && svc.Protocol != lb.SCTP {
 			want[claimKey{svc.Protocol, svc.NodePort}] = true
 		}
 	}

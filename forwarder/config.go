@@ -31,8 +31,11 @@ type Config struct {
 
 	// Redirect are the addresses steering rules redirect connections to;
 	// connections there are routed by their original destination. A zero
-	// port lets the kernel choose one (see RedirectPorts). Linux only
-	// (SO_ORIGINAL_DST): elsewhere New fails with errors.ErrUnsupported.
+	// port lets the kernel choose one (see RedirectAddrs). For both
+	// families, give 0.0.0.0:port and [::]:port: the IPv6 sockets are then
+	// IPv6-only (IPV6_V6ONLY), and UDP NodePorts get an IPv6 socket too
+	// (see UDPPorts). Linux only (SO_ORIGINAL_DST): elsewhere New fails
+	// with errors.ErrUnsupported.
 	Redirect []netip.AddrPort
 
 	// BindFrontends makes the forwarder also listen on every TCP frontend of

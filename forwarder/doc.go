@@ -26,6 +26,11 @@
 // forwarder never connects anywhere but to an endpoint of the Service the
 // client addressed, so it is not an open relay.
 //
+// SCTP Service ports are not served: Go has no SCTP sockets (and many
+// kernels none either). Apply warns once per SCTP Service port ("SCTP is
+// served by the kernel modes only") and opens nothing for it; redirect
+// steering leaves SCTP frontends alone.
+//
 // # The hot path
 //
 // On Linux the TCP data path is an event loop per worker (loop_linux.go):

@@ -48,6 +48,13 @@ func (e *goEngine) listen(k listenKey, inherited func(i int) *os.File) (tcpListe
 	lc := net.ListenConfig{Control: listenControl, KeepAliveConfig: keepAliveConfig(f.cfg.KeepAlive)}
 	g := &goListeners{e: e, redirect: k.redirect}
 	addr := k.addr
+	network := "tcp" // an unspecified IPv6 address: dual-stack
+	switch {
+	case addr.Addr().Is4():
+		network = "tcp4" // for "tcp", Go would listen on 0.0.0.0 with a dual-stack socket
+	case f.v6only(addr):
+		network = "tcp6" // Go sets IPV6_V6ONLY for it
+	}
 	for i := range listenSockets(f.cfg.Workers) {
 		var ln net.Listener
 		var err error
@@ -55,7 +62,7 @@ func (e *goEngine) listen(k listenKey, inherited func(i int) *os.File) (tcpListe
 			ln, err = net.FileListener(file)
 			file.Close()
 		} else {
-			ln, err = lc.Listen(context.Background(), "tcp", addr.String())
+			ln, err = lc.Listen(context.Background(), network, addr.String())
 		}
 		if err != nil {
 			for _, l := range g.lns {

@@ -39,6 +39,7 @@ type Forwarder struct {
 	inherited map[string]*os.File   // handed-over sockets not yet taken
 	applied   bool                  // a snapshot was applied: accept loops run
 	closed    bool
+	unserved  map[lb.ServicePortName]bool // SCTP Service ports already warned about
 
 	nextID   atomic.Uint64
 	active   atomic.Int64
@@ -163,6 +164,7 @@ func (f *Forwarder) Apply(ctx context.Context, snap *lb.Snapshot) error {
 	}
 	errs = append(errs, f.reconcileUDP(snap)...)
 	errs = append(errs, f.reconcileClaims(snap)...)
+	f.warnUnserved(snap)
 	for name, file := range f.inherited { // handed over, but no longer needed
 		file.Close()
 		delete(f.inherited, name)
@@ -173,6 +175,28 @@ func (f *Forwarder) Apply(ctx context.Context, snap *lb.Snapshot) error {
 	f.m.SnapshotVersion.Set(float64(snap.Version))
 	f.m.LastApply.SetToCurrentTime()
 	return errors.Join(errs...)
+}
+
+// warnUnserved warns once about each SCTP Service port in snap: the
+// forwarder has no SCTP sockets. A port removed and added again is warned
+// about again.
+func (f *Forwarder) warnUnserved(snap *lb.Snapshot) {
+	var now map[lb.ServicePortName]bool
+	for _, b := range snap.Balancers() {
+		svc := b.Service
+		if svc.Protocol != lb.SCTP {
+			continue
+		}
+		if now == nil {
+			now = map[lb.ServicePortName]bool{}
+		}
+		now[svc.Name] = true
+		if !f.unserved[svc.Name] {
+			f.log.Warn("SCTP is served by the kernel modes only: this Service port is not proxied (use --proxy-mode=iptables or ipvs)",
+				zap.Stringer("service", svc.Name), zap.Uint16("port", svc.Port))
+		}
+	}
+	f.unserved = now
 }
 
 // frontendAddrs lists the TCP addresses BindFrontends listens on for snap.
@@ -302,6 +326,17 @@ func (f *Forwarder) Sockets() (map[string]*os.File, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// v6only reports whether the sockets of a listener on addr are IPv6-only
+// (IPV6_V6ONLY): an unspecified IPv6 address whose port also has an IPv4
+// redirect listener on 0.0.0.0, which takes that family's connections.
+// Otherwise an unspecified IPv6 address is dual-stack, as Go's "tcp".
+func (f *Forwarder) v6only(addr netip.AddrPort) bool {
+	if addr.Addr() != netip.IPv6Unspecified() {
+		return false
+	}
+	return slices.Contains(f.cfg.Redirect, netip.AddrPortFrom(netip.IPv4Unspecified(), addr.Port()))
 }
 
 func (k listenKey) socketName(i int) string {

@@ -14,12 +14,15 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/svcproxy/svcproxy/connlog"
 	"github.com/svcproxy/svcproxy/lb"
@@ -607,5 +610,55 @@ func TestReplyThenCloseReachesClient(t *testing.T) {
 		if want := fmt.Sprintf("reply to request %d\n", i); err != nil || string(got) != want {
 			t.Fatalf("connection %d: read %q, %v; want %q then EOF", i, got, err, want)
 		}
+	}
+}
+
+// TestSCTPWarnedOnceNotServed: an SCTP Service port opens nothing (no TCP
+// listener, no UDP socket on its frontend) and is warned about once while
+// it stays, again if it comes back; TCP beside it is served as usual.
+func TestSCTPWarnedOnceNotServed(t *testing.T) {
+	leakCheck(t)
+	core, logs := observer.New(zap.WarnLevel)
+	web := freeFrontend(t)
+	sctpFE := freeFrontend(t)
+	b := startBackend(t, "a", modeName)
+	sctpSvc := func(name string, port uint16) lb.Service {
+		s := service(name, netip.AddrPortFrom(sctpFE.Addr(), port), b.addr)
+		s.Protocol = lb.SCTP
+		s.NodePort = port + 1
+		return s
+	}
+	h := newHarness(t, Config{Logger: zap.New(core)}, service("web", web, b.addr), sctpSvc("diameter", sctpFE.Port()))
+	warned := func() []string {
+		var names []string
+		for _, e := range logs.FilterMessageSnippet("SCTP is served by the kernel modes only").All() {
+			names = append(names, e.ContextMap()["service"].(string))
+		}
+		return names
+	}
+	check := func(step string, want ...string) {
+		t.Helper()
+		if got := warned(); !slices.Equal(got, want) {
+			t.Errorf("%s: warnings for %v, want %v", step, got, want)
+		}
+	}
+	check("first Apply", "test/diameter")
+	h.replace(service("web", web, b.addr), sctpSvc("diameter", sctpFE.Port()))
+	check("same snapshot again", "test/diameter")
+	h.replace(service("web", web, b.addr), sctpSvc("diameter", sctpFE.Port()), sctpSvc("s1ap", sctpFE.Port()+2))
+	check("a second SCTP port", "test/diameter", "test/s1ap")
+	h.replace(service("web", web, b.addr), sctpSvc("s1ap", sctpFE.Port()+2))
+	h.replace(service("web", web, b.addr), sctpSvc("diameter", sctpFE.Port()), sctpSvc("s1ap", sctpFE.Port()+2))
+	check("removed and back", "test/diameter", "test/s1ap", "test/diameter")
+
+	if got := askName(t, web); got != "a" {
+		t.Errorf("TCP beside SCTP answered by %q, want a", got)
+	}
+	if c, err := net.DialTimeout("tcp", sctpFE.String(), time.Second); err == nil {
+		c.Close()
+		t.Errorf("something listens on the SCTP frontend %v over TCP", sctpFE)
+	}
+	if ports := h.fwd.UDPPorts(); len(ports) != 0 {
+		t.Errorf("UDP sockets %v for SCTP Services", ports)
 	}
 }

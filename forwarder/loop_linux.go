@@ -470,6 +470,7 @@ type loopListeners struct {
 func (e *loopEngine) listen(k listenKey, inherited func(i int) *os.File) (tcpListeners, error) {
 	g := &loopListeners{e: e}
 	addr := k.addr
+	v6only := e.f.v6only(addr)
 	for i, w := range e.workers {
 		var fd int
 		var err error
@@ -477,7 +478,7 @@ func (e *loopEngine) listen(k listenKey, inherited func(i int) *os.File) (tcpLis
 			fd, err = adoptSocket(file)
 			file.Close()
 		} else {
-			fd, err = listenSocket(addr, e.f.cfg.KeepAlive)
+			fd, err = listenSocket(addr, v6only, e.f.cfg.KeepAlive)
 		}
 		if err == nil && addr.Port() == 0 {
 			var bound netip.AddrPort

@@ -18,10 +18,11 @@ import (
 // golang.org/x/sys/unix, never registered with Go's poller.
 
 // listenSocket opens a non-blocking listening TCP socket on addr with
-// SO_REUSEPORT. The options accepted connections share are set here once,
-// because Linux copies them from the listener to every connection it
-// accepts: TCP_NODELAY and the keepalive settings (keepalive < 0: off).
-func listenSocket(addr netip.AddrPort, keepalive time.Duration) (int, error) {
+// SO_REUSEPORT. An unspecified IPv6 address is dual-stack unless v6only. The
+// options accepted connections share are set here once, because Linux
+// copies them from the listener to every connection it accepts:
+// TCP_NODELAY and the keepalive settings (keepalive < 0: off).
+func listenSocket(addr netip.AddrPort, v6only bool, keepalive time.Duration) (int, error) {
 	family := unix.AF_INET
 	if addr.Addr().Is6() {
 		family = unix.AF_INET6
@@ -35,7 +36,10 @@ func listenSocket(addr netip.AddrPort, keepalive time.Duration) (int, error) {
 		{unix.SOL_SOCKET, unix.SO_REUSEPORT, 1, "SO_REUSEPORT"},
 		{unix.IPPROTO_TCP, unix.TCP_NODELAY, 1, "TCP_NODELAY"},
 	}
-	if family == unix.AF_INET6 && addr.Addr().IsUnspecified() {
+	switch {
+	case v6only:
+		opts = append(opts, sockopt{unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1, "IPV6_V6ONLY"})
+	case family == unix.AF_INET6 && addr.Addr().IsUnspecified():
 		opts = append(opts, sockopt{unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 0, "IPV6_V6ONLY"}) // dual-stack, as Go's "tcp"
 	}
 	opts = append(opts, keepaliveOpts(keepalive, true)...)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -84,8 +85,9 @@ type udpFlow struct {
 }
 
 // udpFrontendAddrs lists the UDP frontends of snap: fixed ones, and NodePorts
-// as the unspecified IPv4 address with the NodePort.
-func udpFrontendAddrs(snap *lb.Snapshot) map[lb.Frontend]bool {
+// as each of nodePortAddrs (unspecified addresses, one per family) with the
+// NodePort.
+func udpFrontendAddrs(snap *lb.Snapshot, nodePortAddrs []netip.Addr) map[lb.Frontend]bool {
 	want := map[lb.Frontend]bool{}
 	for _, b := range snap.Balancers() {
 		svc := b.Service
@@ -98,10 +100,25 @@ func udpFrontendAddrs(snap *lb.Snapshot) map[lb.Frontend]bool {
 			}
 		}
 		if svc.NodePort != 0 {
-			want[lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(netip.IPv4Unspecified(), svc.NodePort)}] = true
+			for _, a := range nodePortAddrs {
+				want[lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(a, svc.NodePort)}] = true
+			}
 		}
 	}
 	return want
+}
+
+// udpNodePortAddrs are the unspecified addresses a UDP NodePort has a socket
+// on: 0.0.0.0, and also :: when a Redirect address is IPv6, as steering
+// rules then send IPv6 NodePort datagrams too (each family to its own
+// socket: see redirect.Ports.UDP). Frontends bound directly (BindFrontends
+// without Redirect) serve UDP NodePorts over IPv4 only.
+func (f *Forwarder) udpNodePortAddrs() []netip.Addr {
+	addrs := []netip.Addr{netip.IPv4Unspecified()}
+	if slices.ContainsFunc(f.cfg.Redirect, func(a netip.AddrPort) bool { return a.Addr().Is6() }) {
+		addrs = append(addrs, netip.IPv6Unspecified())
+	}
+	return addrs
 }
 
 func udpSocketName(k lb.Frontend) string { return "udp/" + k.Addr.String() }
@@ -124,7 +141,7 @@ func (f *Forwarder) reconcileUDP(snap *lb.Snapshot) []error {
 	if !f.cfg.BindFrontends && len(f.cfg.Redirect) == 0 {
 		return nil
 	}
-	want := udpFrontendAddrs(snap)
+	want := udpFrontendAddrs(snap, f.udpNodePortAddrs())
 	for k, fe := range f.udp {
 		if !want[k] {
 			fe.close()

@@ -1,22 +1,30 @@
 package lb
 
+import "slices"
+
 // Node is what the policy needs to know of the node it runs on.
 type Node struct {
-	Name string // matched against Endpoint.NodeName for Local traffic policies
-	Zone string // matched against Endpoint.ZoneHints for topology-aware routing
+	Name string // matched against Endpoint.NodeName (Local policies) and Endpoint.NodeHints
+	Zone string // matched against Endpoint.ZoneHints
 }
 
 // UsableEndpoints is the one policy that decides which endpoints of svc a
 // connection may reach, for traffic addressed to a ClusterIP (internal) and
 // to a NodePort, ExternalIP or LoadBalancer IP (external). Every mode uses it;
-// it mirrors kube-proxy's CategorizeEndpoints:
+// it mirrors kube-proxy's CategorizeEndpoints (pkg/proxy/topology.go, with
+// PreferSameTrafficDistribution on, as in Kubernetes 1.34):
 //
-//   - Cluster policy: ready endpoints, narrowed by topology hints when every
-//     ready endpoint has hints and some are for this node's zone; when no
-//     endpoint is ready, the serving and terminating ones, hints ignored (so
-//     a rolling update never blackholes traffic).
-//   - Local policy: the same, among endpoints on this node only; it never
-//     falls back to other nodes.
+//   - Cluster policy: ready endpoints, narrowed by topology hints (see
+//     topologyMode: this node's hints when every ready endpoint has node
+//     hints and one names this node, else this zone's on the same terms,
+//     else none); when no endpoint is ready, the serving and terminating
+//     ones, hints ignored (so a rolling update never blackholes traffic).
+//   - Local policy: the same, among endpoints on this node only, hints
+//     ignored; it never falls back to other nodes.
+//
+// The external result is meaningful for a Service with external frontends
+// (a NodePort, ExternalIPs or LoadBalancer IPs), which is when sources set
+// an external policy of Local, as kube-proxy honours it.
 //
 // The returned slices are freshly allocated; internal and external may be the
 // same slice when both policies are Cluster or both are Local.
@@ -26,14 +34,21 @@ func UsableEndpoints(svc *Service, node Node) (internal, external []Endpoint) {
 
 	var cluster, local []Endpoint
 	if needCluster {
-		var ready bool
-		if cluster, ready = usable(svc.Endpoints, nil); ready {
-			cluster = topologyFilter(cluster, node.Zone)
+		var keep func(*Endpoint) bool
+		switch topologyMode(svc.Endpoints, node) {
+		case topologyNode:
+			keep = func(ep *Endpoint) bool { return slices.Contains(ep.NodeHints, node.Name) }
+		case topologyZone:
+			keep = func(ep *Endpoint) bool { return slices.Contains(ep.ZoneHints, node.Zone) }
 		}
+		// With a topology mode, some ready endpoint passes keep, so the
+		// serving-terminating fallback (which ignores keep) is only ever
+		// taken when no endpoint at all is ready, as kube-proxy does.
+		cluster = usable(svc.Endpoints, keep)
 	}
 	if needLocal {
 		isLocal := func(ep *Endpoint) bool { return ep.NodeName != "" && ep.NodeName == node.Name }
-		local, _ = usable(svc.Endpoints, isLocal)
+		local = usable(svc.Endpoints, isLocal)
 	}
 	internal, external = cluster, cluster
 	if svc.InternalTrafficPolicy == PolicyLocal {
@@ -46,8 +61,8 @@ func UsableEndpoints(svc *Service, node Node) (internal, external []Endpoint) {
 }
 
 // usable returns the ready endpoints that pass keep, or, when there are none,
-// the serving and terminating ones; ready says which.
-func usable(eps []Endpoint, keep func(*Endpoint) bool) (out []Endpoint, ready bool) {
+// the serving and terminating ones that do.
+func usable(eps []Endpoint, keep func(*Endpoint) bool) []Endpoint {
 	var readyEps, fallback []Endpoint
 	for i := range eps {
 		ep := &eps[i]
@@ -62,32 +77,53 @@ func usable(eps []Endpoint, keep func(*Endpoint) bool) (out []Endpoint, ready bo
 		}
 	}
 	if len(readyEps) > 0 {
-		return readyEps, true
+		return readyEps
 	}
-	return fallback, false
+	return fallback
 }
 
-// topologyFilter narrows eps to those hinted for zone, as kube-proxy does:
-// only when every endpoint carries hints and at least one names this zone;
-// otherwise all of eps, so a half-rolled-out hint set never strands traffic.
-func topologyFilter(eps []Endpoint, zone string) []Endpoint {
-	if zone == "" || len(eps) == 0 {
-		return eps
-	}
-	var inZone []Endpoint
-	for _, ep := range eps {
+// topology is how a Cluster policy narrows its ready endpoints.
+type topology uint8
+
+const (
+	topologyNone topology = iota // every ready endpoint
+	topologyNode                 // those hinted for this node (trafficDistribution PreferSameNode)
+	topologyZone                 // those hinted for this node's zone (PreferSameZone, PreferClose, topology-aware routing)
+)
+
+// topologyMode is kube-proxy's topologyModeFromHints: among the ready
+// endpoints, node hints are used when every one has some and one names
+// this node; otherwise zone hints, on the same terms with this node's zone;
+// otherwise none. A half-rolled-out hint set, or hints that leave this
+// node or zone nothing, never strand traffic.
+func topologyMode(eps []Endpoint, node Node) topology {
+	anyReady := false
+	allNodeHints, forNode := true, false
+	allZoneHints, forZone := true, false
+	for i := range eps {
+		ep := &eps[i]
+		if !ep.Ready {
+			continue
+		}
+		anyReady = true
+		if len(ep.NodeHints) == 0 {
+			allNodeHints = false
+		} else if slices.Contains(ep.NodeHints, node.Name) {
+			forNode = true
+		}
 		if len(ep.ZoneHints) == 0 {
-			return eps
-		}
-		for _, z := range ep.ZoneHints {
-			if z == zone {
-				inZone = append(inZone, ep)
-				break
-			}
+			allZoneHints = false
+		} else if slices.Contains(ep.ZoneHints, node.Zone) {
+			forZone = true
 		}
 	}
-	if len(inZone) == 0 {
-		return eps
+	switch {
+	case !anyReady:
+		return topologyNone
+	case allNodeHints && forNode:
+		return topologyNode
+	case allZoneHints && forZone:
+		return topologyZone
 	}
-	return inZone
+	return topologyNone
 }

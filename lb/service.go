@@ -12,10 +12,13 @@ import (
 // Protocol is a Service port's transport protocol.
 type Protocol uint8
 
-// The protocols svcproxy forwards. The zero value is TCP, as in Kubernetes.
+// The protocols of Service ports. The zero value is TCP, as in Kubernetes.
+// SCTP is served by the kernel modes only: the userspace forwarder has no
+// SCTP sockets (Go has none) and leaves SCTP Service ports unserved.
 const (
 	TCP Protocol = iota
 	UDP
+	SCTP
 )
 
 func (p Protocol) String() string {
@@ -24,19 +27,23 @@ func (p Protocol) String() string {
 		return "TCP"
 	case UDP:
 		return "UDP"
+	case SCTP:
+		return "SCTP"
 	}
 	return fmt.Sprintf("Protocol(%d)", uint8(p))
 }
 
-// ParseProtocol accepts "TCP" or "UDP" in any case; "" means TCP.
+// ParseProtocol accepts "TCP", "UDP" or "SCTP" in any case; "" means TCP.
 func ParseProtocol(s string) (Protocol, error) {
 	switch strings.ToUpper(s) {
 	case "", "TCP":
 		return TCP, nil
 	case "UDP":
 		return UDP, nil
+	case "SCTP":
+		return SCTP, nil
 	}
-	return 0, fmt.Errorf("unsupported protocol %q (want TCP or UDP)", s)
+	return 0, fmt.Errorf("unsupported protocol %q (want TCP, UDP or SCTP)", s)
 }
 
 // ServicePortName names one port of one Service: the unit every mode balances.
@@ -153,6 +160,7 @@ type Endpoint struct {
 	NodeName    string
 	Zone        string
 	ZoneHints   []string // topology hints: zones this endpoint should serve
+	NodeHints   []string // topology hints: nodes this endpoint should serve (trafficDistribution PreferSameNode)
 }
 
 // Validate reports every problem with s, each naming the field.
@@ -167,7 +175,7 @@ func (s *Service) Validate() error {
 	if s.Name.Name == "" {
 		bad("name", "must not be empty")
 	}
-	if s.Protocol != TCP && s.Protocol != UDP {
+	if s.Protocol > SCTP {
 		bad("protocol", "unsupported protocol %v", s.Protocol)
 	}
 	if s.Port == 0 {

@@ -117,11 +117,49 @@ func (s *Store) Replace(services []Service) (*Snapshot, error) {
 	return snap, errors.Join(append(errs, err)...)
 }
 
+// Node returns the node the policy is evaluated for.
+func (s *Store) Node() Node {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.opts.Node
+}
+
+// SetNode changes the node the policy is evaluated for, as when the Node's
+// topology.kubernetes.io/zone label changes: every Service's usable
+// endpoints are decided again (backends keep their health and connection
+// counts; a Service the change cannot affect keeps its Balancer) and one
+// Snapshot is published. When n is already the node it
+// publishes nothing and returns the current Snapshot. The error is
+// Update's: frontend conflicts, which a new node does not change.
+func (s *Store) SetNode(n Node) (*Snapshot, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n == s.opts.Node {
+		return s.cur.Load(), nil
+	}
+	zoneOnly := n.Name == s.opts.Node.Name
+	s.opts.Node = n
+	for _, bal := range s.balancers {
+		if zoneOnly && !slices.ContainsFunc(bal.Service.Endpoints, func(ep Endpoint) bool { return len(ep.ZoneHints) > 0 }) {
+			continue // the zone decides nothing here: keep the Balancer
+		}
+		// Already validated and owned by the Store: decide it again.
+		s.balance(bal.Service)
+	}
+	return s.publish()
+}
+
 func (s *Store) upsert(in *Service) error {
 	if err := in.Validate(); err != nil {
 		return fmt.Errorf("service %v: %w", in.Name, err)
 	}
-	svc := cloneService(in)
+	s.balance(cloneService(in))
+	return nil
+}
+
+// balance decides svc's pools for the Store's node and makes them its
+// Balancer, replacing any previous one.
+func (s *Store) balance(svc *Service) {
 	rt := s.runtimes[svc.Name]
 	if rt == nil {
 		rt = &serviceRuntime{}
@@ -141,7 +179,6 @@ func (s *Store) upsert(in *Service) error {
 		s.unref(old)
 	}
 	s.balancers[svc.Name] = bal
-	return nil
 }
 
 func (s *Store) newPool(svc *Service, eps []Endpoint, external bool, rt *serviceRuntime, bal *Balancer) *Pool {
@@ -278,6 +315,7 @@ func cloneService(in *Service) *Service {
 		ep := &svc.Endpoints[i]
 		ep.Addr = netip.AddrPortFrom(ep.Addr.Addr().Unmap(), ep.Addr.Port())
 		ep.ZoneHints = slices.Clone(ep.ZoneHints)
+		ep.NodeHints = slices.Clone(ep.NodeHints)
 	}
 	return &svc
 }

@@ -284,6 +284,19 @@ func TestFrontendConflict(t *testing.T) {
 			b:        func(s *Service) { s.NodePort = 30080; s.Protocol = UDP },
 			frontend: Frontend{TCP, netip.MustParseAddrPort("192.0.2.1:30080")},
 		},
+		{
+			name:     "same clusterIP and nodePort, SCTP beside TCP",
+			a:        func(s *Service) { s.ClusterIPs = []netip.Addr{ip("10.96.0.1")}; s.NodePort = 30080 },
+			b:        func(s *Service) { s.ClusterIPs = []netip.Addr{ip("10.96.0.1")}; s.NodePort = 30080; s.Protocol = SCTP },
+			frontend: Frontend{TCP, netip.MustParseAddrPort("10.96.0.1:80")},
+		},
+		{
+			name:     "same clusterIP, both SCTP",
+			a:        func(s *Service) { s.ClusterIPs = []netip.Addr{ip("10.96.0.1")}; s.Protocol = SCTP },
+			b:        func(s *Service) { s.ClusterIPs = []netip.Addr{ip("10.96.0.1")}; s.Protocol = SCTP },
+			frontend: Frontend{SCTP, netip.MustParseAddrPort("10.96.0.1:80")},
+			conflict: true,
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b := base("a"), base("b")
@@ -790,7 +803,9 @@ func TestParseProtocol(t *testing.T) {
 		{in: "tcp", want: TCP},
 		{in: "UDP", want: UDP},
 		{in: "Udp", want: UDP},
-		{in: "SCTP", err: true},
+		{in: "SCTP", want: SCTP},
+		{in: "sctp", want: SCTP},
+		{in: "DCCP", err: true},
 	} {
 		t.Run(tc.in, func(t *testing.T) {
 			got, err := ParseProtocol(tc.in)
@@ -800,9 +815,67 @@ func TestParseProtocol(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || got != tc.want {
+			if err != nil || got != tc.want || (tc.in != "" && got.String() != strings.ToUpper(tc.in)) {
 				t.Errorf("ParseProtocol(%q) = %v, %v; want %v, nil", tc.in, got, err, tc.want)
 			}
 		})
+	}
+}
+
+// TestSetNode: a new zone decides the hinted Services again in one publish;
+// backends keep their state; Services the zone cannot affect keep their
+// Balancer; a new node name re-decides Local policies; the same node
+// publishes nothing.
+func TestSetNode(t *testing.T) {
+	hinted := testService("hinted", 0)
+	hinted.Endpoints = []Endpoint{
+		{Addr: backendAddr(0), Ready: true, Serving: true, NodeName: "n1", ZoneHints: []string{"z1"}},
+		{Addr: backendAddr(1), Ready: true, Serving: true, NodeName: "n2", ZoneHints: []string{"z2"}},
+	}
+	plain := testService("plain", 2)
+	plain.ClusterIPs = []netip.Addr{clusterIP(2)}
+	local := testService("local", 0)
+	local.ClusterIPs = []netip.Addr{clusterIP(3)}
+	local.InternalTrafficPolicy = PolicyLocal
+	local.Endpoints = []Endpoint{{Addr: backendAddr(2), Ready: true, Serving: true, NodeName: "n1"}}
+
+	s := newTestStore(StoreOptions{Node: Node{Name: "n1", Zone: "z1"}})
+	before := mustUpdate(t, s, hinted, plain, local)
+	backends := func(snap *Snapshot, name string) []netip.AddrPort {
+		var out []netip.AddrPort
+		for _, b := range snap.Balancer(nameOf(name)).Internal.Backends() {
+			out = append(out, b.Addr)
+		}
+		return out
+	}
+	if got := backends(before, "hinted"); !slices.Equal(got, []netip.AddrPort{backendAddr(0)}) {
+		t.Fatalf("zone z1: hinted backends %v, want %v", got, backendAddr(0))
+	}
+	failed := before.Balancer(nameOf("hinted")).Internal.Backends()[0]
+	failed.ReportFailure(t0)
+
+	if snap, err := s.SetNode(Node{Name: "n1", Zone: "z1"}); err != nil || snap != before {
+		t.Errorf("SetNode(same node) = v%d, %v; want the current snapshot v%d, no publish", snap.Version, err, before.Version)
+	}
+	after, err := s.SetNode(Node{Name: "n1", Zone: "z2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Version != before.Version+1 || s.Node() != (Node{Name: "n1", Zone: "z2"}) {
+		t.Errorf("after SetNode: version %d, node %+v; want %d, zone z2", after.Version, s.Node(), before.Version+1)
+	}
+	if got := backends(after, "hinted"); !slices.Equal(got, []netip.AddrPort{backendAddr(1)}) {
+		t.Errorf("zone z2: hinted backends %v, want %v", got, backendAddr(1))
+	}
+	if after.Balancer(nameOf("plain")) != before.Balancer(nameOf("plain")) || after.Balancer(nameOf("local")) != before.Balancer(nameOf("local")) {
+		t.Error("a zone change rebuilt Balancers it cannot affect")
+	}
+	back, _ := s.SetNode(Node{Name: "n1", Zone: "z1"})
+	if b := back.Balancer(nameOf("hinted")).Internal.Backends()[0]; b != failed || b.Failures() != 1 {
+		t.Errorf("back in z1: backend %p with %d failures, want the same %p with its 1 failure", b, b.Failures(), failed)
+	}
+	moved, _ := s.SetNode(Node{Name: "n2", Zone: "z1"})
+	if got := backends(moved, "local"); len(got) != 0 {
+		t.Errorf("on node n2: Local backends %v, want none (the endpoint is on n1)", got)
 	}
 }

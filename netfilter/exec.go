@@ -81,7 +81,7 @@ type ConntrackFilter struct {
 
 func (c ConntrackFilter) String() string {
 	var b strings.Builder
-	b.WriteString(protoName(c.Proto))
+	b.WriteString(ProtoName(c.Proto))
 	if c.OrigDst.IsValid() {
 		b.WriteString(" dst " + c.OrigDst.String())
 	}
@@ -96,7 +96,7 @@ func (c ConntrackFilter) String() string {
 
 // args are c as conntrack options.
 func (c ConntrackFilter) args() []string {
-	args := []string{"-p", protoName(c.Proto)}
+	args := []string{"-p", ProtoName(c.Proto)}
 	if c.OrigDst.IsValid() {
 		args = append(args, "--orig-dst", c.OrigDst.String())
 	}

@@ -67,6 +67,11 @@ var kernelCases = []kernelCase{
 		"-A SVCPROXY-M -m mark ! --mark 0x4000/0x4000 -j RETURN\n-A SVCPROXY-M -j MARK --set-xmark 0x4000/0x0\n-A SVCPROXY-M -j MASQUERADE\n" +
 		"-A POSTROUTING -j SVCPROXY-M\nCOMMIT\n", ok: true},
 	{name: "IPv6 DNAT", family: IPv6, rules: "*nat\n:SVCPROXY-D - [0:0]\n-A SVCPROXY-D -p tcp -j DNAT --to-destination [fd00::1]:8080\nCOMMIT\n", ok: true},
+	{name: "SCTP DNAT", rules: "*nat\n:SVCPROXY-D - [0:0]\n:SVCPROXY-D2 - [0:0]\n-A SVCPROXY-D -d 10.96.0.3/32 -p sctp -m sctp --dport 3868 -j SVCPROXY-D2\n" +
+		"-A SVCPROXY-D2 -p sctp -m statistic --mode random --probability 0.5 -j DNAT --to-destination 10.244.0.3:3868\n" +
+		"-A SVCPROXY-D2 -p sctp -j DNAT --to-destination 10.244.0.4:3868\nCOMMIT\n", ok: true},
+	{name: "SCTP REJECT", rules: "*filter\n-A INPUT -p sctp -m sctp --dport 3868 -j REJECT --reject-with icmp-port-unreachable\nCOMMIT\n", ok: true},
+	{name: "tcp-reset with -p sctp", rules: "*filter\n-A INPUT -p sctp -j REJECT --reject-with tcp-reset\nCOMMIT\n"},
 	{name: "DNAT in POSTROUTING", rules: "*nat\n-A POSTROUTING -p tcp -j DNAT --to-destination 10.0.0.1:80\nCOMMIT\n"},
 	{name: "DNAT reached from POSTROUTING", rules: "*nat\n:SVCPROXY-Y - [0:0]\n-A SVCPROXY-Y -p tcp -j DNAT --to-destination 10.0.0.1:80\n-A POSTROUTING -j SVCPROXY-Y\nCOMMIT\n"},
 	{name: "MASQUERADE in PREROUTING", rules: "*nat\n-A PREROUTING -j MASQUERADE\nCOMMIT\n"},
@@ -84,6 +89,7 @@ var kernelCases = []kernelCase{
 	{name: "MARK without an operation", rules: "*nat\n:SVCPROXY-X - [0:0]\n-A SVCPROXY-X -j MARK\nCOMMIT\n"},
 	{name: "hash:ip,port,ip members", ipset: "add svcproxy-h 10.244.0.1,tcp:8080,10.244.0.1\nadd svcproxy-h 10.244.0.2,udp:53,10.244.0.2\n", ok: true},
 	{name: "hash:ip,port,ip with protocol numbers", ipset: "add svcproxy-h 10.244.0.1,6:8080,10.244.0.1\nadd svcproxy-h 10.244.0.2,17:53,10.244.0.2\n", ok: true},
+	{name: "hash:ip,port,ip with sctp", ipset: "add svcproxy-h 10.244.0.3,sctp:3868,10.244.0.3\nadd svcproxy-h 10.244.0.4,132:3868,10.244.0.4\nadd svcproxy-t 10.96.0.3,sctp:3868\n", ok: true},
 	{name: "hash:ip,port,ip without the third element", ipset: "add svcproxy-h 10.244.0.1,tcp:8080\n"},
 	{name: "hash:ip,port,ip with a net", ipset: "add svcproxy-h 10.244.0.1,tcp:8080,10.244.0.0/24\n"},
 }
@@ -111,6 +117,11 @@ var canonicalCases = []struct {
 	{IPv4, "filter", "-d 10.96.0.12/32 -p tcp -m tcp --dport 80 -j REJECT --reject-with tcp-reset"},
 	{IPv4, "filter", "-p udp -m udp --dport 30053 -j REJECT --reject-with icmp-port-unreachable"},
 	{IPv4, "filter", "-m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT"},
+	{IPv4, "nat", "-d 10.96.0.3/32 -p sctp -m sctp --dport 3868 -j RETURN"},
+	{IPv4, "nat", "-p sctp -m statistic --mode random --probability 0.5 -j DNAT --to-destination 10.244.0.3:3868"},
+	{IPv4, "nat", "-p sctp -m recent --set --name SVCPROXY-X -j DNAT --to-destination 10.244.0.3:3868"},
+	{IPv4, "filter", "-p sctp -m sctp --dport 30868 -j REJECT --reject-with icmp-port-unreachable"},
+	{IPv6, "nat", "-d fd00::3/128 -p sctp -m sctp --dport 3868 -j RETURN"},
 	{IPv4, "filter", "-m mark --mark 0x4000/0x4000 -j ACCEPT"},
 	{IPv6, "nat", "-p tcp -m statistic --mode random --probability 0.25 -j DNAT --to-destination [fd00::1]:8080"},
 	{IPv6, "nat", "-m recent --rcheck --seconds 5 --reap --name SVCPROXY-X6 --rsource -j RETURN"},
@@ -175,10 +186,15 @@ func TestRuleRoundTrip(t *testing.T) {
 		}
 	}
 	// Spellings iptables-save may use mean the same rule.
-	a, _ := parseRule("-p udp --dport 53 -d 10.0.0.1 -j RETURN", IPv4)
-	b, _ := parseRule("-d 10.0.0.1/32 -p udp -m udp --dport 53 -j RETURN", IPv4)
-	if a.String() != b.String() {
-		t.Errorf("%q != %q", a, b)
+	for _, same := range [][2]string{
+		{"-p udp --dport 53 -d 10.0.0.1 -j RETURN", "-d 10.0.0.1/32 -p udp -m udp --dport 53 -j RETURN"},
+		{"-p 132 --dport 3868 -d 10.0.0.1 -j RETURN", "-d 10.0.0.1/32 -p sctp -m sctp --dport 3868 -j RETURN"},
+	} {
+		a, errA := parseRule(same[0], IPv4)
+		b, errB := parseRule(same[1], IPv4)
+		if errA != nil || errB != nil || a.String() != b.String() {
+			t.Errorf("%q != %q (%v, %v)", a, b, errA, errB)
+		}
 	}
 	if _, err := parseRule("-p tcp --dport", IPv4); err == nil {
 		t.Error("a dangling option parsed")
@@ -196,4 +212,24 @@ func TestTraceForeignRules(t *testing.T) {
 	checkTrace(t, f, pkt(lb.TCP, "10.0.0.1:80", Prerouting), accepted) // -i is not modelled: never matches
 	checkTrace(t, f, pkt(lb.TCP, "192.0.2.1:80", Output), Verdict{Action: Drop})
 	checkTrace(t, f, pkt(lb.TCP, "192.0.2.10:22", Prerouting), accepted)
+}
+
+func TestRestoreFailures(t *testing.T) {
+	ctx := context.Background()
+	f := NewFake()
+	var c RestoreFailures
+	good := []byte("*nat\n:SVCPROXY-X - [0:0]\nCOMMIT\n")
+	if err := c.Restore(ctx, f, IPv4, good); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Restore(ctx, f, IPv6, []byte("*nat\n-A PREROUTING -j NOPE\nCOMMIT\n")); err == nil {
+		t.Fatal("a restore the Fake refuses succeeded")
+	}
+	f.FailNext("iptables-restore", context.DeadlineExceeded)
+	if err := c.Restore(ctx, f, IPv4, good); err == nil {
+		t.Fatal("FailNext did not fail the restore")
+	}
+	if v4, v6 := c.Count(IPv4), c.Count(IPv6); v4 != 1 || v6 != 1 {
+		t.Errorf("failures IPv4 %d, IPv6 %d; want 1 each", v4, v6)
+	}
 }

@@ -83,9 +83,14 @@ func CanonicalMembers(typ string, family Family, m string) ([]string, error) {
 	return s.canon(m)
 }
 
-func protoName(p lb.Protocol) string {
-	if p == lb.UDP {
+// ProtoName is p as iptables, ipset and conntrack name it: "tcp", "udp"
+// or "sctp".
+func ProtoName(p lb.Protocol) string {
+	switch p {
+	case lb.UDP:
 		return "udp"
+	case lb.SCTP:
+		return "sctp"
 	}
 	return "tcp"
 }

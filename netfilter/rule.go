@@ -21,7 +21,7 @@ type rule struct {
 	srcNeg   bool
 	dst      netip.Prefix
 	dstNeg   bool
-	proto    string // "tcp", "udp" or "" (any)
+	proto    string // "tcp", "udp", "sctp" or "" (any)
 	dport    uint16
 	mark     uint32
 	markMask uint32
@@ -79,7 +79,7 @@ var ctStateOrder = []string{"INVALID", "NEW", "RELATED", "ESTABLISHED", "UNTRACK
 // String renders r as iptables-save does (without "-A CHAIN"): -s, -d, -p,
 // then the matches, then -j and its options. Two rules that mean the same
 // render the same, so String is also the comparison key. The matches come
-// in a fixed order (tcp/udp, mark, addrtype, conntrack, set, recent,
+// in a fixed order (tcp/udp/sctp, mark, addrtype, conntrack, set, recent,
 // statistic, comment): iptables-save prints them in the order they were
 // given, so rules written in this order read back unchanged.
 func (r *rule) String() string {
@@ -285,6 +285,8 @@ func parseRule(spec string, family Family) (*rule, error) {
 				r.proto = "tcp"
 			case "udp", "17":
 				r.proto = "udp"
+			case "sctp", "132":
+				r.proto = "sctp"
 			case "all", "0":
 			default:
 				r.extra = append(r.extra, t, v)
@@ -310,7 +312,7 @@ func parseRule(spec string, family Family) (*rule, error) {
 			}
 			inRecent, inStat = v == "recent", v == "statistic"
 			switch v {
-			case "tcp", "udp", "mark", "addrtype", "conntrack", "set", "comment":
+			case "tcp", "udp", "sctp", "mark", "addrtype", "conntrack", "set", "comment":
 				// Options are recognised by name below.
 			case "recent":
 				if r.recent != nil {
@@ -562,7 +564,7 @@ func parseRule(spec string, family Family) (*rule, error) {
 		return nil, errors.New("dangling !")
 	}
 	if r.dport != 0 && r.proto == "" {
-		return nil, errors.New("--dport needs -p tcp or -p udp")
+		return nil, errors.New("--dport needs -p tcp, -p udp or -p sctp")
 	}
 	if rc := r.recent; rc != nil {
 		if rc.op == "" {

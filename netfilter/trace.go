@@ -335,7 +335,7 @@ func (f *Fake) matches(r *rule, p *traced, tr *tracer) bool {
 	if r.opaque || len(r.extra) > 0 {
 		return false
 	}
-	if r.proto != "" && r.proto != protoName(p.Proto) {
+	if r.proto != "" && r.proto != ProtoName(p.Proto) {
 		return false
 	}
 	if r.src.IsValid() && r.src.Contains(p.Src.Addr()) == r.srcNeg {
@@ -472,6 +472,11 @@ func (f *Fake) setMatches(m setMatch, p *traced) bool {
 	}
 	switch s.typ {
 	case typePort:
+		// bitmap:port reads the port of TCP and UDP packets only
+		// (ip_set_get_ip_port): an SCTP packet never matches one.
+		if p.Proto != lb.TCP && p.Proto != lb.UDP {
+			return false
+		}
 		port := int(pick(0).Port())
 		_, ok := s.members[strconv.Itoa(port)]
 		return ok
@@ -491,7 +496,7 @@ func (f *Fake) setMatches(m setMatch, p *traced) bool {
 		if len(flags) < dims {
 			return false
 		}
-		key := pick(0).Addr().String() + "," + protoName(p.Proto) + ":" + strconv.Itoa(int(pick(1).Port()))
+		key := pick(0).Addr().String() + "," + ProtoName(p.Proto) + ":" + strconv.Itoa(int(pick(1).Port()))
 		if dims == 3 {
 			key += "," + pick(2).Addr().String()
 		}

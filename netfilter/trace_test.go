@@ -153,3 +153,43 @@ func TestTraceFilterAfterDNAT(t *testing.T) {
 		t.Errorf("marked forwarded traffic: %v, want a masqueraded DNAT", v)
 	}
 }
+
+// TestTraceSCTP checks protocol matching for SCTP as the kernel does it:
+// -p sctp -m sctp --dport matches only SCTP, a hash:ip,port member names
+// its protocol, and bitmap:port never matches an SCTP packet (the kernel's
+// ip_set_get_ip_port reads TCP and UDP ports only; checked against the
+// kernel in TestPrivilegedSCTPMatches).
+func TestTraceSCTP(t *testing.T) {
+	f := NewFake()
+	ctx := context.Background()
+	if err := f.IPSetRestore(ctx, []byte("create vips hash:ip,port family inet\nadd vips 10.96.0.5,sctp:3868\n"+
+		"create ports bitmap:port range 0-65535\nadd ports 30868\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.IPTablesRestore(ctx, IPv4, []byte(`*nat
+-A PREROUTING -d 10.96.0.3/32 -p sctp -m sctp --dport 3868 -j DNAT --to-destination 10.244.0.3:3868
+-A PREROUTING -d 10.96.0.4/32 -p tcp -m tcp --dport 3868 -j DNAT --to-destination 10.244.0.4:3868
+-A PREROUTING -m set --match-set vips dst,dst -j DNAT --to-destination 10.244.0.5
+-A PREROUTING -m set --match-set ports dst -j DNAT --to-destination 10.244.0.6
+COMMIT
+`)); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		proto lb.Protocol
+		dst   string
+		want  Verdict
+	}{
+		{lb.SCTP, "10.96.0.3:3868", dnatTo("10.244.0.3:3868", false)},
+		{lb.TCP, "10.96.0.3:3868", Verdict{Action: Accept}},
+		{lb.SCTP, "10.96.0.4:3868", Verdict{Action: Accept}},
+		{lb.SCTP, "10.96.0.5:3868", dnatTo("10.244.0.5:3868", false)},
+		{lb.TCP, "10.96.0.5:3868", Verdict{Action: Accept}},
+		{lb.UDP, "10.96.0.9:30868", dnatTo("10.244.0.6:30868", false)},
+		{lb.SCTP, "10.96.0.9:30868", Verdict{Action: Accept}},
+	} {
+		if got := f.Trace(pkt(tc.proto, tc.dst, Prerouting)); !got.same(tc.want) {
+			t.Errorf("%v to %s: %v, want %v", tc.proto, tc.dst, got, tc.want)
+		}
+	}
+}

@@ -71,6 +71,13 @@ func (r *Redirector) compute(snap *lb.Snapshot, ports Ports, spare map[member]st
 			continue
 		}
 		svc := bal.Service
+		if svc.Protocol == lb.SCTP {
+			// The forwarder cannot serve SCTP (no SCTP sockets), so SCTP
+			// frontends are left unsteered: neither redirected nor
+			// rejected, their packets go on as if svcproxy were not
+			// there. The forwarder warns once per Service port.
+			continue
+		}
 		if svc.Protocol != lb.TCP && svc.Protocol != lb.UDP {
 			errs = append(errs, fmt.Errorf("service %v: unsupported protocol %v", svc.Name, svc.Protocol))
 			continue

@@ -37,6 +37,11 @@
 // but whether a UDP frontend is steered or rejected is still decided by set
 // membership, so endpoints coming and going never rewrite a rule.
 //
+// SCTP frontends are not steered at all: the forwarder has no SCTP sockets
+// to serve them with (Go has none), and rejecting them would claim a
+// decision svcproxy cannot make. Their packets go on untouched, as if no
+// proxy ran; the kernel modes serve SCTP.
+//
 // # Syncing
 //
 // A full Apply reads the current rules (iptables-save) and sets, counts a

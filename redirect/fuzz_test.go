@@ -53,7 +53,7 @@ func fuzzServices(r *byteReader) []lb.Service {
 	for i := range n {
 		svc := lb.Service{
 			Name:                  lb.ServicePortName{Namespace: "ns", Name: fmt.Sprintf("s%d", r.pick(8))},
-			Protocol:              lb.Protocol(r.pick(2)),
+			Protocol:              lb.Protocol(r.pick(3)), // TCP, UDP or SCTP
 			Port:                  fuzzPorts[r.pick(len(fuzzPorts))],
 			NodePort:              fuzzNodePorts[r.pick(len(fuzzNodePorts))],
 			ExternalTrafficPolicy: lb.TrafficPolicy(r.pick(2)),
@@ -115,7 +115,7 @@ func fuzzPortsFor(r *byteReader, services []lb.Service) Ports {
 
 // expect computes, straight from the snapshot, where p should go.
 func expect(snap *lb.Snapshot, ports Ports, cfg Config, p netfilter.Packet) netfilter.Verdict {
-	if p.Mark&cfg.Mark == cfg.Mark {
+	if p.Mark&cfg.Mark == cfg.Mark || p.Proto == lb.SCTP { // SCTP is never steered
 		return accepted
 	}
 	dst := p.Dst
@@ -191,7 +191,7 @@ func fuzzPackets(services []lb.Service) []netfilter.Packet {
 	}
 	var out []netfilter.Packet
 	for d := range dsts {
-		for _, proto := range []lb.Protocol{lb.TCP, lb.UDP} {
+		for _, proto := range []lb.Protocol{lb.TCP, lb.UDP, lb.SCTP} {
 			for _, hook := range []netfilter.Hook{netfilter.Prerouting, netfilter.Output} {
 				if d.Addr().IsLoopback() && hook == netfilter.Prerouting {
 					continue

@@ -73,9 +73,10 @@ type Redirector struct {
 	// cur is what the last successful sync wrote; nil when this process
 	// wrote nothing yet or a sync failed (the kernel state is then unknown
 	// and the next Apply is a full one).
-	cur     *desired
-	spare   map[member]struct{} // an emptied members map for the next compute
-	repairs atomic.Uint64
+	cur      *desired
+	spare    map[member]struct{} // an emptied members map for the next compute
+	repairs  atomic.Uint64
+	restores netfilter.RestoreFailures
 }
 
 // New validates cfg and detects the iptables backend.
@@ -122,6 +123,11 @@ func (r *Redirector) Backend() string { return r.backend }
 // Repairs counts full syncs that found the rules or sets differing from what
 // this Redirector last wrote (someone tampered with them) and rewrote them.
 func (r *Redirector) Repairs() uint64 { return r.repairs.Load() }
+
+// RestoreFailures counts the iptables-restore runs of this Redirector's syncs
+// that failed for family (kube-proxy's
+// kubeproxy_sync_proxy_rules_iptables_restore_failures_total).
+func (r *Redirector) RestoreFailures(family netfilter.Family) uint64 { return r.restores.Count(family) }
 
 // wantedSets are the sets this configuration uses.
 func (r *Redirector) wantedSets() []setID {
@@ -208,7 +214,7 @@ func (r *Redirector) partialSync(ctx context.Context, want *desired) error {
 		if sameRules(want.rules[fam], r.cur.rules[fam]) {
 			continue
 		}
-		if err := r.exec.IPTablesRestore(ctx, fam, ruleScript(want.rules[fam], nil, nil)); err != nil {
+		if err := r.restores.Restore(ctx, r.exec, fam, ruleScript(want.rules[fam], nil, nil)); err != nil {
 			return fmt.Errorf("updating %v rules: %w", fam, err)
 		}
 	}
@@ -439,7 +445,7 @@ func (r *Redirector) fullSync(ctx context.Context, want *desired) error {
 		for _, lines := range tail {
 			slices.Sort(lines)
 		}
-		if err := r.exec.IPTablesRestore(ctx, fam, ruleScript(want.rules[fam], sortDecl(extra), tail)); err != nil {
+		if err := r.restores.Restore(ctx, r.exec, fam, ruleScript(want.rules[fam], sortDecl(extra), tail)); err != nil {
 			return fmt.Errorf("writing %v rules: %w", fam, err)
 		}
 	}

@@ -371,6 +371,9 @@ func TestFaults(t *testing.T) {
 		if r.Repairs() != 0 {
 			t.Errorf("Repairs = %d; a failed sync is not tampering", r.Repairs())
 		}
+		if n := r.RestoreFailures(netfilter.IPv4); n != 1 {
+			t.Errorf("RestoreFailures(IPv4) = %d, want 1", n)
+		}
 	})
 	t.Run("reading fails", func(t *testing.T) {
 		r, f := newFakeRedirector(t, Config{})
@@ -450,4 +453,43 @@ func TestFrontendConflict(t *testing.T) {
 	mustApply(t, r, snap, testPorts(), true)
 	checkTrace(t, f, pkt(lb.TCP, "10.96.0.1:80", netfilter.Prerouting), rejected) // a sorts first, and has no endpoints
 	checkTrace(t, f, pkt(lb.TCP, "192.0.2.10:30000", netfilter.Prerouting), rejected)
+}
+
+// TestSCTPUnsteered: an SCTP Service, with endpoints or without, is not
+// steered, nor rejected, nor an error: the forwarder cannot serve it, and
+// its packets go on untouched. Nothing else changes around it.
+func TestSCTPUnsteered(t *testing.T) {
+	r, f := newFakeRedirector(t, Config{IPv6: true})
+	services := append(testServices(),
+		lb.Service{Name: lb.ServicePortName{Namespace: "default", Name: "diameter"}, Protocol: lb.SCTP, Port: 3868,
+			ClusterIPs: []netip.Addr{ip("10.96.0.38")}, ExternalIPs: []netip.Addr{ip("203.0.113.38")}, NodePort: 30868,
+			Endpoints: []lb.Endpoint{{Addr: ap("10.244.7.1:3868"), Ready: true, Serving: true}}},
+		lb.Service{Name: lb.ServicePortName{Namespace: "default", Name: "dead-sctp"}, Protocol: lb.SCTP, Port: 3868,
+			ClusterIPs: []netip.Addr{ip("10.96.0.39")}, NodePort: 30869},
+		// The same VIP and port as a TCP Service: only TCP is steered.
+		lb.Service{Name: lb.ServicePortName{Namespace: "default", Name: "web-sctp"}, Protocol: lb.SCTP, Port: 80,
+			ClusterIPs: []netip.Addr{ip("10.96.0.10")}, NodePort: 30080},
+	)
+	mustApply(t, r, store(t, services...).Snapshot(), testPorts(), true)
+	for _, tc := range []struct {
+		name string
+		p    netfilter.Packet
+		want netfilter.Verdict
+	}{
+		{"SCTP ClusterIP", pkt(lb.SCTP, "10.96.0.38:3868", netfilter.Prerouting), accepted},
+		{"SCTP ClusterIP from the node", pkt(lb.SCTP, "10.96.0.38:3868", netfilter.Output), accepted},
+		{"SCTP ExternalIP", pkt(lb.SCTP, "203.0.113.38:3868", netfilter.Prerouting), accepted},
+		{"SCTP NodePort", pkt(lb.SCTP, "192.0.2.10:30868", netfilter.Prerouting), accepted},
+		{"SCTP without endpoints: not rejected", pkt(lb.SCTP, "10.96.0.39:3868", netfilter.Prerouting), accepted},
+		{"SCTP NodePort without endpoints: not rejected", pkt(lb.SCTP, "192.0.2.10:30869", netfilter.Prerouting), accepted},
+		{"SCTP on a TCP Service's VIP and port", pkt(lb.SCTP, "10.96.0.10:80", netfilter.Prerouting), accepted},
+		{"SCTP on a TCP Service's NodePort", pkt(lb.SCTP, "192.0.2.10:30080", netfilter.Prerouting), accepted},
+		{"TCP beside it still steered", pkt(lb.TCP, "10.96.0.10:80", netfilter.Prerouting), redirected(testTCPPort)},
+		{"TCP NodePort beside it still steered", pkt(lb.TCP, "192.0.2.10:30080", netfilter.Prerouting), redirected(testTCPPort)},
+	} {
+		t.Run(tc.name, func(t *testing.T) { checkTrace(t, f, tc.p, tc.want) })
+	}
+	if dump := f.Dump(); strings.Contains(dump, "sctp") {
+		t.Errorf("SCTP in the rules or sets:\n%s", dump)
+	}
 }

@@ -147,12 +147,5 @@ func (m member) String() string {
 		}
 		return netip.PrefixFrom(a, int(m.bits)).String()
 	}
-	return m.ip().String() + "," + protoName(m.proto) + ":" + strconv.Itoa(int(m.port))
-}
-
-func protoName(p lb.Protocol) string {
-	if p == lb.UDP {
-		return "udp"
-	}
-	return "tcp"
+	return m.ip().String() + "," + netfilter.ProtoName(m.proto) + ":" + strconv.Itoa(int(m.port))
 }

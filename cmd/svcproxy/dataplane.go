@@ -84,14 +84,14 @@ func newDataplane(ctx context.Context, mode proxymode.Mode, o *options, reg prom
 			return nil, err
 		}
 		log.Info("kernel DNAT mode", zap.String("iptables", m.Backend()))
-		return newKernel("iptables", m, reg), nil
+		return newKernel("iptables", m, reg, ipFamilies(o)), nil
 	case proxymode.IPVS:
 		m, err := newIPVSMode(o, log)
 		if err != nil {
 			return nil, err
 		}
 		go m.RunSweeper(ctx)
-		return newKernel("ipvs", m, reg), nil
+		return newKernel("ipvs", m, reg, ipFamilies(o)), nil
 	}
 	return nil, fmt.Errorf("proxy mode %s is not built into this svcproxy", mode)
 }
@@ -152,8 +152,8 @@ func newUserspace(o *options, reg prometheus.Registerer, log *zap.Logger, clog *
 	}
 	u := &userspace{port: o.redirectPort, log: log}
 	if steer {
-		cfg.Redirect = []netip.AddrPort{netip.AddrPortFrom(netip.IPv4Unspecified(), o.redirectPort)}
-		red, err := redirect.New(redirect.Config{Mark: uint32(o.mark), NodePortAddresses: o.nodePortAddresses, Logger: log})
+		cfg.Redirect = redirectAddrs(o)
+		red, err := redirect.New(redirectConfig(o, log))
 		if err != nil {
 			return nil, err
 		}
@@ -161,6 +161,7 @@ func newUserspace(o *options, reg prometheus.Registerer, log *zap.Logger, clog *
 			Namespace: "svcproxy", Subsystem: "redirect", Name: "repairs_total",
 			Help: "Full syncs that found svcproxy's rules or sets tampered with and repaired them.",
 		}, func() float64 { return float64(red.Repairs()) }))
+		registerRestoreFailures(reg, ipFamilies(o), red.RestoreFailures)
 		log.Info("steering with iptables REDIRECT", zap.String("iptables", red.Backend()), zap.Uint16("redirectPort", o.redirectPort))
 		u.red = red
 	}
@@ -170,6 +171,20 @@ func newUserspace(o *options, reg prometheus.Registerer, log *zap.Logger, clog *
 	}
 	u.fwd = fwd
 	return u, nil
+}
+
+// redirectAddrs are the forwarder's redirect listeners: 0.0.0.0:port, and
+// [::]:port when the node serves IPv6.
+func redirectAddrs(o *options) []netip.AddrPort {
+	addrs := []netip.AddrPort{netip.AddrPortFrom(netip.IPv4Unspecified(), o.redirectPort)}
+	if o.ipv6 {
+		addrs = append(addrs, netip.AddrPortFrom(netip.IPv6Unspecified(), o.redirectPort))
+	}
+	return addrs
+}
+
+func redirectConfig(o *options, log *zap.Logger) redirect.Config {
+	return redirect.Config{Mark: uint32(o.mark), NodePortAddresses: o.nodePortAddresses, IPv6: o.ipv6, Logger: log}
 }
 
 func (u *userspace) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {

@@ -21,6 +21,7 @@ type kernelMode interface {
 	Apply(ctx context.Context, snap *lb.Snapshot, full bool) error
 	Cleanup(ctx context.Context) error
 	Repairs() uint64
+	RestoreFailures(family netfilter.Family) uint64
 }
 
 // kernel drives a kernel mode. On exit it leaves the rules in place, as
@@ -35,29 +36,42 @@ func (k kernel) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
 func (k kernel) Shutdown(context.Context, bool) error { return nil }
 
 func newIPTablesMode(o *options, log *zap.Logger) (*iptables.Mode, error) {
-	return iptables.New(iptables.Config{
+	return iptables.New(iptablesConfig(o, log))
+}
+
+func iptablesConfig(o *options, log *zap.Logger) iptables.Config {
+	return iptables.Config{
 		NodePortAddresses: o.nodePortAddresses,
 		ClusterCIDRs:      o.clusterCIDRs,
 		MasqueradeAll:     o.masqueradeAll,
 		Mark:              o.masqueradeMark,
 		AvoidMark:         uint32(max(o.mark, 0)),
+		IPv6:              o.ipv6,
 		Logger:            log,
-	})
+	}
 }
 
 func newIPVSMode(o *options, log *zap.Logger) (*ipvs.Mode, error) {
-	return ipvs.New(ipvs.Config{
+	return ipvs.New(ipvsConfig(o, log))
+}
+
+func ipvsConfig(o *options, log *zap.Logger) ipvs.Config {
+	return ipvs.Config{
 		Scheduler:         o.ipvsScheduler,
 		NodePortAddresses: o.nodePortAddresses,
 		MasqueradeAll:     o.masqueradeAll,
 		Mark:              o.masqueradeMark,
 		DrainTimeout:      o.drainTimeout,
+		IPv6:              o.ipv6,
 		Logger:            log,
-	})
+	}
 }
 
-// newKernel builds a kernel mode's dataplane and exports its repair count.
-func newKernel(name string, m kernelMode, reg prometheus.Registerer) kernel {
+// newKernel builds a kernel mode's dataplane and exports its repair and
+// iptables-restore failure counts, the latter per family it programs
+// (families: kube-proxy's ip_family label values).
+func newKernel(name string, m kernelMode, reg prometheus.Registerer, families []string) kernel {
+	registerRestoreFailures(reg, families, m.RestoreFailures)
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Namespace: "svcproxy", Subsystem: name, Name: "repairs_total",
 		Help: "Full syncs that found the " + name + " mode's rules tampered with and repaired them.",

@@ -78,16 +78,15 @@ func run(o *options) error {
 	if o.writeConfigTo != "" {
 		return writeConfig(o, o.writeConfigTo)
 	}
-	cluster := o.kubeconfig != "" || o.master != "" || o.inCluster
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerBuildInfo(reg, readBuildInfo())
-	m := newDaemonMetrics(reg)
 
 	var kubeClient kubernetes.Interface
 	var node *corev1.Node
-	if cluster {
+	zone := o.zone // without --zone, the Node's label, followed live by the kube source
+	if o.kubeconfig != "" || o.master != "" || o.inCluster {
 		kube.RegisterRESTClientMetrics(reg)
 		if kubeClient, err = kube.NewClient(kube.ClientConfig{Kubeconfig: o.kubeconfig, Master: o.master,
 			QPS: o.kubeAPIQPS, Burst: o.kubeAPIBurst, ContentType: o.kubeAPIContentType}); err != nil {
@@ -99,45 +98,27 @@ func run(o *options) error {
 		if err != nil {
 			log.Warn("carrying on without this node's Node object: no zone, no proxy-mode annotation", zap.Error(err))
 		}
-		if o.zone == "" {
-			o.zone = kube.Zone(node)
+		if zone == "" {
+			zone = kube.Zone(node)
 		}
 	}
 	if w := o.resolvePrimary(node); w != "" {
 		log.Warn(w)
 	}
 	store := lb.NewStore(lb.StoreOptions{
-		Node:             lb.Node{Name: o.hostname, Zone: o.zone},
+		Node:             lb.Node{Name: o.hostname, Zone: zone},
 		DefaultAlgorithm: o.algorithm,
 	})
 
-	// The first sync waits for the source's first load, as kube-proxy waits
-	// for its informers: an empty first sync would drop every Service (and
-	// tell a predecessor to stop while serving nothing).
-	loaded, loadedOnce := make(chan struct{}), sync.Once{}
-	sourceLoaded := func(services int, err error) {
-		loadedOnce.Do(func() { close(loaded) })
-		m.services.Set(float64(services))
-		if err != nil {
-			m.sourceErrors.Inc()
-		}
-	}
+	// The services file's first load, before anything starts and above all
+	// before taking over from a running svcproxy: a file with problems ends
+	// this one, listing them all, and leaves a running one be. (Run does
+	// not parse the same content again.)
 	watcher := &file.Watcher{Path: o.services, Data: examples.Services, Store: store, Logger: log}
-	if !cluster {
-		reloads := newReloadMetrics(reg)
-		watcher.OnReload = func(services int, err error) {
-			reloads.loaded(err, time.Now())
-			if err != nil { // nothing applied
-				m.services.Set(float64(services))
-				m.sourceErrors.Inc()
-				return
-			}
-			sourceLoaded(services, nil)
-		}
-		// The first load, before anything starts and above all before
-		// taking over from a running svcproxy: a file with problems ends
-		// this one, listing them all, and leaves a running one be. (Run
-		// does not parse the same content again.)
+	var reloads *reloadMetrics
+	if kubeClient == nil {
+		reloads = newReloadMetrics(reg)
+		watcher.OnReload = func(_ int, err error) { reloads.loaded(err, time.Now()) }
 		if err := watcher.Reload(); err != nil {
 			return fmt.Errorf("nothing started (svcproxy --check lists the same problems): %w", err)
 		}
@@ -156,6 +137,8 @@ func run(o *options) error {
 	if err != nil {
 		return err
 	}
+	unserved := newUnservedIPv6(detectIPv6(ctx, hostIPv6, choice.Mode, o, log), log)
+	m := newDaemonMetrics(reg, ipFamilies(o))
 	m.mode.WithLabelValues(string(choice.Mode), string(choice.Requested)).Set(1)
 	if choice.Mode != choice.Requested {
 		log.Warn("proxy mode fell back", zap.Stringer("choice", choice))
@@ -209,6 +192,7 @@ func run(o *options) error {
 		stopAccepting = h.StopAccepting
 	}
 	syncer := newSyncer(store, dp, m, tracker, o.minSyncPeriod, o.syncPeriod, func(ctx context.Context, snap *lb.Snapshot) {
+		unserved.check(snap)
 		memory.Applied(snap)
 		succ.serving(ctx, sockets, stopAccepting)
 	})
@@ -220,6 +204,29 @@ func run(o *options) error {
 		}
 	}()
 
+	// The first sync waits for the source's first load, as kube-proxy waits
+	// for its informers: an empty first sync would drop every Service (and
+	// tell a predecessor to stop while serving nothing).
+	loaded, loadedOnce := make(chan struct{}), sync.Once{}
+	sourceLoaded := func(services int, err error) {
+		loadedOnce.Do(func() { close(loaded) })
+		m.services.Set(float64(services))
+		if err != nil {
+			m.sourceErrors.Inc()
+		}
+	}
+	if kubeClient == nil {
+		watcher.OnReload = func(services int, err error) {
+			reloads.loaded(err, time.Now())
+			if err != nil { // nothing applied: the Services before stay
+				m.services.Set(float64(services))
+				m.sourceErrors.Inc()
+				return
+			}
+			sourceLoaded(services, nil)
+		}
+		sourceLoaded(store.Snapshot().Len(), nil) // the first load, above
+	}
 	if o.services == "" && kubeClient == nil {
 		log.Info("no --services given: serving the embedded example services file")
 	}
@@ -228,7 +235,7 @@ func run(o *options) error {
 		hc := healthcheck.New(healthcheck.Config{Healthy: func() bool { return tracker.Status().Healthy }, Logger: log})
 		defer hc.Close()
 		go func() {
-			watchErr <- kube.Run(ctx, kube.Options{Client: kubeClient, NodeName: o.hostname, ProxyName: o.proxyName,
+			watchErr <- kube.Run(ctx, kube.Options{Client: kubeClient, NodeName: o.hostname, Zone: o.zone, ProxyName: o.proxyName,
 				MinSyncPeriod: o.minSyncPeriod, ResyncPeriod: o.configSyncPeriod,
 				Logger: log, Metrics: kube.NewMetrics(reg), Health: tracker, HealthCheck: hc, Changes: m.changes, OnSync: sourceLoaded}, store)
 		}()

@@ -10,22 +10,19 @@ import (
 
 	"github.com/svcproxy/svcproxy/health"
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 	"github.com/svcproxy/svcproxy/runner"
 )
-
-// programmedFamilies are the IP families the proxy modes program, as
-// kube-proxy's ip_family label values. cmd/svcproxy turns on no mode's IPv6
-// support yet (issue 12, dual-stack); add runner.IPv6 when it does.
-var programmedFamilies = []string{runner.IPv4}
 
 // daemonMetrics are the daemon's metrics: the sync loop's (runner.Metrics:
 // kube-proxy's kubeproxy_sync_proxy_rules_* and svcproxy_sync_*), the
 // changes followed to the sync that programs them, the health endpoints',
 // and svcproxy's own below.
 type daemonMetrics struct {
-	sync    *runner.Metrics
-	changes *runner.Changes
-	health  *health.Metrics
+	sync     *runner.Metrics
+	changes  *runner.Changes
+	health   *health.Metrics
+	families []string // the ip_family label values: the families the mode programs
 
 	networkProgramming prometheus.Histogram
 	services           prometheus.Gauge
@@ -35,12 +32,15 @@ type daemonMetrics struct {
 	programmed uint64 // the newest snapshot version synced; the sync loop's only
 }
 
-func newDaemonMetrics(reg prometheus.Registerer) *daemonMetrics {
-	syncMetrics := runner.NewMetrics(reg, programmedFamilies...)
+// newDaemonMetrics registers the daemon's metrics; families are the IP
+// families the mode programs (ipFamilies).
+func newDaemonMetrics(reg prometheus.Registerer, families []string) *daemonMetrics {
+	syncMetrics := runner.NewMetrics(reg, families...)
 	m := &daemonMetrics{
-		sync:    syncMetrics,
-		changes: runner.NewChanges(syncMetrics, nil),
-		health:  health.NewMetrics(reg),
+		sync:     syncMetrics,
+		changes:  runner.NewChanges(syncMetrics, nil),
+		health:   health.NewMetrics(reg),
+		families: families,
 		networkProgramming: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "svcproxy", Name: "network_programming_duration_seconds",
 			Help:    "From a change reaching the load-balancer store to the proxy mode serving it.",
@@ -104,6 +104,25 @@ func (m *reloadMetrics) loaded(err error, now time.Time) {
 	m.lastSuccess.Set(float64(now.UnixNano()) / 1e9)
 }
 
+// registerRestoreFailures exports a mode's failed iptables-restore runs as
+// kube-proxy's kubeproxy_sync_proxy_rules_iptables_restore_failures_total,
+// one series per programmed ip_family, with its help text. kube-proxy
+// counts them in its iptables and IPVS modes; svcproxy also in the
+// userspace mode's REDIRECT steering, which writes its rules the same way.
+func registerRestoreFailures(reg prometheus.Registerer, families []string, failures func(netfilter.Family) uint64) {
+	for _, fam := range families {
+		f := netfilter.IPv4
+		if fam == runner.IPv6 {
+			f = netfilter.IPv6
+		}
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Subsystem: "kubeproxy", Name: "sync_proxy_rules_iptables_restore_failures_total",
+			Help:        "Cumulative proxy iptables restore failures",
+			ConstLabels: prometheus.Labels{"ip_family": fam},
+		}, func() float64 { return float64(failures(f)) }))
+	}
+}
+
 // synced records what a successful sync of snap programmed: each change it
 // carried (network programming latency, pending changes), svcproxy's
 // store-to-served latency once per snapshot, and the Services with a Local
@@ -114,7 +133,7 @@ func (m *daemonMetrics) synced(snap *lb.Snapshot) {
 		m.networkProgramming.Observe(time.Since(snap.Time).Seconds())
 		m.programmed = snap.Version
 	}
-	for _, fam := range programmedFamilies {
+	for _, fam := range m.families {
 		internal, external := noLocalEndpoints(snap, fam)
 		m.sync.SetNoLocalEndpoints(fam, internal, external)
 	}
@@ -122,8 +141,8 @@ func (m *daemonMetrics) synced(snap *lb.Snapshot) {
 
 // newSyncer returns the sync loop that carries store's snapshots to dp.
 // After each successful sync it records what was programmed, tells the
-// health tracker and calls served (nil: nothing) with the snapshot applied;
-// a failed sync is counted and retried by the runner, and moves neither.
+// health tracker and calls served with the snapshot (nil: nothing); a
+// failed sync is counted and retried by the runner, and moves neither.
 func newSyncer(store *lb.Store, dp dataplane, m *daemonMetrics, tracker *health.Tracker, minSync, maxSync time.Duration, served func(context.Context, *lb.Snapshot)) *runner.Runner {
 	r := runner.New(func(ctx context.Context, full bool) error {
 		snap := store.Snapshot()

@@ -27,7 +27,9 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/svcproxy/svcproxy/health"
+	"github.com/svcproxy/svcproxy/kernelmodes/iptables"
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 	"github.com/svcproxy/svcproxy/source/kube"
 )
 
@@ -67,7 +69,7 @@ func startDaemon(t *testing.T) *daemon {
 	ctx, cancel := context.WithCancel(context.Background())
 	log := zaptest.NewLogger(t)
 	reg := prometheus.NewPedanticRegistry()
-	m := newDaemonMetrics(reg)
+	m := newDaemonMetrics(reg, ipFamilies(&options{}))
 	tracker := health.NewTracker(time.Minute, nil)
 	store := lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: "node-a"}})
 	d := &daemon{t: t, client: fake.NewClientset(), dp: &faultyDataplane{}}
@@ -567,4 +569,48 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestIPTablesRestoreFailuresMetric: the iptables mode, over the netfilter
+// Fake, fails an iptables-restore; /metrics shows kube-proxy's
+// kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family}
+// move by one, and not on the good syncs around it.
+func TestIPTablesRestoreFailuresMetric(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	newDaemonMetrics(reg, ipFamilies(&options{})) // beside the daemon's other metrics, as run() registers them
+	f := netfilter.NewFake()
+	mode, err := iptables.New(iptables.Config{Exec: f, FullSyncPeriod: -1, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := newKernel("iptables", mode, reg, ipFamilies(&options{}))
+	web := &httpServers{log: zaptest.NewLogger(t)}
+	web.serve("metrics", "127.0.0.1:0", metricsHandler(reg, "iptables"))
+	t.Cleanup(func() { web.shutdown(context.Background()) })
+	d := &daemon{t: t, metrics: "http://" + web.lns["http/metrics"].Addr().String()}
+
+	store := lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: "node-a"}})
+	snap, err := store.Replace([]lb.Service{{Name: lb.ServicePortName{Namespace: "ns", Name: "web"}, Port: 80,
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+		Endpoints:  []lb.Endpoint{{Addr: netip.MustParseAddrPort("10.244.0.1:8080"), Ready: true, Serving: true}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const key = `kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"}`
+	ctx := context.Background()
+	step := func(name string, fail bool, want float64) {
+		t.Helper()
+		if fail {
+			f.FailNext("iptables-restore", errors.New("injected: iptables-restore exited 1"))
+		}
+		if err := k.Apply(ctx, snap, true); (err != nil) != fail {
+			t.Fatalf("%s: Apply = %v, want failure %v", name, err, fail)
+		}
+		if got, ok := d.scrape()[key]; !ok || got != want {
+			t.Errorf("%s: %s = %v (present %v), want %v", name, key, got, ok, want)
+		}
+	}
+	step("a good sync", false, 0)
+	step("a failed restore", true, 1)
+	step("the good sync after it", false, 1)
 }

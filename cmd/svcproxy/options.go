@@ -44,6 +44,7 @@ type options struct {
 	bindAddress       netip.Addr // kube-proxy's --bind-address: this node's primary IP of its family; unspecified: from the Node
 	nodePortAddresses []netip.Prefix
 	nodePortPrimary   bool // --nodeport-addresses=primary: the node's primary IPs, resolved once the Node is known
+	ipv6              bool // the node serves IPv6 too: set by detectIPv6, not a flag
 	cleanup           bool
 	force             bool   // --cleanup even while a running svcproxy owns the rules
 	check             bool   // --check: validate the files and exit
@@ -292,7 +293,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 		fs.DurationVar(&o.configSyncPeriod, "config-sync-period", 15*time.Minute, "how often the informers re-deliver their cached objects; 0: never")
 		fs.StringVar(&o.proxyName, "proxy-name", "", "serve only Services labelled service.kubernetes.io/service-proxy-name=<this>, so proxies can split a cluster's Services; empty: only Services without that label, as kube-proxy")
 		fs.StringVar(&o.hostname, "hostname-override", host, "this node's name, matched against endpoints' nodeName for Local traffic policies")
-		fs.StringVar(&o.zone, "zone", "", "this node's topology zone, for topology-aware routing hints; empty: the Node's topology.kubernetes.io/zone label")
+		fs.StringVar(&o.zone, "zone", "", "this node's topology zone, for topology-aware routing hints; empty: the Node's topology.kubernetes.io/zone label, followed as it changes")
 	})
 	secs.section("Proxy mode", false, func() {
 		proxyMode = fs.String("proxy-mode", "", "userspace (the forwarder), iptables (kernel DNAT) or ipvs; empty: the Node's net.experimental.kubernetes.io/proxy-mode annotation, else userspace. A mode the kernel cannot run falls back ipvs → iptables → userspace")

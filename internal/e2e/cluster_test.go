@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -133,9 +134,11 @@ func newNode(t *testing.T, backends int, extraServices string) *cluster {
 	c := &cluster{t: t, topo: topo, dir: t.TempDir()}
 	// The node's own connections to a Service IP need a route before the
 	// nat OUTPUT hook sees them (on a real node the default route does it;
-	// these namespaces have none): send the VIP range to lo.
-	if out, err := topo.Node.Command(context.Background(), "ip", "route", "add", topology.FreeRange.String(), "dev", "lo").CombinedOutput(); err != nil {
-		t.Fatalf("adding the Service route: %v: %s", err, out)
+	// these namespaces have none): send the VIP ranges to lo.
+	for _, vips := range []netip.Prefix{topology.FreeRange, topology.FreeRange6} {
+		if out, err := topo.Node.Command(context.Background(), "ip", "route", "add", vips.String(), "dev", "lo").CombinedOutput(); err != nil {
+			t.Fatalf("adding the Service route: %v: %s", err, out)
+		}
 	}
 	c.saved = c.nodeRules()
 	for i, h := range topo.Backends {

@@ -20,6 +20,14 @@
 // every host through the node (see [Topology.AddNodeAddress]). Nothing is
 // ever created in, or changed in, the namespace the caller runs in.
 //
+// Every host is dual-stack, with the same plan in unique local IPv6
+// addresses: the node fd00:18::1 (on lo and every link, IPv6 forwarding on),
+// client i fd00:18:1::(i+1), backend i fd00:18:2::(i+1), each routing
+// fd00:18::/31 ([Range6]) via the node, and fd00:19::/32 ([FreeRange6]) free
+// for Service VIPs. IPv6 has no peer addresses: the node routes each host's
+// /128 to its link. Duplicate address detection is off in the topology's
+// namespaces, so every address works at once.
+//
 // Namespaces are named Prefix + "<pid>-<6 hex digits>-<role>", e.g.
 // "svcproxy-4242-a1b2c3-backend0", so parallel runs do not clash and
 // [Cleanup] can tell a crashed run's leftovers from a live run's namespaces.

@@ -16,9 +16,9 @@ import (
 
 // The address plan. Every address a topology uses is in Range.
 var (
-	// Range holds every address of every topology; clients and backends
-	// route it (and nothing else) via the node. AddNodeAddress accepts only
-	// prefixes inside it.
+	// Range holds every IPv4 address of every topology; clients and
+	// backends route it (and nothing else) via the node. AddNodeAddress
+	// accepts only prefixes inside it (or Range6).
 	Range = netip.MustParsePrefix("198.18.0.0/15")
 	// NodeAddr is the node's address, on its lo and on every link.
 	NodeAddr = netip.MustParseAddr("198.18.0.1")
@@ -27,6 +27,15 @@ var (
 
 	clientNet  = netip.MustParsePrefix("198.18.1.0/24") // client i: .(i+1)
 	backendNet = netip.MustParsePrefix("198.18.2.0/24") // backend i: .(i+1)
+
+	// The IPv6 plan, alongside: unique local addresses laid out as the
+	// IPv4 ones (fd00:18::/32 for hosts, fd00:19::/32 free).
+	Range6     = netip.MustParsePrefix("fd00:18::/31")
+	NodeAddr6  = netip.MustParseAddr("fd00:18::1")
+	FreeRange6 = netip.MustParsePrefix("fd00:19::/32")
+
+	clientNet6  = netip.MustParsePrefix("fd00:18:1::/64") // client i: ::(i+1)
+	backendNet6 = netip.MustParsePrefix("fd00:18:2::/64") // backend i: ::(i+1)
 )
 
 const (
@@ -97,6 +106,7 @@ type Host struct {
 	Name     string     // role: "node", "client0", "backend0", ...
 	NS       string     // namespace name, as `ip netns` knows it
 	Addr     netip.Addr // its address on its link(s) to the node
+	Addr6    netip.Addr // its IPv6 address, likewise
 	NodeLink string     // the node-side veth of its link ("c0", "b1"); empty for the node
 }
 
@@ -158,20 +168,20 @@ func supported() error {
 // plan names and addresses every host; it makes nothing.
 func plan(o Options, base string) *Topology {
 	t := &Topology{
-		Node:    &Host{Name: "node", NS: base + "-node", Addr: NodeAddr},
+		Node:    &Host{Name: "node", NS: base + "-node", Addr: NodeAddr, Addr6: NodeAddr6},
 		signals: !o.NoSignalCleanup,
 	}
-	host := func(role string, i int, subnet netip.Prefix, link string) *Host {
-		a := subnet.Addr().As4()
-		a[3] = byte(i + 1)
+	host := func(role string, i int, subnet, subnet6 netip.Prefix, link string) *Host {
+		a, a6 := subnet.Addr().As4(), subnet6.Addr().As16()
+		a[3], a6[15] = byte(i+1), byte(i+1)
 		name := fmt.Sprintf("%s%d", role, i)
-		return &Host{Name: name, NS: base + "-" + name, Addr: netip.AddrFrom4(a), NodeLink: fmt.Sprintf("%s%d", link, i)}
+		return &Host{Name: name, NS: base + "-" + name, Addr: netip.AddrFrom4(a), Addr6: netip.AddrFrom16(a6), NodeLink: fmt.Sprintf("%s%d", link, i)}
 	}
 	for i := range o.Clients {
-		t.Clients = append(t.Clients, host("client", i, clientNet, "c"))
+		t.Clients = append(t.Clients, host("client", i, clientNet, clientNet6, "c"))
 	}
 	for i := range o.Backends {
-		t.Backends = append(t.Backends, host("backend", i, backendNet, "b"))
+		t.Backends = append(t.Backends, host("backend", i, backendNet, backendNet6, "b"))
 	}
 	return t
 }
@@ -203,20 +213,33 @@ func (t *Topology) build() error {
 	if err := step("namespaces"); err != nil {
 		return err
 	}
+	// No duplicate address detection on the links to come: until it ends,
+	// a link's IPv6 link-local address is unusable, and the node needs it
+	// to find a host's link address for traffic it forwards.
+	for _, h := range hosts {
+		if err := h.Do(noDAD); err != nil {
+			return fmt.Errorf("topology: turning off IPv6 duplicate address detection in %s: %w", h.NS, err)
+		}
+	}
 
-	// The node: lo, its address, and one veth pair per host, created from
+	// The node: lo, its addresses, and one veth pair per host, created from
 	// inside the node with the peer put straight into the host's namespace.
+	// IPv6 has no peer addresses: each host gets a route instead.
 	b.Reset()
-	fmt.Fprintf(&b, "link set lo up\naddr add %s/32 dev lo\n", NodeAddr)
+	fmt.Fprintf(&b, "link set lo up\naddr add %s/32 dev lo\naddr add %s/128 dev lo\n", NodeAddr, NodeAddr6)
 	for _, h := range hosts[1:] {
 		fmt.Fprintf(&b, "link add %s type veth peer name %s netns %s\n", h.NodeLink, HostLink, h.NS)
 		fmt.Fprintf(&b, "addr add %s/32 peer %s/32 dev %s\n", NodeAddr, h.Addr, h.NodeLink)
+		fmt.Fprintf(&b, "addr add %s/128 dev %s nodad\n", NodeAddr6, h.NodeLink)
 		fmt.Fprintf(&b, "link set %s up\n", h.NodeLink)
+		fmt.Fprintf(&b, "route add %s/128 dev %s\n", h.Addr6, h.NodeLink)
 	}
 	if err := ipBatch(t.Node.NS, b.String()); err != nil {
 		return fmt.Errorf("topology: setting up %s: %w", t.Node.NS, err)
 	}
-	if err := t.Node.Do(func() error { return setSysctl("net/ipv4/ip_forward", "1") }); err != nil {
+	if err := t.Node.Do(func() error {
+		return errors.Join(setSysctl("net/ipv4/ip_forward", "1"), setSysctl("net/ipv6/conf/all/forwarding", "1"))
+	}); err != nil {
 		return fmt.Errorf("topology: enabling forwarding in %s: %w", t.Node.NS, err)
 	}
 	if err := step("node"); err != nil {
@@ -227,8 +250,11 @@ func (t *Topology) build() error {
 		b.Reset()
 		fmt.Fprintf(&b, "link set lo up\n")
 		fmt.Fprintf(&b, "addr add %s/32 peer %s/32 dev %s\n", h.Addr, NodeAddr, HostLink)
+		fmt.Fprintf(&b, "addr add %s/128 dev %s nodad\n", h.Addr6, HostLink)
 		fmt.Fprintf(&b, "link set %s up\n", HostLink)
 		fmt.Fprintf(&b, "route add %s via %s dev %s src %s\n", Range, NodeAddr, HostLink, h.Addr)
+		fmt.Fprintf(&b, "route add %s/128 dev %s\n", NodeAddr6, HostLink)
+		fmt.Fprintf(&b, "route add %s via %s dev %s src %s\n", Range6, NodeAddr6, HostLink, h.Addr6)
 		if err := ipBatch(h.NS, b.String()); err != nil {
 			return fmt.Errorf("topology: setting up %s: %w", h.NS, err)
 		}
@@ -244,6 +270,12 @@ func step(name string) error {
 		return nil
 	}
 	return testHookStep(name)
+}
+
+// noDAD turns IPv6 duplicate address detection off for the links the
+// calling thread's namespace gets from now on; call it inside Do.
+func noDAD() error {
+	return errors.Join(setSysctl("net/ipv6/conf/all/accept_dad", "0"), setSysctl("net/ipv6/conf/default/accept_dad", "0"))
 }
 
 // setSysctl writes a net.* sysctl of the calling thread's namespace and
@@ -263,17 +295,24 @@ func setSysctl(name, value string) error {
 	return nil
 }
 
-// AddNodeAddress adds prefix (e.g. an ExternalIP, 198.19.0.5/32) to the
-// node's lo. Every host reaches it through the node. It must lie inside
-// Range and contain no host's address; FreeRange is the place for it. As
-// with any address on lo, every address of a wider prefix is the node's.
+// AddNodeAddress adds prefix (e.g. an ExternalIP, 198.19.0.5/32 or
+// fd00:19::5/128) to the node's lo. Every host reaches it through the node.
+// It must lie inside Range (Range6) and contain no host's address;
+// FreeRange (FreeRange6) is the place for it. As with any address on lo,
+// every address of a wider prefix is the node's.
 func (t *Topology) AddNodeAddress(prefix netip.Prefix) error {
-	if !prefix.IsValid() || !prefix.Addr().Is4() || !Range.Contains(prefix.Addr()) || prefix.Bits() < Range.Bits() {
-		return fmt.Errorf("topology: node address %s: must lie inside %s", prefix, Range)
+	within := Range
+	if prefix.Addr().Is6() {
+		within = Range6
+	}
+	if !prefix.IsValid() || !within.Contains(prefix.Addr()) || prefix.Bits() < within.Bits() {
+		return fmt.Errorf("topology: node address %s: must lie inside %s or %s", prefix, Range, Range6)
 	}
 	for _, h := range t.Hosts() {
-		if prefix.Contains(h.Addr) {
-			return fmt.Errorf("topology: node address %s: contains %s's address %s", prefix, h.Name, h.Addr)
+		for _, a := range []netip.Addr{h.Addr, h.Addr6} {
+			if prefix.Contains(a) {
+				return fmt.Errorf("topology: node address %s: contains %s's address %s", prefix, h.Name, a)
+			}
 		}
 	}
 	t.mu.Lock()

@@ -171,9 +171,10 @@ func listenWhoami(t *testing.T, h *Host, addr netip.Addr) netip.AddrPort {
 func TestPrivilegedReachability(t *testing.T) {
 	topo := NewT(t, Options{Prefix: testPrefix, Clients: 2, Backends: 3})
 	ctx := testCtx(t)
-	servers := map[*Host]netip.AddrPort{}
+	servers, servers6 := map[*Host]netip.AddrPort{}, map[*Host]netip.AddrPort{}
 	for _, h := range topo.Hosts() {
 		servers[h] = listenWhoami(t, h, h.Addr)
+		servers6[h] = listenWhoami(t, h, h.Addr6)
 	}
 
 	type pair struct{ from, to *Host }
@@ -187,18 +188,27 @@ func TestPrivilegedReachability(t *testing.T) {
 		}
 	}
 
-	t.Run("tcp", func(t *testing.T) {
-		for _, p := range pairs {
-			got, err := whoami(ctx, p.from, servers[p.to])
-			if err != nil {
-				t.Errorf("%s -> %s (%s): %v", p.from.Name, p.to.Name, servers[p.to], err)
-				continue
+	for _, fam := range []struct {
+		name    string
+		servers map[*Host]netip.AddrPort
+		addr    func(*Host) netip.Addr
+	}{
+		{"tcp", servers, func(h *Host) netip.Addr { return h.Addr }},
+		{"tcp over IPv6", servers6, func(h *Host) netip.Addr { return h.Addr6 }},
+	} {
+		t.Run(fam.name, func(t *testing.T) {
+			for _, p := range pairs {
+				got, err := whoami(ctx, p.from, fam.servers[p.to])
+				if err != nil {
+					t.Errorf("%s -> %s (%s): %v", p.from.Name, p.to.Name, fam.servers[p.to], err)
+					continue
+				}
+				if got.Addr() != fam.addr(p.from) {
+					t.Errorf("%s -> %s: server saw %s, want %s (no NAT)", p.from.Name, p.to.Name, got.Addr(), fam.addr(p.from))
+				}
 			}
-			if got.Addr() != p.from.Addr {
-				t.Errorf("%s -> %s: server saw %s, want %s (no NAT)", p.from.Name, p.to.Name, got.Addr(), p.from.Addr)
-			}
-		}
-	})
+		})
+	}
 
 	t.Run("udp", func(t *testing.T) {
 		for _, b := range topo.Backends {
@@ -581,30 +591,39 @@ func TestPrivilegedNoDefaultRoute(t *testing.T) {
 			}
 		}
 		// A route lookup (no packet is sent) for an address outside Range
-		// finds nothing.
-		out, err := exec.CommandContext(ctx, "ip", "-n", h.NS, "route", "get", "203.0.113.1").CombinedOutput()
-		if err == nil || !strings.Contains(string(out), "unreachable") {
-			t.Errorf("%s: ip route get 203.0.113.1: %v: %s; want unreachable", h.Name, err, out)
+		// or Range6 finds nothing.
+		for _, outside := range []string{"203.0.113.1", "2001:db8::1"} {
+			out, err := exec.CommandContext(ctx, "ip", "-n", h.NS, "route", "get", outside).CombinedOutput()
+			if err == nil || !strings.Contains(string(out), "unreachable") {
+				t.Errorf("%s: ip route get %s: %v: %s; want unreachable", h.Name, outside, err, out)
+			}
 		}
 	}
 }
 
 func TestPrivilegedAddNodeAddress(t *testing.T) {
 	topo := NewT(t, Options{Prefix: testPrefix, Clients: 2, Backends: 1})
-	ext := netip.MustParsePrefix("198.19.0.5/32")
-	if err := topo.AddNodeAddress(ext); err != nil {
-		t.Fatal(err)
-	}
-	srv := listenWhoami(t, topo.Node, ext.Addr())
-	for _, h := range topo.Hosts()[1:] {
-		got, err := whoami(testCtx(t), h, srv)
-		if err != nil {
-			t.Errorf("%s -> %s: %v", h.Name, srv, err)
-		} else if got.Addr() != h.Addr {
-			t.Errorf("%s -> %s: server saw %s", h.Name, srv, got.Addr())
+	ext, ext6 := netip.MustParsePrefix("198.19.0.5/32"), netip.MustParsePrefix("fd00:19::5/128")
+	for _, p := range []netip.Prefix{ext, ext6} {
+		if err := topo.AddNodeAddress(p); err != nil {
+			t.Fatal(err)
+		}
+		srv := listenWhoami(t, topo.Node, p.Addr())
+		for _, h := range topo.Hosts()[1:] {
+			want := h.Addr
+			if p.Addr().Is6() {
+				want = h.Addr6
+			}
+			got, err := whoami(testCtx(t), h, srv)
+			if err != nil {
+				t.Errorf("%s -> %s: %v", h.Name, srv, err)
+			} else if got.Addr() != want {
+				t.Errorf("%s -> %s: server saw %s, want %s", h.Name, srv, got.Addr(), want)
+			}
 		}
 	}
-	for _, bad := range []string{"10.0.0.1/32", "198.18.2.0/24", "198.18.0.0/15", "198.16.0.0/12", "2001:db8::1/128"} {
+	for _, bad := range []string{"10.0.0.1/32", "198.18.2.0/24", "198.18.0.0/15", "198.16.0.0/12", "2001:db8::1/128",
+		"fd00:18:2::/64", "fd00:18::/31", "fd00::/8", "::ffff:198.19.0.6/128"} {
 		if err := topo.AddNodeAddress(netip.MustParsePrefix(bad)); err == nil {
 			t.Errorf("AddNodeAddress(%s): no error", bad)
 		}
@@ -785,17 +804,17 @@ func TestPlan(t *testing.T) {
 	}
 	topo := plan(o, "svcproxy-42-abcdef")
 	for _, tc := range []struct {
-		h                    *Host
-		name, ns, addr, link string
+		h                           *Host
+		name, ns, addr, addr6, link string
 	}{
-		{topo.Node, "node", "svcproxy-42-abcdef-node", "198.18.0.1", ""},
-		{topo.Clients[0], "client0", "svcproxy-42-abcdef-client0", "198.18.1.1", "c0"},
-		{topo.Clients[1], "client1", "svcproxy-42-abcdef-client1", "198.18.1.2", "c1"},
-		{topo.Backends[0], "backend0", "svcproxy-42-abcdef-backend0", "198.18.2.1", "b0"},
-		{topo.Backends[253], "backend253", "svcproxy-42-abcdef-backend253", "198.18.2.254", "b253"},
+		{topo.Node, "node", "svcproxy-42-abcdef-node", "198.18.0.1", "fd00:18::1", ""},
+		{topo.Clients[0], "client0", "svcproxy-42-abcdef-client0", "198.18.1.1", "fd00:18:1::1", "c0"},
+		{topo.Clients[1], "client1", "svcproxy-42-abcdef-client1", "198.18.1.2", "fd00:18:1::2", "c1"},
+		{topo.Backends[0], "backend0", "svcproxy-42-abcdef-backend0", "198.18.2.1", "fd00:18:2::1", "b0"},
+		{topo.Backends[253], "backend253", "svcproxy-42-abcdef-backend253", "198.18.2.254", "fd00:18:2::fe", "b253"},
 	} {
 		got := *tc.h
-		want := Host{Name: tc.name, NS: tc.ns, Addr: netip.MustParseAddr(tc.addr), NodeLink: tc.link}
+		want := Host{Name: tc.name, NS: tc.ns, Addr: netip.MustParseAddr(tc.addr), Addr6: netip.MustParseAddr(tc.addr6), NodeLink: tc.link}
 		if got != want {
 			t.Errorf("got %+v, want %+v", got, want)
 		}
@@ -808,7 +827,10 @@ func TestPlan(t *testing.T) {
 		if !Range.Contains(h.Addr) || FreeRange.Contains(h.Addr) || seen[h.Addr] {
 			t.Errorf("%s: address %s outside Range, inside FreeRange or taken", h.Name, h.Addr)
 		}
-		seen[h.Addr] = true
+		if !Range6.Contains(h.Addr6) || FreeRange6.Contains(h.Addr6) || seen[h.Addr6] {
+			t.Errorf("%s: address %s outside Range6, inside FreeRange6 or taken", h.Name, h.Addr6)
+		}
+		seen[h.Addr], seen[h.Addr6] = true, true
 		if len(h.NodeLink) > 15 {
 			t.Errorf("%s: link name %q too long for the kernel", h.Name, h.NodeLink)
 		}

@@ -117,13 +117,6 @@ func (r *svcRules) list(k chainKey) []string {
 	return nil
 }
 
-func protoName(p lb.Protocol) string {
-	if p == lb.UDP {
-		return "udp"
-	}
-	return "tcp"
-}
-
 func familyOf(a netip.Addr) netfilter.Family { return netfilter.FamilyOf(a) }
 
 func hostPrefix(a netip.Addr) string { return netip.PrefixFrom(a, a.BitLen()).String() }
@@ -197,7 +190,7 @@ func ownership(snap *lb.Snapshot, bal *lb.Balancer) uint64 {
 func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family) svcRules {
 	svc := bal.Service
 	var r svcRules
-	proto := protoName(svc.Protocol)
+	proto := netfilter.ProtoName(svc.Protocol)
 	port := strconv.Itoa(int(svc.Port))
 	inFamily := func(p *lb.Pool) []netip.AddrPort {
 		var out []netip.AddrPort
@@ -321,7 +314,7 @@ func (r *svcRules) addFlows(svc *lb.Service, front netip.AddrPort, eps []netip.A
 // (-m recent --rcheck), whose DNAT rule records the client (--set).
 // Affinity chains are added to affinity.
 func (m *Mode) endpointRules(svc *lb.Service, eps []netip.AddrPort, fam netfilter.Family, affinity map[string][]string) []string {
-	proto := protoName(svc.Protocol)
+	proto := netfilter.ProtoName(svc.Protocol)
 	n := len(eps)
 	rules := make([]string, 0, 2*n)
 	if svc.AffinityTimeout <= 0 {

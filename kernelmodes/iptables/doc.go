@@ -94,4 +94,8 @@
 //     family, and one whose pool has none of them rejects.
 //   - Affinity is kube-proxy's: per endpoint -m recent lists (at most 100
 //     clients each, xt_recent's default), shared by a Service's frontends.
+//   - SCTP Services are served, as by kube-proxy's iptables mode: the same
+//     rules with -p sctp -m sctp --dport (and sctp:port hairpin members);
+//     a frontend without endpoints rejects with ICMP port unreachable. The
+//     userspace mode cannot serve SCTP at all (no SCTP sockets in Go).
 package iptables

@@ -59,7 +59,7 @@ func fuzzServices(r *byteReader) []lb.Service {
 	for range n {
 		svc := lb.Service{
 			Name:                  lb.ServicePortName{Namespace: "ns", Name: fmt.Sprintf("s%d", r.pick(8))},
-			Protocol:              lb.Protocol(r.pick(2)),
+			Protocol:              lb.Protocol(r.pick(3)), // TCP, UDP or SCTP
 			Port:                  fuzzPorts[r.pick(len(fuzzPorts))],
 			NodePort:              fuzzNodePorts[r.pick(len(fuzzNodePorts))],
 			ExternalTrafficPolicy: lb.TrafficPolicy(r.pick(2)),
@@ -169,7 +169,7 @@ func fuzzPackets(services []lb.Service) []netfilter.Packet {
 	}
 	var pkts []netfilter.Packet
 	for d := range dsts {
-		for _, proto := range []lb.Protocol{lb.TCP, lb.UDP} {
+		for _, proto := range []lb.Protocol{lb.TCP, lb.UDP, lb.SCTP} {
 			for _, hook := range []netfilter.Hook{pre, out} {
 				if d.Addr().IsLoopback() && hook == pre {
 					continue

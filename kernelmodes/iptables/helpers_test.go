@@ -120,6 +120,17 @@ func testServices() []lb.Service {
 			AffinityTimeout: 30 * time.Second,
 			Endpoints:       eps(6, 3, "node-b"),
 		},
+		{ // SCTP with endpoints: a ClusterIP and a NodePort
+			Name: svcName("diameter"), Protocol: lb.SCTP, Port: 3868,
+			ClusterIPs: []netip.Addr{ip("10.96.0.38")},
+			NodePort:   30868,
+			Endpoints:  eps(7, 2, "node-b"),
+		},
+		{ // SCTP without endpoints
+			Name: svcName("empty-sctp"), Protocol: lb.SCTP, Port: 3868,
+			ClusterIPs: []netip.Addr{ip("10.96.0.39")},
+			NodePort:   30869,
+		},
 	}
 }
 

@@ -97,6 +97,7 @@ type Mode struct {
 	lastFull time.Time        // when the last full sync succeeded
 	now      func() time.Time // time.Now; tests move it
 	repairs  atomic.Uint64
+	restores netfilter.RestoreFailures
 }
 
 // New validates cfg and detects the iptables backend and version. It does
@@ -189,6 +190,11 @@ func (m *Mode) Backend() string { return m.backend }
 // Repairs counts full syncs that found the rules or sets differing from what
 // this Mode last wrote (someone tampered with them) and rewrote them.
 func (m *Mode) Repairs() uint64 { return m.repairs.Load() }
+
+// RestoreFailures counts the iptables-restore runs of this mode's syncs
+// that failed for family (kube-proxy's
+// kubeproxy_sync_proxy_rules_iptables_restore_failures_total).
+func (m *Mode) RestoreFailures(family netfilter.Family) uint64 { return m.restores.Count(family) }
 
 // Apply makes the kernel forward snap's Services. It is idempotent. An
 // incremental Apply (full false) rewrites only the chains of the Services

@@ -19,13 +19,14 @@ const (
 )
 
 var (
-	web4    = []string{"10.244.1.1:8080", "10.244.1.2:8080"}
-	web6    = []string{"[fd00:244::1:1]:8080", "[fd00:244::1:2]:8080"}
-	local   = []string{"10.244.2.1:8080"}
-	dns     = []string{"10.244.3.1:8080", "10.244.3.2:8080"}
-	lokAll  = []string{"10.244.4.1:8080", "10.244.5.1:8080", "10.244.5.2:8080"}
-	lokHere = []string{"10.244.4.1:8080"}
-	sticky  = []string{"10.244.6.1:8080", "10.244.6.2:8080", "10.244.6.3:8080"}
+	web4     = []string{"10.244.1.1:8080", "10.244.1.2:8080"}
+	web6     = []string{"[fd00:244::1:1]:8080", "[fd00:244::1:2]:8080"}
+	local    = []string{"10.244.2.1:8080"}
+	dns      = []string{"10.244.3.1:8080", "10.244.3.2:8080"}
+	lokAll   = []string{"10.244.4.1:8080", "10.244.5.1:8080", "10.244.5.2:8080"}
+	lokHere  = []string{"10.244.4.1:8080"}
+	sticky   = []string{"10.244.6.1:8080", "10.244.6.2:8080", "10.244.6.3:8080"}
+	diameter = []string{"10.244.7.1:8080", "10.244.7.2:8080"}
 )
 
 // serviceCases is the Service-semantics table: the redirect tests' cases,
@@ -64,6 +65,18 @@ var serviceCases = []struct {
 	{"UDP NodePort over IPv6: no IPv6 endpoints, rejected", pkt(lb.UDP, "[2001:db8::10]:30053", pre), rejected},
 	{"TCP to a UDP frontend", pkt(lb.TCP, "10.96.0.53:53", pre), accepted},
 
+	{"SCTP ClusterIP from a pod", pkt(lb.SCTP, "10.96.0.38:3868", pre), spread(false, diameter...)},
+	{"SCTP ClusterIP from the node", pkt(lb.SCTP, "10.96.0.38:3868", out), spread(false, diameter...)},
+	{"SCTP NodePort", pkt(lb.SCTP, "192.0.2.10:30868", pre), spread(true, diameter...)},
+	{"SCTP NodePort from the node", pkt(lb.SCTP, "198.51.100.10:30868", out), spread(true, diameter...)},
+	{"SCTP NodePort on an address not the node's", pkt(lb.SCTP, "192.0.2.99:30868", pre), accepted},
+	{"TCP to an SCTP frontend", pkt(lb.TCP, "10.96.0.38:3868", pre), accepted},
+	{"UDP to an SCTP NodePort", pkt(lb.UDP, "192.0.2.10:30868", pre), accepted},
+	{"SCTP to a TCP frontend", pkt(lb.SCTP, "10.96.0.10:80", pre), accepted},
+	{"SCTP to a TCP NodePort", pkt(lb.SCTP, "192.0.2.10:30080", pre), accepted},
+	{"no endpoints SCTP ClusterIP", pkt(lb.SCTP, "10.96.0.39:3868", pre), rejected},
+	{"no endpoints SCTP NodePort", pkt(lb.SCTP, "192.0.2.10:30869", pre), rejected},
+
 	{"no endpoints TCP from a pod", pkt(lb.TCP, "10.96.0.12:80", pre), rejected},
 	{"no endpoints TCP from the node", pkt(lb.TCP, "10.96.0.12:80", out), rejected},
 	{"no endpoints IPv6", pkt(lb.TCP, "[fd00::12]:80", pre), rejected},
@@ -100,6 +113,7 @@ func TestHairpin(t *testing.T) {
 		{"ClusterIP", from(pkt(lb.TCP, "10.96.0.10:80", pre), "10.244.1.2:5555")},
 		{"IPv6 ClusterIP", from(pkt(lb.TCP, "[fd00::10]:80", pre), "[fd00:244::1:1]:5555")},
 		{"UDP ClusterIP", from(pkt(lb.UDP, "10.96.0.53:53", pre), "10.244.3.1:5555")},
+		{"SCTP ClusterIP", from(pkt(lb.SCTP, "10.96.0.38:3868", pre), "10.244.7.2:5555")},
 		{"Local policy ExternalIP", from(pkt(lb.TCP, "203.0.113.14:443", pre), "10.244.4.1:5555")},
 		{"affinity", from(pkt(lb.TCP, "10.96.0.15:80", pre), "10.244.6.3:5555")},
 	} {
@@ -622,6 +636,9 @@ func TestFaults(t *testing.T) {
 		checkTrace(t, f, pkt(lb.TCP, "10.96.0.12:80", pre), spread(false, "10.244.7.1:8080"))
 		if m.Repairs() != 0 {
 			t.Errorf("Repairs = %d; a failed restore is not tampering", m.Repairs())
+		}
+		if v4, v6 := m.RestoreFailures(netfilter.IPv4), m.RestoreFailures(netfilter.IPv6); v4 != 1 || v6 != 0 {
+			t.Errorf("RestoreFailures IPv4 %d, IPv6 %d; want 1, 0", v4, v6)
 		}
 	})
 	t.Run("failed full sync leaves the next Apply full", func(t *testing.T) {

@@ -359,14 +359,20 @@ func ask(h *topology.Host, network, addr string, timeout time.Duration) (name, p
 	return f[0], host, nil
 }
 
+// serviceTopology is a client, the node and two backends, the node
+// routing the Service IP range to itself: its own connections to Service
+// IPs need a route for nat OUTPUT to see them.
+func serviceTopology(t *testing.T) *topology.Topology {
+	top := topology.NewT(t, topology.Options{Backends: 2, Clients: 1})
+	run(t, "ip", "-n", top.Node.NS, "route", "add", topology.FreeRange.String(), "dev", "lo")
+	return top
+}
+
 func testTraffic(t *testing.T, variant string) {
 	ctx := context.Background()
-	top := topology.NewT(t, topology.Options{Backends: 2, Clients: 1})
+	top := serviceTopology(t)
 	node, client := top.Node, top.Clients[0]
 	b0, b1 := top.Backends[0], top.Backends[1]
-	// The node's own connections to Service IPs need a route for nat
-	// OUTPUT to see them.
-	run(t, "ip", "-n", node.NS, "route", "add", topology.FreeRange.String(), "dev", "lo")
 	for _, b := range top.Backends {
 		backend(t, b)
 	}

@@ -210,7 +210,7 @@ func (m *Mode) partialSync(ctx context.Context, changes []change, next *state) e
 		if len(scripts[fam]) == 0 {
 			continue
 		}
-		if err := m.exec.IPTablesRestore(ctx, fam, scripts[fam]); err != nil {
+		if err := m.restores.Restore(ctx, m.exec, fam, scripts[fam]); err != nil {
 			return fmt.Errorf("updating %v rules: %w", fam, err)
 		}
 	}
@@ -731,7 +731,7 @@ func (m *Mode) fullSync(ctx context.Context, next, prev *state, failed bool) err
 			}
 			script.WriteString("COMMIT\n")
 		}
-		if err := m.exec.IPTablesRestore(ctx, fam, []byte(script.String())); err != nil {
+		if err := m.restores.Restore(ctx, m.exec, fam, []byte(script.String())); err != nil {
 			return fmt.Errorf("writing %v rules: %w", fam, err)
 		}
 	}

@@ -8,7 +8,12 @@ import (
 	"syscall"
 
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 )
+
+// ipprotoSCTP is IPPROTO_SCTP, which package syscall lacks on some of the
+// systems svcproxy builds for.
+const ipprotoSCTP = 132
 
 // IPVS service flags (include/uapi/linux/ip_vs.h).
 const (
@@ -22,7 +27,7 @@ type vsKey struct {
 	addr  netip.AddrPort
 }
 
-func (k vsKey) String() string { return protoName(k.proto) + "/" + k.addr.String() }
+func (k vsKey) String() string { return netfilter.ProtoName(k.proto) + "/" + k.addr.String() }
 
 func (k vsKey) Compare(o vsKey) int {
 	return cmp.Or(cmp.Compare(k.proto, o.proto), k.addr.Compare(o.addr))
@@ -72,7 +77,7 @@ func (m *Mode) compute(snap *lb.Snapshot, nodeIPs []netip.Addr) (*desired, []err
 			continue
 		}
 		svc := bal.Service
-		if svc.Protocol != lb.TCP && svc.Protocol != lb.UDP {
+		if svc.Protocol > lb.SCTP {
 			errs = append(errs, fmt.Errorf("service %v: unsupported protocol %v", svc.Name, svc.Protocol))
 			continue
 		}
@@ -137,14 +142,33 @@ func (m *Mode) compute(snap *lb.Snapshot, nodeIPs []netip.Addr) (*desired, []err
 			continue // none, or another Service owns this NodePort
 		}
 		usable := false
+		var sctpNodeIPs []netip.Addr
 		for _, ip := range nodeIPs {
 			if fam := familyOf(ip); fam == IPv6 && !m.cfg.IPv6 {
 				continue
 			}
 			usable = virtualServer(netip.AddrPortFrom(ip, svc.NodePort), bal.External) || usable
+			sctpNodeIPs = append(sctpNodeIPs, ip)
 		}
 		if len(nodeIPs) == 0 {
 			usable = len(bal.External.Backends()) > 0
+		}
+		masq := m.cfg.MasqueradeAll || svc.ExternalTrafficPolicy == lb.PolicyCluster
+		if svc.Protocol == lb.SCTP {
+			// bitmap:port never matches SCTP: one node IP,sctp:port
+			// member per node IP instead, as kube-proxy does.
+			for _, ip := range sctpNodeIPs {
+				np := member{ip: ip, proto: lb.SCTP, port: svc.NodePort}
+				if !usable {
+					np.set = famSet(setNPRejectSCTP4, familyOf(ip))
+					d.members[np] = struct{}{}
+				}
+				if masq {
+					np.set = famSet(setNPMasqSCTP4, familyOf(ip))
+					d.members[np] = struct{}{}
+				}
+			}
+			continue
 		}
 		np := member{port: svc.NodePort}
 		switch {
@@ -156,7 +180,7 @@ func (m *Mode) compute(snap *lb.Snapshot, nodeIPs []netip.Addr) (*desired, []err
 		if !usable {
 			d.members[np] = struct{}{}
 		}
-		if m.cfg.MasqueradeAll || svc.ExternalTrafficPolicy == lb.PolicyCluster {
+		if masq {
 			np.set = setNPMasqTCP
 			if svc.Protocol == lb.UDP {
 				np.set = setNPMasqUDP
@@ -192,8 +216,11 @@ func toService(k vsKey, a vsAttrs) *Service {
 		Flags:     a.flags,
 		Timeout:   a.timeout,
 	}
-	if k.proto == lb.UDP {
+	switch k.proto {
+	case lb.UDP:
 		s.Protocol = syscall.IPPROTO_UDP
+	case lb.SCTP:
+		s.Protocol = ipprotoSCTP
 	}
 	if k.addr.Addr().Is4() {
 		s.AddressFamily = syscall.AF_INET
@@ -214,6 +241,8 @@ func fromService(s *Service) (vsKey, vsAttrs, bool) {
 		k.proto = lb.TCP
 	case syscall.IPPROTO_UDP:
 		k.proto = lb.UDP
+	case ipprotoSCTP:
+		k.proto = lb.SCTP
 	default:
 		return k, vsAttrs{}, false
 	}

@@ -35,21 +35,24 @@
 //	  svcproxy-ipvs-nodeips-v4  hash:ip         the node IPs NodePorts are served on
 //	  svcproxy-ipvs-np-masq-tcp/-udp bitmap:port NodePorts masqueraded
 //	  svcproxy-ipvs-np-rej-tcp/-udp  bitmap:port NodePorts without usable endpoints
+//	  svcproxy-ipvs-np-masq-sctp-v4  hash:ip,port SCTP NodePorts masqueraded (nodeIP,sctp:port:
+//	  svcproxy-ipvs-np-rej-sctp-v4   hash:ip,port bitmap:port never matches SCTP, as in kube-proxy)
 //
 //	nat PREROUTING, OUTPUT -> SVCPROXY-IPVS-SERVICES
 //	  masq-v4 dst,dst                         SVCPROXY-IPVS-MARK-MASQ
 //	  vs-v4 dst,dst                           RETURN (a VIP frontend is never a NodePort)
 //	  nodeips-v4 dst                          SVCPROXY-IPVS-NODEPORTS
 //	    -p tcp np-masq-tcp dst                SVCPROXY-IPVS-MARK-MASQ (udp alike)
+//	    -p sctp np-masq-sctp-v4 dst,dst       SVCPROXY-IPVS-MARK-MASQ
 //	  SVCPROXY-IPVS-MARK-MASQ                 MARK --or-mark Mark
 //	nat POSTROUTING -> SVCPROXY-IPVS-POSTROUTING
 //	  loop-v4 dst,dst,src                     MASQUERADE (hairpin)
 //	  ! mark Mark/Mark                        RETURN
 //	                                          MARK --xor-mark Mark; MASQUERADE [--random-fully]
 //	filter INPUT, OUTPUT -> SVCPROXY-IPVS-FILTER (new connections only)
-//	  -p tcp reject-v4 dst,dst                REJECT tcp-reset (udp: icmp-port-unreachable)
-//	  -p tcp nodeips-v4 dst np-rej-tcp dst    REJECT tcp-reset (udp alike)
-//	  -p tcp vips-v4 dst ! vs-v4 dst,dst      REJECT tcp-reset (udp alike): a VIP's other
+//	  -p tcp reject-v4 dst,dst                REJECT tcp-reset (udp, sctp: icmp-port-unreachable)
+//	  -p tcp nodeips-v4 dst np-rej-tcp dst    REJECT tcp-reset (udp alike; sctp: np-rej-sctp-v4 dst,dst)
+//	  -p tcp vips-v4 dst ! vs-v4 dst,dst      REJECT tcp-reset (udp, sctp alike): a VIP's other
 //	                                          ports never reach the node's own sockets
 //
 // Masquerading (mark, then MASQUERADE in POSTROUTING) applies to NodePort,
@@ -77,13 +80,14 @@
 // connections are gone (checked on each Apply and by Sweep, which
 // RunSweeper calls periodically), or after Config.DrainTimeout; a removed
 // UDP real server is deleted at once and its conntrack entries cleared, so
-// its flows are scheduled afresh. A full Apply reads IPVS, the dummy's
-// addresses, the sets (ipset save) and the rules (iptables-save), counts a
-// repair when they differ from what it last left, rewrites the sets (a set
-// whose members differ is filled as a temporary set and swapped in) and the
-// chains (one iptables-restore --noflush per family), and reconciles IPVS
-// and the addresses against the kernel, not the memory. Cleanup removes all
-// of it.
+// its flows are scheduled afresh; a removed SCTP one is deleted at once
+// (kube-proxy's graceful termination is TCP's only). A full Apply reads
+// IPVS, the dummy's addresses, the sets (ipset save) and the rules
+// (iptables-save), counts a repair when they differ from what it last
+// left, rewrites the sets (a set whose members differ is filled as a
+// temporary set and swapped in) and the chains (one iptables-restore
+// --noflush per family), and reconciles IPVS and the addresses against the
+// kernel, not the memory. Cleanup removes all of it.
 //
 // # Kernel boundaries
 //

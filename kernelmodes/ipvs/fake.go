@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 )
 
 // Fakes is an in-memory kernel for tests: one fake per boundary, and a
@@ -517,7 +518,7 @@ func (f *Fakes) trace(p Packet, open bool) (Verdict, vsKey) {
 	defer f.Conntrack.mu.Unlock()
 
 	unmap := func(a netip.AddrPort) netip.AddrPort { return netip.AddrPortFrom(a.Addr().Unmap(), a.Port()) }
-	t := &tracedPacket{src: unmap(p.Src), dst: unmap(p.Dst), proto: protoName(p.Proto), isLocal: f.Links.local}
+	t := &tracedPacket{src: unmap(p.Src), dst: unmap(p.Dst), proto: netfilter.ProtoName(p.Proto), isLocal: f.Links.local}
 	fam := familyOf(t.dst.Addr())
 	var rule string
 	decided := func(v verdict) (Verdict, bool) {

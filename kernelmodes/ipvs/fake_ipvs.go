@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 )
 
 // FakeIPVS is an in-memory IPVS that behaves as the kernel does for the
@@ -285,7 +286,7 @@ func (f *FakeIPVS) SetConns(proto lb.Protocol, vip, backend netip.AddrPort, acti
 	defer f.mu.Unlock()
 	vs := f.services[vsKey{proto, vip}]
 	if vs == nil {
-		return fmt.Errorf("no virtual server %s/%v", protoName(proto), vip)
+		return fmt.Errorf("no virtual server %s/%v", netfilter.ProtoName(proto), vip)
 	}
 	for _, d := range vs.dests {
 		if d.addr == backend {
@@ -293,7 +294,7 @@ func (f *FakeIPVS) SetConns(proto lb.Protocol, vip, backend netip.AddrPort, acti
 			return nil
 		}
 	}
-	return fmt.Errorf("no real server %v in %s/%v", backend, protoName(proto), vip)
+	return fmt.Errorf("no real server %v in %s/%v", backend, netfilter.ProtoName(proto), vip)
 }
 
 // RealServer is a real server as Dump and Services show it.
@@ -314,7 +315,7 @@ type VirtualServer struct {
 }
 
 func (v VirtualServer) String() string {
-	s := fmt.Sprintf("%s %v %s", protoName(v.Protocol), v.Addr, v.Scheduler)
+	s := fmt.Sprintf("%s %v %s", netfilter.ProtoName(v.Protocol), v.Addr, v.Scheduler)
 	if v.Persistent {
 		s += fmt.Sprintf(" persistent %d", v.Timeout)
 	}

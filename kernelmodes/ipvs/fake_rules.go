@@ -455,7 +455,7 @@ func parseFRule(spec string) (*fRule, error) {
 				return nil, err
 			}
 			switch v {
-			case "tcp", "udp":
+			case "tcp", "udp", "sctp":
 				r.proto = v
 			case "all":
 			default:
@@ -484,7 +484,7 @@ func parseFRule(spec string) (*fRule, error) {
 				return nil, err
 			}
 			switch v {
-			case "set", "mark", "conntrack", "addrtype", "comment", "tcp", "udp":
+			case "set", "mark", "conntrack", "addrtype", "comment", "tcp", "udp", "sctp":
 			default:
 				r.opaque = true
 			}
@@ -729,7 +729,7 @@ func (s *fSet) canon(m string) (string, error) {
 		if !ok {
 			proto, port = "tcp", x
 		}
-		if proto != "tcp" && proto != "udp" {
+		if proto != "tcp" && proto != "udp" && proto != "sctp" {
 			return "", fmt.Errorf("unknown protocol %q", proto)
 		}
 		p, err := strconv.ParseUint(port, 10, 16)
@@ -820,6 +820,9 @@ func (f *FakeRules) setHas(m fSetMatch, p *tracedPacket) bool {
 	var key string
 	switch s.typ {
 	case typePort:
+		if p.proto != "tcp" && p.proto != "udp" {
+			return false // the kernel's bitmap:port reads TCP and UDP ports only
+		}
 		key = strconv.Itoa(int(pick(0).Port()))
 	case typeIP:
 		key = pick(0).Addr().String()

@@ -365,7 +365,7 @@ func (m *Mode) writeRules(ctx context.Context, fam Family, saved *savedRules) er
 		tbl, line, _ := strings.Cut(l, "\x00")
 		extra[tbl] = append(extra[tbl], line)
 	}
-	if err := m.rules.IPTablesRestore(ctx, fam, ruleScript(m.chainRules(fam), extra, tail)); err != nil {
+	if err := m.restores.Restore(ctx, m.rules, fam, ruleScript(m.chainRules(fam), extra, tail)); err != nil {
 		return fmt.Errorf("writing %v rules: %w", fam, err)
 	}
 	return nil
@@ -421,7 +421,7 @@ func (m *Mode) dropFamilyRules(ctx context.Context, fam Family) error {
 		slices.Sort(drop)
 		fmt.Fprintf(&b, "*%s\n%s\nCOMMIT\n", tbl, strings.Join(slices.Concat(decl, del, drop), "\n"))
 	}
-	if err := m.rules.IPTablesRestore(ctx, fam, []byte(b.String())); err != nil {
+	if err := m.restores.Restore(ctx, m.rules, fam, []byte(b.String())); err != nil {
 		return fmt.Errorf("removing %v rules: %w", fam, err)
 	}
 	return nil

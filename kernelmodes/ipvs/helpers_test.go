@@ -151,6 +151,25 @@ func (w *world) realServers(proto lb.Protocol, vip netip.AddrPort) []string {
 	return nil
 }
 
+// virtualServers renders the fake's virtual servers that keep accepts.
+func virtualServers(f *Fakes, keep func(VirtualServer) bool) []string {
+	got := []string{}
+	for _, v := range f.IPVS.Services() {
+		if keep(v) {
+			got = append(got, v.String())
+		}
+	}
+	return got
+}
+
+// checkVirtualServers fails t unless got is want.
+func checkVirtualServers(t *testing.T, got, want []string) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Errorf("virtual servers:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
 func be(i int) netip.AddrPort { return netip.AddrPortFrom(cases.Backends[i], cases.TCPPort) }
 
 // dump renders the whole fake kernel, for comparing two worlds.

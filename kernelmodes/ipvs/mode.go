@@ -95,6 +95,7 @@ type Mode struct {
 	// needFull: a sync failed part-way; the next Apply reads the kernel.
 	needFull bool
 	repairs  atomic.Uint64
+	restores netfilter.RestoreFailures
 	draining atomic.Int64
 }
 
@@ -183,6 +184,11 @@ func New(cfg Config) (*Mode, error) {
 // sets or rules differing from what it last left (someone tampered with
 // them) and repaired them.
 func (m *Mode) Repairs() uint64 { return m.repairs.Load() }
+
+// RestoreFailures counts the iptables-restore runs of this mode's syncs
+// that failed for family (kube-proxy's
+// kubeproxy_sync_proxy_rules_iptables_restore_failures_total).
+func (m *Mode) RestoreFailures(family Family) uint64 { return m.restores.Count(family) }
 
 // Draining is the number of real servers at weight 0 waiting for their
 // connections to end.
@@ -420,7 +426,9 @@ func (m *Mode) reconcile(ctx context.Context, have map[vsKey]*vsState, want map[
 			if slices.Contains(w.dests, a) || !d.draining.IsZero() {
 				continue
 			}
-			if k.proto == lb.UDP {
+			if k.proto != lb.TCP {
+				// UDP and SCTP real servers go at once, as kube-proxy
+				// does: graceful termination is TCP's.
 				if err := m.delDest(ctx, k, s, a); err != nil {
 					errs = append(errs, fmt.Errorf("removing real server %v of %v (%v): %w", a, k, w.service, err))
 				}

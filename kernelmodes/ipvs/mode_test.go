@@ -12,6 +12,7 @@ import (
 
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/internal/cases"
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 )
 
 // TestServiceSemantics runs the shared Service table (the one the VM test
@@ -85,7 +86,7 @@ func (w *world) runStep(t *testing.T, step cases.Step, full bool) {
 	}
 	for _, p := range step.Probes {
 		if msg := cases.Check(p, w.probe(p)); msg != "" {
-			t.Errorf("%s (%v -> %s/%v): %s", p.Name, p.From, protoName(p.Proto), p.To, msg)
+			t.Errorf("%s (%v -> %s/%v): %s", p.Name, p.From, netfilter.ProtoName(p.Proto), p.To, msg)
 		}
 	}
 	if h := step.Held; h != nil && h.Proto == lb.TCP {
@@ -152,21 +153,14 @@ func TestVirtualServers(t *testing.T) {
 	w := newWorld(t, Config{})
 	w.f.Links.AddNodeAddr("eth1", netip.MustParseAddr("192.0.2.7"))
 	w.apply(false, cases.Web(0, 1), cases.Sticky())
-	var got []string
-	for _, v := range w.f.IPVS.Services() {
-		got = append(got, v.String())
-	}
-	want := []string{
+	checkVirtualServers(t, virtualServers(w.f, func(VirtualServer) bool { return true }), []string{
 		"tcp 192.0.2.7:30080 rr -> 198.18.2.1:8080 w1 -> 198.18.2.2:8080 w1",
 		"tcp 198.18.0.1:30080 rr -> 198.18.2.1:8080 w1 -> 198.18.2.2:8080 w1",
 		"tcp 198.19.0.10:80 rr -> 198.18.2.1:8080 w1 -> 198.18.2.2:8080 w1",
 		"tcp 198.19.0.11:80 rr persistent 10800 -> 198.18.2.1:8080 w1 -> 198.18.2.2:8080 w1 -> 198.18.2.3:8080 w1",
 		"tcp 198.19.1.10:80 rr -> 198.18.2.1:8080 w1 -> 198.18.2.2:8080 w1",
 		"tcp 198.19.2.10:80 rr -> 198.18.2.1:8080 w1 -> 198.18.2.2:8080 w1",
-	}
-	if !slices.Equal(got, want) {
-		t.Errorf("virtual servers:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
+	})
 	_, addrs, _ := w.f.Links.Link(DummyInterface)
 	slices.SortFunc(addrs, netip.Addr.Compare)
 	if g, w := fmtAddrs(addrs), "198.19.0.10 198.19.0.11 198.19.1.10 198.19.2.10"; g != w {
@@ -514,6 +508,30 @@ func TestFailedApplyConverges(t *testing.T) {
 	}
 }
 
+// TestRestoreFailuresCounted: a failed iptables-restore of a sync is
+// counted for its family (kube-proxy's
+// kubeproxy_sync_proxy_rules_iptables_restore_failures_total); the next
+// sync writes the rules.
+func TestRestoreFailuresCounted(t *testing.T) {
+	w := newWorld(t, Config{})
+	boom := errors.New("boom")
+	w.f.Rules.FailNext("iptables-restore", boom)
+	if err := w.tryApply(true, cases.Web(0, 1)); !errors.Is(err, boom) {
+		t.Fatalf("Apply: %v, want the injected error", err)
+	}
+	if v4, v6 := w.m.RestoreFailures(IPv4), w.m.RestoreFailures(IPv6); v4 != 1 || v6 != 0 {
+		t.Errorf("RestoreFailures IPv4 %d, IPv6 %d; want 1, 0", v4, v6)
+	}
+	w.apply(true, cases.Web(0, 1))
+	if n := w.m.RestoreFailures(IPv4); n != 1 {
+		t.Errorf("after a good sync RestoreFailures(IPv4) = %d, want still 1", n)
+	}
+	if msg := cases.Check(cases.Probe{From: cases.Pod, To: cases.WebNodePort, N: 2, Backends: []int{0, 1}, Balanced: true, Masq: cases.MasqYes},
+		w.probe(cases.Probe{From: cases.Pod, To: cases.WebNodePort, N: 2})); msg != "" {
+		t.Errorf("after the retry: %s", msg)
+	}
+}
+
 func TestIPv6(t *testing.T) {
 	w := newWorld(t, Config{IPv6: true})
 	w.f.Links.AddNodeAddr("eth0", netip.MustParseAddr("2001:db8::1"))
@@ -663,7 +681,7 @@ func TestFakeRulesRefusesWhatIptablesRefuses(t *testing.T) {
 	for _, bad := range []string{
 		"add nope 1.2.3.4",
 		"create s hash:ip\nadd s 2001:db8::1",
-		"create p hash:ip,port\nadd p 1.2.3.4,sctp:80",
+		"create p hash:ip,port\nadd p 1.2.3.4,bogus:80",
 		"create s hash:ip,port",
 		"create q bitmap:port range 0-65535\nswap q s",
 	} {

@@ -57,11 +57,13 @@ func TestPrivilegedRulesInNamespace(t *testing.T) {
 
 			f := NewFakes(nil)
 			w := newWorldOn(t, f, &fakeClock{}, Config{NodeIPs: []netip.Addr{cases.NodeIP}, Rules: e})
-			svcs := []lb.Service{cases.Web(0, 1), cases.DNS(0, 1), cases.Sticky()}
+			svcs := []lb.Service{cases.Web(0, 1), cases.DNS(0, 1), cases.Sticky(), cases.Diameter(0, 1)}
 			w.apply(true, svcs...)
 			applied := rulesState(t, e)
 			for _, want := range []string{":SVCPROXY-IPVS-SERVICES", "-A PREROUTING -j SVCPROXY-IPVS-SERVICES", "-A INPUT -j SVCPROXY-IPVS-FILTER",
-				"add svcproxy-ipvs-vs-v4 198.19.0.10,tcp:80", "add svcproxy-ipvs-loop-v4 198.18.2.1,tcp:8080,198.18.2.1", "add svcproxy-ipvs-np-masq-tcp 30080"} {
+				"add svcproxy-ipvs-vs-v4 198.19.0.10,tcp:80", "add svcproxy-ipvs-loop-v4 198.18.2.1,tcp:8080,198.18.2.1", "add svcproxy-ipvs-np-masq-tcp 30080",
+				"add svcproxy-ipvs-vs-v4 198.19.0.13,sctp:3868", "add svcproxy-ipvs-np-masq-sctp-v4 198.18.0.1,sctp:30868",
+				"-A SVCPROXY-IPVS-NODEPORTS -p sctp -m set --match-set svcproxy-ipvs-np-masq-sctp-v4 dst,dst -j SVCPROXY-IPVS-MARK-MASQ"} {
 				if !strings.Contains(applied, want) {
 					t.Errorf("after Apply, no %q in:\n%s", want, applied)
 				}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 )
 
 // Names of everything svcproxy's IPVS mode installs. Other modes use other
@@ -46,7 +47,9 @@ type setID uint8
 
 // The sets. Per family: the VIPs, the VIP frontends, the ones whose traffic
 // is masqueraded or rejected, the hairpin triples, the node IPs carrying
-// NodePorts. Shared by both families: NodePorts by protocol.
+// NodePorts, and SCTP NodePorts masqueraded or rejected, as node IP and
+// port (as kube-proxy: bitmap:port never matches an SCTP packet). Shared by
+// both families: TCP and UDP NodePorts by protocol.
 const (
 	setVIPs4 setID = iota
 	setVS4
@@ -54,12 +57,16 @@ const (
 	setReject4
 	setLoop4
 	setNodeIPs4
+	setNPMasqSCTP4
+	setNPRejectSCTP4
 	setVIPs6
 	setVS6
 	setMasq6
 	setReject6
 	setLoop6
 	setNodeIPs6
+	setNPMasqSCTP6
+	setNPRejectSCTP6
 	setNPMasqTCP
 	setNPMasqUDP
 	setNPRejectTCP
@@ -82,22 +89,26 @@ type setDef struct {
 }
 
 var setDefs = [numSets]setDef{
-	setVIPs4:       {"svcproxy-ipvs-vips-v4", typeIP, IPv4, false},
-	setVS4:         {"svcproxy-ipvs-vs-v4", typeIPPort, IPv4, false},
-	setMasq4:       {"svcproxy-ipvs-masq-v4", typeIPPort, IPv4, false},
-	setReject4:     {"svcproxy-ipvs-reject-v4", typeIPPort, IPv4, false},
-	setLoop4:       {"svcproxy-ipvs-loop-v4", typeIPPortIP, IPv4, false},
-	setNodeIPs4:    {"svcproxy-ipvs-nodeips-v4", typeIP, IPv4, false},
-	setVIPs6:       {"svcproxy-ipvs-vips-v6", typeIP, IPv6, false},
-	setVS6:         {"svcproxy-ipvs-vs-v6", typeIPPort, IPv6, false},
-	setMasq6:       {"svcproxy-ipvs-masq-v6", typeIPPort, IPv6, false},
-	setReject6:     {"svcproxy-ipvs-reject-v6", typeIPPort, IPv6, false},
-	setLoop6:       {"svcproxy-ipvs-loop-v6", typeIPPortIP, IPv6, false},
-	setNodeIPs6:    {"svcproxy-ipvs-nodeips-v6", typeIP, IPv6, false},
-	setNPMasqTCP:   {"svcproxy-ipvs-np-masq-tcp", typePort, IPv4, true},
-	setNPMasqUDP:   {"svcproxy-ipvs-np-masq-udp", typePort, IPv4, true},
-	setNPRejectTCP: {"svcproxy-ipvs-np-rej-tcp", typePort, IPv4, true},
-	setNPRejectUDP: {"svcproxy-ipvs-np-rej-udp", typePort, IPv4, true},
+	setVIPs4:         {"svcproxy-ipvs-vips-v4", typeIP, IPv4, false},
+	setVS4:           {"svcproxy-ipvs-vs-v4", typeIPPort, IPv4, false},
+	setMasq4:         {"svcproxy-ipvs-masq-v4", typeIPPort, IPv4, false},
+	setReject4:       {"svcproxy-ipvs-reject-v4", typeIPPort, IPv4, false},
+	setLoop4:         {"svcproxy-ipvs-loop-v4", typeIPPortIP, IPv4, false},
+	setNodeIPs4:      {"svcproxy-ipvs-nodeips-v4", typeIP, IPv4, false},
+	setNPMasqSCTP4:   {"svcproxy-ipvs-np-masq-sctp-v4", typeIPPort, IPv4, false},
+	setNPRejectSCTP4: {"svcproxy-ipvs-np-rej-sctp-v4", typeIPPort, IPv4, false},
+	setVIPs6:         {"svcproxy-ipvs-vips-v6", typeIP, IPv6, false},
+	setVS6:           {"svcproxy-ipvs-vs-v6", typeIPPort, IPv6, false},
+	setMasq6:         {"svcproxy-ipvs-masq-v6", typeIPPort, IPv6, false},
+	setReject6:       {"svcproxy-ipvs-reject-v6", typeIPPort, IPv6, false},
+	setLoop6:         {"svcproxy-ipvs-loop-v6", typeIPPortIP, IPv6, false},
+	setNodeIPs6:      {"svcproxy-ipvs-nodeips-v6", typeIP, IPv6, false},
+	setNPMasqSCTP6:   {"svcproxy-ipvs-np-masq-sctp-v6", typeIPPort, IPv6, false},
+	setNPRejectSCTP6: {"svcproxy-ipvs-np-rej-sctp-v6", typeIPPort, IPv6, false},
+	setNPMasqTCP:     {"svcproxy-ipvs-np-masq-tcp", typePort, IPv4, true},
+	setNPMasqUDP:     {"svcproxy-ipvs-np-masq-udp", typePort, IPv4, true},
+	setNPRejectTCP:   {"svcproxy-ipvs-np-rej-tcp", typePort, IPv4, true},
+	setNPRejectUDP:   {"svcproxy-ipvs-np-rej-udp", typePort, IPv4, true},
 }
 
 // famSet returns the family's variant of a per-family set (given as its
@@ -154,17 +165,10 @@ func (m member) String() string {
 	case typeIP:
 		return m.ip.String()
 	case typeIPPort:
-		return m.ip.String() + "," + protoName(m.proto) + ":" + strconv.Itoa(int(m.port))
+		return m.ip.String() + "," + netfilter.ProtoName(m.proto) + ":" + strconv.Itoa(int(m.port))
 	default:
-		return m.ip.String() + "," + protoName(m.proto) + ":" + strconv.Itoa(int(m.port)) + "," + m.ip2.String()
+		return m.ip.String() + "," + netfilter.ProtoName(m.proto) + ":" + strconv.Itoa(int(m.port)) + "," + m.ip2.String()
 	}
-}
-
-func protoName(p lb.Protocol) string {
-	if p == lb.UDP {
-		return "udp"
-	}
-	return "tcp"
 }
 
 // wantedSets are the sets this configuration uses.
@@ -202,6 +206,7 @@ func (m *Mode) chainRules(fam Family) map[chainKey][]string {
 		{"nat", chainNodePorts}: {
 			"-p tcp -m set --match-set " + setDefs[setNPMasqTCP].name + " dst -j " + chainMarkMasq,
 			"-p udp -m set --match-set " + setDefs[setNPMasqUDP].name + " dst -j " + chainMarkMasq,
+			"-p sctp -m set --match-set " + set(setNPMasqSCTP4) + " dst,dst -j " + chainMarkMasq,
 		},
 		{"nat", chainMarkMasq}: {
 			"-j MARK --or-mark " + mark,
@@ -216,12 +221,15 @@ func (m *Mode) chainRules(fam Family) map[chainKey][]string {
 		{"filter", chainFilter}: {
 			"-p tcp " + isNew + " -m set --match-set " + set(setReject4) + " dst,dst -j REJECT --reject-with tcp-reset",
 			"-p udp " + isNew + " -m set --match-set " + set(setReject4) + " dst,dst -j REJECT --reject-with " + unreachable,
+			"-p sctp " + isNew + " -m set --match-set " + set(setReject4) + " dst,dst -j REJECT --reject-with " + unreachable,
 			"-p tcp " + isNew + " -m set --match-set " + set(setNodeIPs4) + " dst -m set --match-set " + setDefs[setNPRejectTCP].name + " dst -j REJECT --reject-with tcp-reset",
 			"-p udp " + isNew + " -m set --match-set " + set(setNodeIPs4) + " dst -m set --match-set " + setDefs[setNPRejectUDP].name + " dst -j REJECT --reject-with " + unreachable,
+			"-p sctp " + isNew + " -m set --match-set " + set(setNPRejectSCTP4) + " dst,dst -j REJECT --reject-with " + unreachable,
 			// Ports of a VIP that no Service uses: refused, not handed to
 			// whatever the node listens on there.
 			"-p tcp " + isNew + " -m set --match-set " + set(setVIPs4) + " dst -m set ! --match-set " + set(setVS4) + " dst,dst -j REJECT --reject-with tcp-reset",
 			"-p udp " + isNew + " -m set --match-set " + set(setVIPs4) + " dst -m set ! --match-set " + set(setVS4) + " dst,dst -j REJECT --reject-with " + unreachable,
+			"-p sctp " + isNew + " -m set --match-set " + set(setVIPs4) + " dst -m set ! --match-set " + set(setVS4) + " dst,dst -j REJECT --reject-with " + unreachable,
 		},
 	}
 }

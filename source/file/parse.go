@@ -17,7 +17,7 @@
 //	    algorithm: round-robin      # round-robin | random | least-conn | maglev; default: the Store's
 //	    ports:                      # required, at least one
 //	      - name: http              # required when more than one port
-//	        protocol: TCP           # TCP (default) | UDP
+//	        protocol: TCP           # TCP (default) | UDP | SCTP (served by the kernel modes only)
 //	        port: 18080             # required, 1-65535
 //	        targetPort: 8080        # default: port
 //	        nodePort: 30080         # optional, 1-65535
@@ -28,14 +28,22 @@
 //	        terminating: false      # default false
 //	        nodeName: node-a
 //	        zone: zone-a
-//	        zoneHints: [zone-a]
+//	        zoneHints: [zone-a]     # topology hints: the zones this endpoint serves
+//	        nodeHints: [node-a]     # the nodes it serves (trafficDistribution PreferSameNode)
 //	        ports: {http: 8081}     # overrides targetPort by port name ("" for an unnamed port)
+//
+// Hints narrow a Cluster traffic policy as kube-proxy's EndpointSlice hints
+// do (lb.UsableEndpoints): node hints when every ready endpoint has some and
+// one names this node (--hostname-override), else zone hints on the same
+// terms with --zone, else every ready endpoint. Hint names must not be
+// empty.
 //
 // The services key is required: a file serving no Services says
 // `services: []`, so an empty or truncated file is an error, never "no
 // Services". A service needs at least one of clusterIPs, externalIPs,
 // loadBalancerIPs or a nodePort, and no two services may claim the same
-// frontend (protocol, address, port) or nodePort. Each (service, port) pair becomes one lb.Service named
+// frontend (protocol, address, port) or nodePort. Each (service, port)
+// pair becomes one lb.Service named
 // {namespace, name, port name}, whose endpoints are ip:targetPort. YAML
 // anchors and aliases are not supported.
 package file
@@ -524,7 +532,7 @@ func (p *parser) endpoints(n *yaml.Node, path string, ports []portSpec) []endpoi
 	out := make([]endpointSpec, 0, len(items))
 	for i, item := range items {
 		path := fmt.Sprintf("%s[%d]", path, i)
-		f, ok := p.fields(item, path, "ip", "ready", "serving", "terminating", "nodeName", "zone", "zoneHints", "ports")
+		f, ok := p.fields(item, path, "ip", "ready", "serving", "terminating", "nodeName", "zone", "zoneHints", "nodeHints", "ports")
 		if !ok {
 			continue
 		}
@@ -552,19 +560,36 @@ func (p *parser) endpoints(n *yaml.Node, path string, ports []portSpec) []endpoi
 		if v := f["zone"]; v != nil {
 			ep.Zone, _ = p.str(v, path+".zone")
 		}
-		if v := f["zoneHints"]; v != nil {
-			if hints, ok := p.list(v, path+".zoneHints"); ok {
-				for j, h := range hints {
-					if s, ok := p.str(h, fmt.Sprintf("%s.zoneHints[%d]", path, j)); ok {
-						ep.ZoneHints = append(ep.ZoneHints, s)
-					}
-				}
-			}
-		}
+		ep.ZoneHints = p.hints(f["zoneHints"], path+".zoneHints")
+		ep.NodeHints = p.hints(f["nodeHints"], path+".nodeHints")
 		if v := f["ports"]; v != nil {
 			es.ports = p.portOverrides(v, path+".ports", ports)
 		}
 		out = append(out, es)
+	}
+	return out
+}
+
+// hints parses a list of zone or node names (nil n: none). An empty name
+// could never match and is an error.
+func (p *parser) hints(n *yaml.Node, path string) []string {
+	if n == nil {
+		return nil
+	}
+	items, ok := p.list(n, path)
+	if !ok {
+		return nil
+	}
+	var out []string
+	for j, h := range items {
+		field := fmt.Sprintf("%s[%d]", path, j)
+		if s, ok := p.str(h, field); ok {
+			if s == "" {
+				p.errorf(h, field, "must not be empty")
+				continue
+			}
+			out = append(out, s)
+		}
 	}
 	return out
 }

@@ -67,6 +67,7 @@ services:
         nodeName: node-a
         zone: zone-a
         zoneHints: [zone-a, zone-b]
+        nodeHints: [node-a]
       - ip: 10.1.0.2
         ready: false
         ports: {http: 9090}
@@ -81,7 +82,7 @@ services:
 				ExternalTrafficPolicy: lb.PolicyLocal,
 				Algorithm:             lb.LeastConn,
 			}
-			ep1 := lb.Endpoint{Serving: true, Terminating: true, NodeName: "node-a", Zone: "zone-a", ZoneHints: []string{"zone-a", "zone-b"}}
+			ep1 := lb.Endpoint{Serving: true, Terminating: true, NodeName: "node-a", Zone: "zone-a", ZoneHints: []string{"zone-a", "zone-b"}, NodeHints: []string{"node-a"}}
 			ep2 := lb.Endpoint{}
 			http, dns := base, base
 			http.Name = lb.ServicePortName{Namespace: "shop", Name: "web", Port: "http"}
@@ -94,6 +95,33 @@ services:
 			dns.Endpoints = []lb.Endpoint{ep1, ep2}
 			return []lb.Service{http, dns}
 		}(),
+	}, {
+		name: "SCTP beside TCP on the same port and nodePort",
+		yaml: `
+services:
+  - name: diameter
+    clusterIP: 10.0.0.3
+    ports:
+      - {name: tcp, port: 3868, nodePort: 30868}
+      - {name: sctp, protocol: SCTP, port: 3868, nodePort: 30868, targetPort: 3869}
+    endpoints:
+      - ip: 10.1.0.3
+`,
+		want: []lb.Service{{
+			Name:       lb.ServicePortName{Namespace: "default", Name: "diameter", Port: "tcp"},
+			Protocol:   lb.TCP,
+			Port:       3868,
+			NodePort:   30868,
+			ClusterIPs: []netip.Addr{addr("10.0.0.3")},
+			Endpoints:  []lb.Endpoint{{Addr: addrPort("10.1.0.3:3868"), Ready: true, Serving: true}},
+		}, {
+			Name:       lb.ServicePortName{Namespace: "default", Name: "diameter", Port: "sctp"},
+			Protocol:   lb.SCTP,
+			Port:       3868,
+			NodePort:   30868,
+			ClusterIPs: []netip.Addr{addr("10.0.0.3")},
+			Endpoints:  []lb.Endpoint{{Addr: addrPort("10.1.0.3:3869"), Ready: true, Serving: true}},
+		}},
 	}, {
 		name: "affinity default timeout, nodePort only, no endpoints",
 		yaml: `
@@ -361,8 +389,22 @@ func TestParseErrors(t *testing.T) {
     clusterIP: 10.0.0.1
     ports:
       - port: 80
-        protocol: SCTP
-`, `line 6: services[0].ports[0].protocol: unsupported protocol "SCTP"`, false, 0},
+        protocol: DCCP
+`, `line 6: services[0].ports[0].protocol: unsupported protocol "DCCP" (want TCP, UDP or SCTP)`, false, 0},
+		{"empty node hint", `services:
+  - name: web
+    clusterIP: 10.0.0.1
+    ports: [{port: 80}]
+    endpoints:
+      - {ip: 10.1.0.1, nodeHints: [node-a, ""]}
+`, `line 6: services[0].endpoints[0].nodeHints[1]: must not be empty`, false, 0},
+		{"node hints not a list", `services:
+  - name: web
+    clusterIP: 10.0.0.1
+    ports: [{port: 80}]
+    endpoints:
+      - {ip: 10.1.0.1, nodeHints: node-a}
+`, `line 6: services[0].endpoints[0].nodeHints:`, false, 0},
 		{"bad affinity", `services:
   - name: web
     clusterIP: 10.0.0.1

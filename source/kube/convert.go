@@ -355,6 +355,11 @@ func (c *converter) endpoints(all []*discovery.EndpointSlice, nodeName string) m
 						ep.ZoneHints = append(ep.ZoneHints, z.Name)
 					}
 				}
+				for _, n := range e.Hints.ForNodes {
+					if n.Name != "" && !slices.Contains(ep.NodeHints, n.Name) {
+						ep.NodeHints = append(ep.NodeHints, n.Name)
+					}
+				}
 			}
 			eps = append(eps, entry{ep, nodeName != "" && ep.NodeName == nodeName})
 		}
@@ -399,7 +404,7 @@ func (c *converter) slicePorts(es *discovery.EndpointSlice) map[portKey]uint16 {
 		if p.Protocol != nil {
 			proto, err := lb.ParseProtocol(string(*p.Protocol))
 			if err != nil {
-				// SCTP and the like: no Service port of ours can use it.
+				// Not TCP, UDP or SCTP: no Service port can use it.
 				continue
 			}
 			key.proto = proto

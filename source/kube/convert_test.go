@@ -61,6 +61,17 @@ func ep(addr, conds, node string, hints ...string) discovery.Endpoint {
 	return e
 }
 
+// forNodes adds node hints (hints.forNodes) to e.
+func forNodes(e discovery.Endpoint, nodes ...string) discovery.Endpoint {
+	if e.Hints == nil {
+		e.Hints = &discovery.EndpointHints{}
+	}
+	for _, n := range nodes {
+		e.Hints.ForNodes = append(e.Hints.ForNodes, discovery.ForNode{Name: n})
+	}
+	return e
+}
+
 type sport struct {
 	name  string
 	proto v1.Protocol
@@ -98,6 +109,11 @@ func lbep(addr string, ready, serving, terminating bool, node string, hints ...s
 	if len(hints) > 0 {
 		e.ZoneHints = hints
 	}
+	return e
+}
+
+func nodeHints(e lb.Endpoint, nodes ...string) lb.Endpoint {
+	e.NodeHints = nodes
 	return e
 }
 
@@ -358,6 +374,16 @@ func TestConvert(t *testing.T) {
 			))},
 		},
 		{
+			name: "node hints (trafficDistribution PreferSameNode) are carried beside zone hints, empty names dropped",
+			svc:  svc(func(s *v1.Service) { s.Spec.TrafficDistribution = ptr(v1.ServiceTrafficDistributionPreferSameNode) }),
+			slices: []*discovery.EndpointSlice{slice("web-1", discovery.AddressTypeIPv4, httpPort,
+				forNodes(ep("10.1.0.1", "", "a", "zone-a"), "a", "", "a"), forNodes(ep("10.1.0.2", "", "b"), "b", "c"))},
+			want: []lb.Service{base(withEndpoints(
+				nodeHints(lbep("10.1.0.1:8080", true, true, false, "a", "zone-a"), "a"),
+				nodeHints(lbep("10.1.0.2:8080", true, true, false, "b"), "b", "c"),
+			))},
+		},
+		{
 			name: "headless Service: ignored",
 			svc: svc(func(s *v1.Service) {
 				s.Spec.ClusterIP, s.Spec.ClusterIPs = v1.ClusterIPNone, []string{v1.ClusterIPNone}
@@ -383,9 +409,32 @@ func TestConvert(t *testing.T) {
 			proxy: "svcproxy",
 		},
 		{
-			name: "SCTP port: not proxied, the others are",
+			name: "SCTP port beside TCP on the same number, each with its slice port",
 			svc: svc(func(s *v1.Service) {
-				s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "sctp", Protocol: v1.ProtocolSCTP, Port: 9})
+				s.Spec.Type = v1.ServiceTypeNodePort
+				s.Spec.Ports = []v1.ServicePort{
+					{Name: "http", Protocol: v1.ProtocolTCP, Port: 80, NodePort: 30080},
+					{Name: "diameter", Protocol: v1.ProtocolSCTP, Port: 80, NodePort: 30080},
+				}
+			}),
+			slices: []*discovery.EndpointSlice{
+				slice("a", discovery.AddressTypeIPv4, []sport{{"http", v1.ProtocolTCP, 8080}, {"diameter", v1.ProtocolSCTP, 3868}}, ep("10.1.0.1", "", "")),
+			},
+			want: []lb.Service{
+				base(func(s *lb.Service) {
+					s.Name.Port, s.Protocol, s.NodePort = "diameter", lb.SCTP, 30080
+					s.Endpoints = []lb.Endpoint{lbep("10.1.0.1:3868", true, true, false, "")}
+				}),
+				base(func(s *lb.Service) {
+					s.NodePort = 30080
+					s.Endpoints = []lb.Endpoint{lbep("10.1.0.1:8080", true, true, false, "")}
+				}),
+			},
+		},
+		{
+			name: "unknown protocol: that port not proxied, the others are",
+			svc: svc(func(s *v1.Service) {
+				s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "dccp", Protocol: "DCCP", Port: 9})
 			}),
 			want: []lb.Service{base()},
 			errs: []string{"Service ns/web: spec.ports[1].protocol: unsupported protocol"},

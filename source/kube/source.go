@@ -73,6 +73,11 @@ type HealthCheckServer interface {
 type Options struct {
 	Client   kubernetes.Interface // required
 	NodeName string               // required: this node (--hostname-override); its Node is watched and its endpoints are local
+	// Zone, if set, is this node's zone for topology hints, fixed (--zone).
+	// Empty: the zone follows the Node's topology.kubernetes.io/zone label
+	// live, as kube-proxy's does: a change sets the Store's node zone
+	// (lb.Store.SetNode), which decides the hinted Services again.
+	Zone string
 
 	// ProxyName, if set, makes svcproxy serve only the Services labelled
 	// service.kubernetes.io/service-proxy-name=ProxyName; empty (the
@@ -99,8 +104,8 @@ type Options struct {
 	// are serialised.
 	OnSync func(servicePorts int, err error)
 	// OnNode, if set, is called with this node's Node whenever it is added
-	// or changes (zone label, proxy-mode annotation, deletion). The Store's
-	// lb.Node is fixed when it is made, so a zone change takes a restart.
+	// or changes (zone label, proxy-mode annotation, deletion), after a
+	// zone change reached the Store.
 	OnNode func(node *v1.Node)
 }
 
@@ -375,9 +380,34 @@ func (s *source) node(obj any, deleted bool) {
 	if s.opts.Health != nil {
 		s.opts.Health.SetNodeEligible(eligible)
 	}
+	if !deleted {
+		s.followZone(node)
+	}
 	if s.opts.OnNode != nil && !deleted {
 		s.opts.OnNode(node)
 	}
+}
+
+// followZone gives the Store the Node's zone label when it differs from
+// the Store's, unless Options.Zone fixes the zone. A deleted Node keeps
+// the last zone.
+func (s *source) followZone(node *v1.Node) {
+	if s.opts.Zone != "" {
+		return
+	}
+	n := s.store.Node()
+	zone := Zone(node)
+	if zone == n.Zone {
+		return
+	}
+	start := time.Now()
+	old := n.Zone
+	n.Zone = zone
+	// Its only errors are frontend conflicts, which a zone does not
+	// change: the writes that made them report them.
+	snap, _ := s.store.SetNode(n)
+	s.log.Info("this node's zone changed: topology hints decided again", zap.String("node", node.Name),
+		zap.String("from", old), zap.String("to", zone), zap.Uint64("version", snap.Version), zap.Duration("duration", time.Since(start)))
 }
 
 // NodeEligible is kube-proxy's eligibility: the node is not being deleted

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -99,6 +100,12 @@ type harness struct {
 
 func start(t *testing.T, minSync time.Duration, objs ...runtime.Object) *harness {
 	t.Helper()
+	return startWith(t, nil, minSync, objs...)
+}
+
+// startWith is start with edit applied to the Options.
+func startWith(t *testing.T, edit func(*Options), minSync time.Duration, objs ...runtime.Object) *harness {
+	t.Helper()
 	h := &harness{
 		t:       t,
 		client:  fake.NewClientset(objs...),
@@ -121,6 +128,9 @@ func start(t *testing.T, minSync time.Duration, objs ...runtime.Object) *harness
 			default:
 			}
 		},
+	}
+	if edit != nil {
+		edit(&opts)
 	}
 	go func() { h.done <- Run(ctx, opts, h.store) }()
 	t.Cleanup(func() {
@@ -536,4 +546,81 @@ func TestTriggerTime(t *testing.T) {
 			}
 		})
 	}
+}
+
+// poolOf names the endpoints of name's internal pool: what is applied.
+func poolOf(name lb.ServicePortName, want ...string) func(*lb.Snapshot) bool {
+	return func(s *lb.Snapshot) bool {
+		b := s.Balancer(name)
+		if b == nil {
+			return false
+		}
+		var got []string
+		for _, be := range b.Internal.Backends() {
+			got = append(got, be.Addr.String())
+		}
+		return slices.Equal(got, want)
+	}
+}
+
+// TestRunFollowsZone: with no fixed zone, the Node's
+// topology.kubernetes.io/zone label decides which hinted endpoints are
+// applied, and a change of the label (or its removal) applies others
+// without a restart; with a fixed zone (--zone) the label is ignored.
+func TestRunFollowsZone(t *testing.T) {
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a", Labels: map[string]string{v1.LabelTopologyZone: "z1"}, ResourceVersion: "1"}}
+	web := svc(func(s *v1.Service) { s.Spec.TrafficDistribution = ptr(v1.ServiceTrafficDistributionPreferSameZone) })
+	es := slice("web-1", discovery.AddressTypeIPv4, httpPort, ep("10.1.0.1", "", "node-a", "z1"), ep("10.1.0.2", "", "node-b", "z2"))
+	relabel := func(h *harness, zone string) {
+		t.Helper()
+		n, err := h.client.CoreV1().Nodes().Get(context.Background(), "node-a", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n = n.DeepCopy()
+		if zone == "" {
+			delete(n.Labels, v1.LabelTopologyZone)
+		} else {
+			n.Labels[v1.LabelTopologyZone] = zone
+		}
+		rv, _ := strconv.Atoi(n.ResourceVersion)
+		n.ResourceVersion = strconv.Itoa(rv + 1)
+		if _, err := h.client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("followed", func(t *testing.T) {
+		h := start(t, 0, node, web, es)
+		h.waitFor("zone z1's endpoint", poolOf(webHTTP, "10.1.0.1:8080"))
+		relabel(h, "z2")
+		h.waitFor("zone z2's endpoint after the label changed", poolOf(webHTTP, "10.1.0.2:8080"))
+		if z := h.store.Node().Zone; z != "z2" {
+			t.Errorf("the Store's zone is %q, want z2", z)
+		}
+		relabel(h, "")
+		h.waitFor("every endpoint once the node has no zone", poolOf(webHTTP, "10.1.0.1:8080", "10.1.0.2:8080"))
+	})
+
+	t.Run("fixed by --zone", func(t *testing.T) {
+		h := startWith(t, func(o *Options) { o.Zone = "z1" }, 0, node, web, es)
+		if _, err := h.store.SetNode(lb.Node{Name: "node-a", Zone: "z1"}); err != nil { // as main does with --zone
+			t.Fatal(err)
+		}
+		h.waitFor("zone z1's endpoint", poolOf(webHTTP, "10.1.0.1:8080"))
+		relabel(h, "z2")
+		// OnNode runs after the zone was (not) followed for this event.
+		deadline := time.After(5 * time.Second)
+		for seen := false; !seen; {
+			select {
+			case n := <-h.nodes:
+				seen = Zone(n) == "z2"
+			case <-deadline:
+				t.Fatal("the relabelled Node never arrived")
+			}
+		}
+		if !poolOf(webHTTP, "10.1.0.1:8080")(h.store.Snapshot()) || h.store.Node().Zone != "z1" {
+			t.Errorf("with --zone z1, a z2 label changed the zone to %q", h.store.Node().Zone)
+		}
+	})
 }

@@ -4,7 +4,8 @@
 // namespace), runs real TCP and UDP servers in the backends, and runs the
 // Service table of kernelmodes/ipvs/internal/cases through the real IPVS
 // mode (moby/ipvs, rtnetlink, iptables-legacy and ipset when the initramfs
-// has them, ctnetlink), checking each probe with real sockets. Results go to
+// has them, ctnetlink), checking each probe with real sockets (raw ones for
+// SCTP, sctp.go). Results go to
 // the serial console as VMTEST lines; then it reboots, which ends QEMU.
 //
 // It refuses to run unless it is PID 1.
@@ -91,6 +92,9 @@ func run(r *vmtest.Reporter) error {
 	}
 	for i, b := range topo.backends {
 		if err := serve(b, i); err != nil {
+			return fmt.Errorf("starting backend%d: %w", i, err)
+		}
+		if err := serveSCTP(b, i); err != nil {
 			return fmt.Errorf("starting backend%d: %w", i, err)
 		}
 	}
@@ -315,9 +319,12 @@ func (g *guest) probe(p cases.Probe) []cases.Result {
 	out := make([]cases.Result, 0, p.Count())
 	for range p.Count() {
 		var res cases.Result
-		if p.Proto == lb.UDP {
+		switch p.Proto {
+		case lb.UDP:
 			res = g.udpProbe(g.topo.client(p.From), p.To)
-		} else {
+		case lb.SCTP:
+			res = g.sctpProbe(g.topo.client(p.From), p.To)
+		default:
 			res = g.tcpProbe(g.topo.client(p.From), p.To)
 		}
 		// "Gone" is any failure that reached no backend but a timeout.

@@ -5,7 +5,8 @@
 //
 // The topology both assume: a node (198.18.0.1), a client pod (198.18.1.1)
 // and three backends (198.18.2.1-3), each backend serving TCP on :8080 and
-// UDP on :5353 and answering with its index and the source address it saw.
+// UDP on :5353 and answering with its index and the source address it saw,
+// and reporting the SCTP INITs that reach it on :3869 likewise.
 // Virtual IPs are in 198.19.0.0/16.
 package cases
 
@@ -27,8 +28,9 @@ var (
 		netip.MustParseAddr("198.18.2.2"),
 		netip.MustParseAddr("198.18.2.3"),
 	}
-	TCPPort uint16 = 8080 // every backend's TCP port
-	UDPPort uint16 = 5353 // every backend's UDP port
+	TCPPort  uint16 = 8080 // every backend's TCP port
+	UDPPort  uint16 = 5353 // every backend's UDP port
+	SCTPPort uint16 = 3869 // every backend's SCTP port (the VM's guest watches it with raw sockets)
 
 	WebClusterIP  = netip.MustParseAddrPort("198.19.0.10:80")
 	WebExternalIP = netip.MustParseAddrPort("198.19.1.10:80")
@@ -36,6 +38,9 @@ var (
 	WebNodePort   = netip.AddrPortFrom(NodeIP, 30080)
 	StickyIP      = netip.MustParseAddrPort("198.19.0.11:80")
 	DNSClusterIP  = netip.MustParseAddrPort("198.19.0.12:53")
+	// SCTPClusterIP and SCTPNodePort are Diameter's frontends.
+	SCTPClusterIP = netip.MustParseAddrPort("198.19.0.13:3868")
+	SCTPNodePort  = netip.AddrPortFrom(NodeIP, 30868)
 )
 
 // Client is where a probe starts.
@@ -159,6 +164,20 @@ func DNS(idx ...int) lb.Service {
 	}
 }
 
+// Diameter is an SCTP Service with a ClusterIP and a NodePort. The VM's
+// guest sends SCTP INIT chunks from raw sockets (its kernel loads no SCTP
+// module) and sees which backend they reach.
+func Diameter(idx ...int) lb.Service {
+	return lb.Service{
+		Name:       lb.ServicePortName{Namespace: "default", Name: "diameter"},
+		Protocol:   lb.SCTP,
+		Port:       SCTPClusterIP.Port(),
+		ClusterIPs: []netip.Addr{SCTPClusterIP.Addr()},
+		NodePort:   SCTPNodePort.Port(),
+		Endpoints:  endpoints(SCTPPort, idx...),
+	}
+}
+
 // Steps is the table, in order: each step starts from the state the one
 // before left.
 func Steps() []Step {
@@ -204,10 +223,11 @@ func Steps() []Step {
 		},
 		{
 			Name:     "endpoints replaced",
-			Services: []lb.Service{Web(2), DNS(0), Sticky()},
+			Services: []lb.Service{Web(2), DNS(0), Sticky(), Diameter(2)},
 			Probes: []Probe{
 				{Name: "ClusterIP reaches the new endpoint", From: Pod, To: WebClusterIP, N: 2, Backends: []int{2}},
 				{Name: "ExternalIP reaches the new endpoint", From: Pod, To: WebExternalIP, N: 1, Backends: []int{2}, Masq: MasqYes},
+				{Name: "SCTP ClusterIP reaches the new endpoint", From: Pod, Proto: lb.SCTP, To: SCTPClusterIP, N: 2, Backends: []int{2}},
 			},
 		},
 		{
@@ -222,11 +242,14 @@ func Steps() []Step {
 		},
 		{
 			Name:     "Service removed",
-			Services: []lb.Service{DNS(0), Sticky()},
+			Services: []lb.Service{DNS(0), Sticky(), Diameter(0, 1)},
 			Probes: []Probe{
 				{Name: "its ClusterIP is gone", From: Pod, To: WebClusterIP, Outcome: Gone},
 				{Name: "its NodePort is gone", From: Pod, To: WebNodePort, Outcome: Gone},
 				{Name: "the other Services still work", From: Pod, To: StickyIP, N: 2, Backends: []int{0, 1, 2}, Sticky: true},
+				{Name: "SCTP ClusterIP from a pod, round robin", From: Pod, Proto: lb.SCTP, To: SCTPClusterIP, N: 4, Backends: []int{0, 1}, Balanced: true},
+				{Name: "SCTP NodePort from a pod, masqueraded", From: Pod, Proto: lb.SCTP, To: SCTPNodePort, N: 2, Backends: []int{0, 1}, Balanced: true, Masq: MasqYes},
+				{Name: "another SCTP port of the ClusterIP is refused", From: Pod, Proto: lb.SCTP, To: netip.AddrPortFrom(SCTPClusterIP.Addr(), 3870), Outcome: Refused},
 			},
 		},
 	}

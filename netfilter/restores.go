@@ -1,0 +1,35 @@
+package netfilter
+
+import (
+	"context"
+	"sync/atomic"
+)
+
+// Restorer is what runs iptables-restore: an Executor, or the IPVS mode's
+// narrower Rules.
+type Restorer interface {
+	IPTablesRestore(ctx context.Context, family Family, data []byte) error
+}
+
+// RestoreFailures counts a mode's iptables-restore runs that failed, by
+// family: kube-proxy's kubeproxy_sync_proxy_rules_iptables_restore_failures_total,
+// which each mode that writes its rules with iptables-restore exports. The
+// zero value is ready; it is safe for concurrent use.
+type RestoreFailures struct{ n [2]atomic.Uint64 }
+
+// Restore runs r.IPTablesRestore and counts it when it fails.
+func (c *RestoreFailures) Restore(ctx context.Context, r Restorer, family Family, data []byte) error {
+	err := r.IPTablesRestore(ctx, family, data)
+	if err != nil && int(family) < len(c.n) {
+		c.n[family].Add(1)
+	}
+	return err
+}
+
+// Count is how many runs for family failed so far.
+func (c *RestoreFailures) Count(family Family) uint64 {
+	if int(family) >= len(c.n) {
+		return 0
+	}
+	return c.n[family].Load()
+}
