@@ -280,13 +280,12 @@ func Parse(data []byte) (*Config, error) {
 		doc = doc.Content[0]
 	}
 	d.decode(doc, c, "")
-	if len(d.errs) > 0 {
-		return nil, fmt.Errorf("%w: %w", ErrInvalid, errors.Join(d.errs...))
+	// The values that decoded are validated even when others did not, so
+	// one pass lists every problem (a field that failed keeps its default).
+	if errs := append(d.errs, c.problems()...); len(errs) > 0 {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
 	}
 	c.Warnings = d.warnings
-	if err := c.Validate(); err != nil {
-		return nil, err
-	}
 	return c, nil
 }
 
@@ -343,6 +342,15 @@ func (c *Config) ClusterCIDRs() []netip.Prefix {
 
 // Validate reports every invalid value, each naming its field.
 func (c *Config) Validate() error {
+	errs := c.problems()
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
+}
+
+// problems are Validate's findings, one per invalid value.
+func (c *Config) problems() []error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
@@ -482,8 +490,5 @@ func (c *Config) Validate() error {
 	if s.ConnLogSample < 1 {
 		bad("svcproxy.connLogSample", "want 1 or more, got %d", s.ConnLogSample)
 	}
-	if len(errs) == 0 {
-		return nil
-	}
-	return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
+	return errs
 }

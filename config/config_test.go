@@ -189,6 +189,8 @@ func TestParseErrors(t *testing.T) {
 		{"redirect without mark", header + "svcproxy: {mark: 0}\n", []string{"svcproxy.mark: steering redirect needs a mark"}},
 		{"alias", header + "iptables: &x {syncPeriod: 1s}\nipvs: *x\n", []string{"ipvs: YAML aliases are not supported"}},
 		{"every problem at once", header + "mod: x\niptables: {syncPeriod: x}\nsvcproxy: {workers: x}\n", []string{"mod: unknown field", "iptables.syncPeriod: want a duration", "svcproxy.workers: want an integer"}},
+		{"bad values beside ones that do not decode", header + "mode: ebpf\nsvcproxy: {steerng: redirect, workers: 5000}\n",
+			[]string{"svcproxy.steerng: unknown field", "mode: ", "svcproxy.workers: want 0-1024"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := Parse([]byte(tc.yaml))

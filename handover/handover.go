@@ -82,6 +82,29 @@ func Take(ctx context.Context, path string) (*Handover, error) {
 	return h, nil
 }
 
+// Answers reports whether a running svcproxy listens at path: a connect
+// succeeds (or finds its queue full). Nothing at path, or a stale socket
+// file nobody listens on, is false with no error; a connect that fails
+// otherwise is that error. The connection is closed at once, before any
+// hello: the listener drops it and keeps waiting for a successor.
+func Answers(ctx context.Context, path string) (bool, error) {
+	if err := supported(); err != nil {
+		return false, fmt.Errorf("probing %s: %w", path, err)
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unixpacket", path)
+	switch {
+	case err == nil:
+		c.Close()
+		return true, nil
+	case errors.Is(err, syscall.EAGAIN):
+		return true, nil // a full accept queue: listening, and busy
+	case errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED):
+		return false, nil
+	}
+	return false, fmt.Errorf("probing %s: %w", path, err)
+}
+
 // Handover is a successor's side of one exchange.
 type Handover struct {
 	Files map[string]*os.File // the predecessor's sockets by name

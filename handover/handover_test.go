@@ -193,3 +193,52 @@ func TestChainOfRestarts(t *testing.T) {
 		t.Fatalf("second Serve: %v", err)
 	}
 }
+
+// TestAnswers: a serving predecessor answers a probe and, probed, still
+// hands over to the next successor; no socket file, a stale one or a plain
+// file (ECONNREFUSED too) does not answer.
+func TestAnswers(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	stale := filepath.Join(dir, "stale.sock")
+	srv, err := Listen(stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.ln.Close() // leaves the file, as a crashed process would
+	plain := filepath.Join(dir, "plain")
+	if err := os.WriteFile(plain, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{filepath.Join(dir, "none.sock"), stale, plain} {
+		if ok, err := Answers(ctx, path); ok || err != nil {
+			t.Errorf("Answers(%s) = %v, %v; want false, nil", filepath.Base(path), ok, err)
+		}
+	}
+
+	path := filepath.Join(dir, "handover.sock")
+	if srv, err = Listen(path); err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() {
+		served <- srv.Serve(ctx, func() (map[string]*os.File, error) { return map[string]*os.File{}, nil }, func() {})
+	}()
+	for i := 0; i < 3; i++ {
+		if ok, err := Answers(ctx, path); !ok || err != nil {
+			t.Fatalf("Answers(a serving predecessor) = %v, %v; want true, nil", ok, err)
+		}
+	}
+	h, err := Take(ctx, path)
+	if err != nil {
+		t.Fatalf("Take after probes: %v", err)
+	}
+	if err := h.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("Serve = %v", err)
+	}
+}

@@ -30,6 +30,7 @@ type Store struct {
 	backends  map[backendKey]*backendRef
 	version   uint64
 	subs      []chan struct{}
+	high      int // the most entries the maps above held since they were last compacted
 
 	cur atomic.Pointer[Snapshot]
 }
@@ -229,10 +230,38 @@ func (s *Store) remove(name ServicePortName) {
 	}
 }
 
+// compactMin is the least number of entries a Store's maps must once have
+// held before they are compacted.
+const compactMin = 1024
+
+// compact rebuilds the Store's maps once they hold under a quarter of the
+// entries they grew to. A Go map never gives back its buckets: after a
+// configuration of 58,288 Services shrank to 3, they kept 14 MiB.
+func (s *Store) compact() {
+	n := len(s.balancers) + len(s.backends)
+	s.high = max(s.high, n)
+	if s.high < compactMin || 4*n >= s.high {
+		return
+	}
+	s.balancers, s.runtimes, s.backends = resized(s.balancers), resized(s.runtimes), resized(s.backends)
+	s.high = n
+}
+
+// resized copies m into a map sized for what it holds (maps.Clone keeps
+// the source's size).
+func resized[K comparable, V any](m map[K]V) map[K]V {
+	out := make(map[K]V, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
 // publish builds and swaps in a new Snapshot from s.balancers. Frontend
 // conflicts go to the Service whose name sorts first; the others lose that
 // frontend and are reported.
 func (s *Store) publish() (*Snapshot, error) {
+	s.compact()
 	s.version++
 	snap := &Snapshot{
 		Version:   s.version,

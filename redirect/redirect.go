@@ -179,9 +179,13 @@ func (r *Redirector) Apply(ctx context.Context, snap *lb.Snapshot, ports Ports, 
 	} else {
 		r.cur = want
 	}
-	if old != nil && old != r.cur {
+	// Reusing the old members map saves the garbage collector a
+	// 10,000-entry map per Apply; but not one sized for far more than
+	// wanted now (a map never shrinks), so that memory goes back after a
+	// large configuration shrinks.
+	if old != nil && old != r.cur && len(old.members) <= 2*len(want.members)+1024 {
 		clear(old.members)
-		r.spare = old.members // reusing it saves the garbage collector a 10,000-entry map per Apply
+		r.spare = old.members
 	}
 	r.log.Debug("applied", zap.Bool("full", full), zap.Uint64("version", snap.Version),
 		zap.Int("members", len(want.members)), zap.Duration("duration", time.Since(start)), zap.Error(err))

@@ -57,6 +57,9 @@ func run(o *options) error {
 	for _, w := range o.warnings {
 		log.Warn(w)
 	}
+	if o.check {
+		return check(o, os.Stdout)
+	}
 	if o.initOnly {
 		log.Info("--init-only: svcproxy needs no privileged initialisation step; exiting")
 		return nil
@@ -107,6 +110,20 @@ func run(o *options) error {
 		DefaultAlgorithm: o.algorithm,
 	})
 
+	// The services file's first load, before anything starts and above all
+	// before taking over from a running svcproxy: a file with problems ends
+	// this one, listing them all, and leaves a running one be. (Run does
+	// not parse the same content again.)
+	watcher := &file.Watcher{Path: o.services, Data: examples.Services, Store: store, Logger: log}
+	var reloads *reloadMetrics
+	if kubeClient == nil {
+		reloads = newReloadMetrics(reg)
+		watcher.OnReload = func(_ int, err error) { reloads.loaded(err, time.Now()) }
+		if err := watcher.Reload(); err != nil {
+			return fmt.Errorf("nothing started (svcproxy --check lists the same problems): %w", err)
+		}
+	}
+
 	var clog *connlog.Log
 	if o.connLog != "" {
 		clog, err = connlog.Open(connlog.Options{Path: o.connLog, SampleEvery: o.connLogSample})
@@ -154,7 +171,8 @@ func run(o *options) error {
 	if u, ok := dp.(*userspace); ok {
 		conns = u.fwd.Active
 	}
-	go newMemoryReturner(reg, log, conns).Run(ctx)
+	memory := newMemoryReturner(reg, log, conns)
+	go memory.Run(ctx)
 
 	tracker := health.NewTracker(2*o.syncPeriod, nil)
 	web := &httpServers{log: log, inherited: webInherited}
@@ -175,6 +193,7 @@ func run(o *options) error {
 	}
 	syncer := newSyncer(store, dp, m, tracker, o.minSyncPeriod, o.syncPeriod, func(ctx context.Context, snap *lb.Snapshot) {
 		unserved.check(snap)
+		memory.Applied(snap)
 		succ.serving(ctx, sockets, stopAccepting)
 	})
 	changes := store.Subscribe() // before any source can publish
@@ -189,14 +208,25 @@ func run(o *options) error {
 	// for its informers: an empty first sync would drop every Service (and
 	// tell a predecessor to stop while serving nothing).
 	loaded, loadedOnce := make(chan struct{}), sync.Once{}
-	watcher := &file.Watcher{Path: o.services, Data: examples.Services, Store: store, Logger: log,
-		OnReload: func(services int, err error) {
-			loadedOnce.Do(func() { close(loaded) })
-			m.services.Set(float64(services))
-			if err != nil {
+	sourceLoaded := func(services int, err error) {
+		loadedOnce.Do(func() { close(loaded) })
+		m.services.Set(float64(services))
+		if err != nil {
+			m.sourceErrors.Inc()
+		}
+	}
+	if kubeClient == nil {
+		watcher.OnReload = func(services int, err error) {
+			reloads.loaded(err, time.Now())
+			if err != nil { // nothing applied: the Services before stay
+				m.services.Set(float64(services))
 				m.sourceErrors.Inc()
+				return
 			}
-		}}
+			sourceLoaded(services, nil)
+		}
+		sourceLoaded(store.Snapshot().Len(), nil) // the first load, above
+	}
 	if o.services == "" && kubeClient == nil {
 		log.Info("no --services given: serving the embedded example services file")
 	}
@@ -207,7 +237,7 @@ func run(o *options) error {
 		go func() {
 			watchErr <- kube.Run(ctx, kube.Options{Client: kubeClient, NodeName: o.hostname, Zone: o.zone, ProxyName: o.proxyName,
 				MinSyncPeriod: o.minSyncPeriod, ResyncPeriod: o.configSyncPeriod,
-				Logger: log, Metrics: kube.NewMetrics(reg), Health: tracker, HealthCheck: hc, Changes: m.changes, OnSync: watcher.OnReload}, store)
+				Logger: log, Metrics: kube.NewMetrics(reg), Health: tracker, HealthCheck: hc, Changes: m.changes, OnSync: sourceLoaded}, store)
 		}()
 	} else {
 		go func() { watchErr <- watcher.Run(ctx) }()
@@ -247,8 +277,12 @@ func run(o *options) error {
 	return err
 }
 
-// cleanup removes everything svcproxy installs, whichever mode installed it.
+// cleanup removes everything svcproxy installs, whichever mode installed it,
+// unless a running svcproxy owns it (and not --force).
 func cleanup(ctx context.Context, o *options, log *zap.Logger) error {
+	if err := guardCleanup(ctx, newOwner(o), o.force, log); err != nil {
+		return err
+	}
 	if err := cleanupModes(ctx, "", o, log); err != nil {
 		return err
 	}

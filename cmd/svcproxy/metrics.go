@@ -63,6 +63,47 @@ func newDaemonMetrics(reg prometheus.Registerer, families []string) *daemonMetri
 	return m
 }
 
+// reloadMetrics count the loads of the services file, named as
+// Prometheus' own prometheus_config_*: a failed load applies nothing.
+type reloadMetrics struct {
+	reloads     *prometheus.CounterVec
+	successful  prometheus.Gauge
+	lastSuccess prometheus.Gauge
+}
+
+func newReloadMetrics(reg prometheus.Registerer) *reloadMetrics {
+	m := &reloadMetrics{
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "svcproxy", Subsystem: "config", Name: "reloads_total",
+			Help: "Loads of the services file (at start, on SIGHUP, on a change), by result; a failure applies nothing and keeps the previous Services.",
+		}, []string{"result"}),
+		successful: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "svcproxy", Subsystem: "config", Name: "last_reload_successful",
+			Help: "1 if the last load of the services file was applied, 0 if it was rejected (the Services before it are served).",
+		}),
+		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "svcproxy", Subsystem: "config", Name: "last_reload_success_timestamp_seconds",
+			Help: "When the services file was last applied, in seconds since the epoch.",
+		}),
+	}
+	m.reloads.WithLabelValues("success")
+	m.reloads.WithLabelValues("failure")
+	reg.MustRegister(m.reloads, m.successful, m.lastSuccess)
+	return m
+}
+
+// loaded records a load of the services file at now and its error.
+func (m *reloadMetrics) loaded(err error, now time.Time) {
+	if err != nil {
+		m.reloads.WithLabelValues("failure").Inc()
+		m.successful.Set(0)
+		return
+	}
+	m.reloads.WithLabelValues("success").Inc()
+	m.successful.Set(1)
+	m.lastSuccess.Set(float64(now.UnixNano()) / 1e9)
+}
+
 // registerRestoreFailures exports a mode's failed iptables-restore runs as
 // kube-proxy's kubeproxy_sync_proxy_rules_iptables_restore_failures_total,
 // one series per programmed ip_family, with its help text. kube-proxy

@@ -184,6 +184,12 @@ const (
 	ownFailures   = `svcproxy_sync_proxy_rules_failures_total{type="partial"}`
 	ownFullFails  = `svcproxy_sync_proxy_rules_failures_total{type="full"}`
 	ownProgrammed = `svcproxy_network_programming_duration_seconds_count`
+
+	reloadsOK      = `svcproxy_config_reloads_total{result="success"}`
+	reloadsFailed  = `svcproxy_config_reloads_total{result="failure"}`
+	lastReloadOK   = `svcproxy_config_last_reload_successful`
+	lastReloadTime = `svcproxy_config_last_reload_success_timestamp_seconds`
+	servicePorts   = `svcproxy_source_service_ports`
 )
 
 func webService(policy *v1.ServiceInternalTrafficPolicy) *v1.Service {
@@ -406,14 +412,8 @@ func freePort(t *testing.T) int {
 // a reload counted as a sync that moves the last-sync timestamp, and every
 // /healthz answer counted.
 func TestBinaryServesKubeProxyEndpoints(t *testing.T) {
-	if _, err := exec.LookPath("go"); err != nil {
-		t.Skip("skipping: no go tool to build svcproxy")
-	}
+	bin := buildSvcproxy(t)
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "svcproxy")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("building svcproxy: %v\n%s", err, out)
-	}
 	svcPort, metricsPort, healthzPort := freePort(t), freePort(t), freePort(t)
 	services := filepath.Join(dir, "services.yaml")
 	writeServices := func(ports ...int) {
@@ -485,6 +485,27 @@ func TestBinaryServesKubeProxyEndpoints(t *testing.T) {
 		t.Errorf("after a reload: svcproxy last sync %v → %v, failures %v", s[ownLastSync], after[ownLastSync], after[ownFailures])
 	}
 
+	if after[reloadsOK] < 2 || after[reloadsFailed] != 0 || after[lastReloadOK] != 1 || after[lastReloadTime] <= 0 {
+		t.Errorf("after two good loads: reloads %v ok, %v failed; last successful %v at %v",
+			after[reloadsOK], after[reloadsFailed], after[lastReloadOK], after[lastReloadTime])
+	}
+
+	// A file with a problem applies nothing: the failure is counted and the
+	// Service ports stay.
+	if err := os.WriteFile(services, []byte("services:\n  - name: web\n    clusterIPs: [127.0.0.1]\n    ports: [{port: 0}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	failed := d.waitMetric(reloadsFailed, func(v float64) bool { return v >= 1 })
+	if failed[lastReloadOK] != 0 || failed[servicePorts] != 2 || failed[lastReloadTime] != after[lastReloadTime] {
+		t.Errorf("after a bad file: last successful %v, service ports %v (want 0, 2), last success time %v → %v",
+			failed[lastReloadOK], failed[servicePorts], after[lastReloadTime], failed[lastReloadTime])
+	}
+	writeServices(svcPort)
+	after = d.waitMetric(lastReloadOK, func(v float64) bool { return v == 1 })
+	if after[servicePorts] != 1 {
+		t.Errorf("after fixing the file: %v service ports, want 1", after[servicePorts])
+	}
+
 	h0 := after[healthz200]
 	for i := 0; i < 2; i++ {
 		if body, resp := d.get(d.healthz + "/healthz"); resp.StatusCode != 200 || !strings.Contains(body, `"nodeEligible":true`) {
@@ -494,6 +515,42 @@ func TestBinaryServesKubeProxyEndpoints(t *testing.T) {
 	if got := d.scrape()[healthz200]; got != h0+2 {
 		t.Errorf("kubeproxy_proxy_healthz_total{code=\"200\"} %v → %v, want +2", h0, got)
 	}
+}
+
+var built struct {
+	once     sync.Once
+	dir, bin string
+	err      error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
+
+// buildSvcproxy builds the svcproxy binary (without the race detector) once
+// for the tests that run it, and returns its path.
+func buildSvcproxy(t *testing.T) string {
+	t.Helper()
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("skipping: no go tool to build svcproxy")
+	}
+	built.once.Do(func() {
+		if built.dir, built.err = os.MkdirTemp("", "svcproxy-bin-"); built.err != nil {
+			return
+		}
+		built.bin = filepath.Join(built.dir, "svcproxy")
+		if out, err := exec.Command("go", "build", "-o", built.bin, ".").CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("building svcproxy: %v\n%s", err, out)
+		}
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
+	}
+	return built.bin
 }
 
 // syncBuffer is a bytes buffer safe for a process's two output pipes.

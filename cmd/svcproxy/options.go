@@ -46,6 +46,10 @@ type options struct {
 	nodePortPrimary   bool // --nodeport-addresses=primary: the node's primary IPs, resolved once the Node is known
 	ipv6              bool // the node serves IPv6 too: set by detectIPv6, not a flag
 	cleanup           bool
+	force             bool   // --cleanup even while a running svcproxy owns the rules
+	check             bool   // --check: validate the files and exit
+	configFile        string // --config
+	configErr         error  // with --check: what is wrong with --config, for check to list
 	initOnly          bool
 	handoverSocket    string
 	clusterCIDRs      []netip.Prefix
@@ -273,7 +277,9 @@ func parseFlags(args []string, env environment) (*options, error) {
 	secs.section("Configuration", false, func() {
 		configPath = fs.String("config", "", "a KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1, with an svcproxy: section); flags given on the command line win over it")
 		fs.StringVar(&o.writeConfigTo, "write-config-to", "", "write the effective configuration in --config's shape to this file ('-': stdout) and exit")
-		fs.BoolVar(&o.cleanup, "cleanup", false, "remove every rule and set svcproxy installs, in any mode, and exit")
+		fs.BoolVar(&o.cleanup, "cleanup", false, "remove every rule and set svcproxy installs, in any mode, and exit; refused while a running svcproxy owns them, unless --force")
+		fs.BoolVar(&o.force, "force", false, "with --cleanup: remove the rules even while a running svcproxy owns them")
+		fs.BoolVar(&o.check, "check", false, "validate the services file (--services) and the configuration file (--config), list every problem and exit: 0 if there is none, else 1")
 		fs.BoolVar(&o.initOnly, "init-only", false, "exit at once: svcproxy needs no privileged initialisation step (kube-proxy's init container flag)")
 		version = fs.Bool("version", false, "print the version and commit and exit")
 	})
@@ -365,13 +371,17 @@ func parseFlags(args []string, env environment) (*options, error) {
 			o.warnings = append(o.warnings, fmt.Sprintf("--%s: kube-proxy flag ignored: %s", k.name, k.why))
 		}
 	}
-	if *configPath != "" {
+	if o.configFile = *configPath; o.configFile != "" {
 		cfg, err := applyConfigFile(fs, *configPath)
-		if err != nil {
+		switch {
+		case err != nil && o.check:
+			o.configErr = err // --check lists it
+		case err != nil:
 			return nil, err
-		}
-		for _, w := range cfg.Warnings {
-			o.warnings = append(o.warnings, "--config "+*configPath+": "+w)
+		default:
+			for _, w := range cfg.Warnings {
+				o.warnings = append(o.warnings, "--config "+*configPath+": "+w)
+			}
 		}
 	}
 	set := map[string]bool{} // flags given on the command line or by the file
@@ -383,7 +393,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 	if o.proxyMode, err = proxymode.Parse(*proxyMode); err != nil {
 		return nil, fmt.Errorf("--proxy-mode: %w", err)
 	}
-	serving := !o.cleanup && !o.initOnly && o.writeConfigTo == ""
+	serving := !o.cleanup && !o.initOnly && !o.check && o.writeConfigTo == ""
 	if serving && (o.proxyMode == proxymode.IPTables || o.proxyMode == proxymode.IPVS) {
 		if o.services == "" && o.kubeconfig == "" && o.master == "" && !o.inCluster {
 			return nil, fmt.Errorf("--proxy-mode=%s: no source of Services: give --services, --kubeconfig or --master, or run in a pod (the embedded example file is for the userspace mode only: a kernel mode would leave its Services in the kernel)", o.proxyMode)

@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -79,36 +78,14 @@ func TestPrivilegedRestartUnderLoad(t *testing.T) {
 	}
 
 	// A steady stream of new connections.
-	var ok, failed atomic.Int64
-	var firstErr atomic.Value
-	stopLoad := make(chan struct{})
-	var lw sync.WaitGroup
-	for w := 0; w < 4; w++ {
-		lw.Add(1)
-		go func() {
-			defer lw.Done()
-			for {
-				select {
-				case <-stopLoad:
-					return
-				default:
-				}
-				if _, err := c.get(client, webVIP+":80"); err != nil {
-					failed.Add(1)
-					firstErr.CompareAndSwap(nil, err)
-				} else {
-					ok.Add(1)
-				}
-			}
-		}()
-	}
+	load := c.startLoad(client, webVIP+":80")
 
 	time.Sleep(time.Second)
 	var predecessors []int
 	for restart := 1; restart <= 3; restart++ {
 		old := c.pid()
 		predecessors = append(predecessors, old)
-		before := ok.Load()
+		before := load.ok.Load()
 		if err := syscall.Kill(old, syscall.SIGUSR2); err != nil {
 			t.Fatalf("restart %d: signalling svcproxy %d: %v", restart, old, err)
 		}
@@ -120,15 +97,15 @@ func TestPrivilegedRestartUnderLoad(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 		time.Sleep(1500 * time.Millisecond) // the successor serves; the old one drains
-		t.Logf("restart %d: svcproxy %d → %d; %d requests meanwhile", restart, old, c.pid(), ok.Load()-before)
+		t.Logf("restart %d: svcproxy %d → %d; %d requests meanwhile", restart, old, c.pid(), load.ok.Load()-before)
 	}
-	close(stopLoad)
-	lw.Wait()
+	load.stop()
 	close(stopStreams)
 	sw.Wait()
 
-	if n := failed.Load(); n > 0 {
-		t.Errorf("%d of %d connections failed across 3 restarts; first: %v", n, n+ok.Load(), firstErr.Load())
+	ok, failed := load.ok.Load(), load.failed.Load()
+	if failed > 0 {
+		t.Errorf("%d of %d connections failed across 3 restarts; first: %v", failed, failed+ok, load.firstErr.Load())
 	}
 	for i, s := range results {
 		if s.err != nil || !bytes.Equal(s.sent[:], s.got[:]) {
@@ -147,8 +124,8 @@ func TestPrivilegedRestartUnderLoad(t *testing.T) {
 			quit(pid)
 		}
 	}
-	if failed.Load() > 0 || t.Failed() {
+	if failed > 0 || t.Failed() {
 		t.Logf("output:\n%s", c.proxyOut)
 	}
-	t.Logf("%d connections across 3 restarts, %d failed; %d long-lived streams byte-exact", ok.Load()+failed.Load(), failed.Load(), streams)
+	t.Logf("%d connections across 3 restarts, %d failed; %d long-lived streams byte-exact", ok+failed, failed, streams)
 }

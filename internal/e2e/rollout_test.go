@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -38,40 +36,12 @@ func TestPrivilegedRolloutUnderLoad(t *testing.T) {
 	p := pod.start("pod-0")
 	c.waitServing(t, p)
 
-	var ok, failed atomic.Int64
-	var firstErr atomic.Value
-	stopLoad := make(chan struct{})
-	var lw sync.WaitGroup
-	for w := 0; w < 4; w++ {
-		lw.Add(1)
-		go func() {
-			defer lw.Done()
-			for {
-				select {
-				case <-stopLoad:
-					return
-				default:
-				}
-				addr := webVIP + ":80" // a ClusterIP, and a NodePort
-				if w%2 == 1 {
-					addr = fmt.Sprintf("%s:%d", topology.NodeAddr, webNode)
-				}
-				if _, err := c.get(client, addr); err != nil {
-					failed.Add(1)
-					firstErr.CompareAndSwap(nil, err.Error()) // one type: errors' differ
-				} else {
-					ok.Add(1)
-				}
-			}
-		}()
-	}
-	stopped := sync.OnceFunc(func() { close(stopLoad); lw.Wait() })
-	t.Cleanup(stopped) // before the namespaces go, when the test stops early
+	load := c.startLoad(client, webVIP+":80", fmt.Sprintf("%s:%d", topology.NodeAddr, webNode)) // a ClusterIP, and a NodePort
 	time.Sleep(time.Second)
 
 	for i, sigtermAt := range []string{"at once", "after the takeover"} {
 		old := p
-		before := ok.Load()
+		before := load.ok.Load()
 		p = pod.start(fmt.Sprintf("pod-%d", i+1))
 		if sigtermAt == "at once" {
 			old.signal(t, syscall.SIGTERM)
@@ -93,19 +63,20 @@ func TestPrivilegedRolloutUnderLoad(t *testing.T) {
 			t.Fatalf("rollout %d: the old pod: %v\n%s", i+1, err, old.out)
 		}
 		time.Sleep(time.Second) // the new pod alone serves
-		t.Logf("rollout %d (SIGTERM %s): %d requests meanwhile", i+1, sigtermAt, ok.Load()-before)
+		t.Logf("rollout %d (SIGTERM %s): %d requests meanwhile", i+1, sigtermAt, load.ok.Load()-before)
 		if strings.Contains(old.out.String(), "removed steering rules") {
 			t.Errorf("rollout %d: the old pod removed the steering rules the new one serves by", i+1)
 		}
 	}
-	stopped()
-	if n := failed.Load(); n > 0 {
-		t.Errorf("%d of %d connections failed across 2 rollouts; first: %v", n, n+ok.Load(), firstErr.Load())
+	load.stop()
+	ok, failed := load.ok.Load(), load.failed.Load()
+	if failed > 0 {
+		t.Errorf("%d of %d connections failed across 2 rollouts; first: %v", failed, failed+ok, load.firstErr.Load())
 	}
-	if ok.Load() < 100 {
-		t.Errorf("only %d requests in the run: the load did not run", ok.Load())
+	if ok < 100 {
+		t.Errorf("only %d requests in the run: the load did not run", ok)
 	}
-	t.Logf("%d connections across 2 rollouts, %d failed", ok.Load()+failed.Load(), failed.Load())
+	t.Logf("%d connections across 2 rollouts, %d failed", ok+failed, failed)
 }
 
 // podSpec is deploy/daemonset.yaml's container as this test runs it on its

@@ -38,8 +38,12 @@
 // terms with --zone, else every ready endpoint. Hint names must not be
 // empty.
 //
-// A service needs at least one of clusterIPs, externalIPs, loadBalancerIPs or
-// a nodePort. Each (service, port) pair becomes one lb.Service named
+// The services key is required: a file serving no Services says
+// `services: []`, so an empty or truncated file is an error, never "no
+// Services". A service needs at least one of clusterIPs, externalIPs,
+// loadBalancerIPs or a nodePort, and no two services may claim the same
+// frontend (protocol, address, port) or nodePort. Each (service, port)
+// pair becomes one lb.Service named
 // {namespace, name, port name}, whose endpoints are ip:targetPort. YAML
 // anchors and aliases are not supported.
 package file
@@ -87,32 +91,43 @@ func Load(path string) ([]lb.Service, error) {
 }
 
 // Parse parses a services file (see the package documentation for the
-// format). A service with any problem is skipped and the others still load:
-// Parse returns the valid Services, in file order, together with an error
-// joining one entry per problem, each naming its line and field path, e.g.
+// format). It finds every problem: a service with any is skipped and the
+// others are still returned, in file order, together with an error joining
+// one entry per problem, each naming its line and field path, e.g.
 //
 //	line 12: services[1].ports[0].port: must be in 1-65535
 //
-// If the file as a whole is unusable the error wraps ErrInvalidFile and no
-// Services are returned. Every Service returned passes lb.Service.Validate.
-// An empty file holds no Services and is not an error.
+// (A Watcher applies a file only when Parse finds no problem at all.) If the
+// file as a whole is unusable — a YAML syntax error, no services key, as in
+// an empty or truncated file — the error wraps ErrInvalidFile and no
+// Services are returned. Every Service returned passes lb.Service.Validate,
+// and a Store takes them all without a frontend conflict.
 func Parse(data []byte) ([]lb.Service, error) {
 	root, err := decode(data)
-	if err != nil || root == nil {
+	if err != nil {
 		return nil, err
 	}
+	if root == nil {
+		return nil, fmt.Errorf("%w: the file is empty (truncated?): write \"services: []\" to serve no Services", ErrInvalidFile)
+	}
 	p := &parser{}
-	top, _ := p.fields(root, "", "services")
+	top, isMap := p.fields(root, "", "services")
 	var items []*yaml.Node
 	if n := top["services"]; n != nil {
 		items, _ = p.list(n, "services")
+	} else if isMap {
+		p.errorf(root, "services", "required: write \"services: []\" to serve no Services")
 	}
 	if len(p.errs) > 0 {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidFile, p.err())
+		for _, e := range p.errs {
+			e.whole = true
+		}
+		return nil, p.err()
 	}
 
 	var out []lb.Service
 	names := make(map[string]int, len(items)) // namespace/name: line of its name
+	held := claims{}
 	for i, item := range items {
 		path := fmt.Sprintf("services[%d]", i)
 		before := len(p.errs)
@@ -125,10 +140,63 @@ func Parse(data []byte) ([]lb.Service, error) {
 			}
 		}
 		if len(p.errs) == before {
+			held.claim(p, item, path, services)
+		}
+		if len(p.errs) == before {
 			out = append(out, services...)
 		}
 	}
 	return out, p.err()
+}
+
+// claims are the frontends and node ports the services so far hold, with
+// the line of the service holding each: a Store gives a contested one to a
+// single Service and drops it from the others, so a file must not contest
+// any.
+type claims map[lb.Frontend]claim // a node port's Addr holds only the port
+
+type claim struct {
+	owner lb.ServicePortName
+	line  int
+}
+
+// claim records the frontends and node ports of services, the ports of the
+// service at item, reporting each already held; a service with a conflict
+// claims nothing.
+func (c claims) claim(p *parser, item *yaml.Node, path string, services []lb.Service) {
+	type want struct {
+		f    lb.Frontend
+		name lb.ServicePortName
+	}
+	var wants []want
+	for i := range services {
+		svc := &services[i]
+		for _, ip := range slices.Concat(svc.ClusterIPs, svc.ExternalIPs, svc.LoadBalancerIPs) {
+			wants = append(wants, want{lb.Frontend{Protocol: svc.Protocol, Addr: netip.AddrPortFrom(ip, svc.Port)}, svc.Name})
+		}
+		if svc.NodePort != 0 {
+			wants = append(wants, want{lb.Frontend{Protocol: svc.Protocol, Addr: netip.AddrPortFrom(netip.Addr{}, svc.NodePort)}, svc.Name})
+		}
+	}
+	conflict := false
+	for _, w := range wants {
+		held, taken := c[w.f]
+		switch {
+		case !taken:
+		case w.f.Addr.Addr().IsValid():
+			p.errorf(item, path, "frontend %v already belongs to %v (line %d)", w.f, held.owner, held.line)
+			conflict = true
+		default:
+			p.errorf(item, path, "nodePort %v/%d already belongs to %v (line %d)", w.f.Protocol, w.f.Addr.Port(), held.owner, held.line)
+			conflict = true
+		}
+	}
+	if conflict {
+		return
+	}
+	for _, w := range wants {
+		c[w.f] = claim{w.name, item.Line}
+	}
 }
 
 // decode returns the root node of data's only YAML document, or nil if data
@@ -162,10 +230,14 @@ func decode(data []byte) (*yaml.Node, error) {
 
 // fieldError is one problem in a services file.
 type fieldError struct {
-	line int
-	path string // e.g. services[1].ports[0].port
-	msg  string
+	line  int
+	path  string // e.g. services[1].ports[0].port
+	msg   string
+	whole bool // the file is unusable as a whole: it is ErrInvalidFile
 }
+
+// Is makes a problem with the file as a whole match ErrInvalidFile.
+func (e *fieldError) Is(target error) bool { return e.whole && target == ErrInvalidFile }
 
 func (e *fieldError) Error() string {
 	if e.path == "" {

@@ -181,17 +181,11 @@ services:
 			ClusterIPs: []netip.Addr{addr("10.0.0.1")},
 		}},
 	}, {
-		name: "empty file",
-		yaml: "",
-	}, {
-		name: "only comments",
-		yaml: "# nothing yet\n",
-	}, {
-		name: "empty document",
-		yaml: "---\n",
-	}, {
-		name: "no services",
+		name: "no services, said explicitly",
 		yaml: "services: []\n",
+	}, {
+		name: "no services, in flow style with a comment",
+		yaml: "# none yet\n{services: []}\n",
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -475,6 +469,38 @@ func TestParseErrors(t *testing.T) {
 ---
 services: []
 `, "line 2: only one YAML document is allowed", true, 0},
+		// An empty or truncated file is never "no Services".
+		{"empty file", "", `the file is empty (truncated?): write "services: []" to serve no Services`, true, 0},
+		{"only comments", "# nothing yet\n", "the file is empty", true, 0},
+		{"empty document", "---\n", "the file is empty", true, 0},
+		{"null document", "~\n", "the file is empty", true, 0},
+		{"no services key", "{}\n", `line 1: services: required: write "services: []" to serve no Services`, true, 0},
+		{"services null", "services:\n", "line 1: services: required", true, 0},
+		{"truncated mid-service", "services:\n  - name: web\n    clusterIP: 10.0.0.1\n    po", "invalid services file: line 4: could not find expected ':'", true, 0},
+		{"truncated mid-value", "services:\n  - name: web\n    clusterIP: 10.0.0.1\n    ports: [{port: 80}]\n    endpoints:\n      - ip: 10.1.0.1\n      - ip: 10.1.", `line 7: services[0].endpoints[1].ip: invalid IP address "10.1."`, false, 0},
+		{"frontend of another service", `services:
+  - name: web
+    clusterIP: 10.0.0.1
+    ports: [{port: 80}]
+  - name: web2
+    clusterIPs: [10.0.0.2, 10.0.0.1]
+    ports: [{name: a, port: 81}, {name: b, port: 80}]
+`, "line 5: services[1]: frontend TCP/10.0.0.1:80 already belongs to default/web (line 2)", false, 1},
+		{"same address, other protocol", `services:
+  - name: web
+    clusterIP: 10.0.0.1
+    ports: [{port: 80}]
+  - name: dns
+    externalIPs: [10.0.0.1]
+    ports: [{name: a, port: 80, protocol: UDP}, {name: b, port: 80, protocol: TCP}]
+`, "line 5: services[1]: frontend TCP/10.0.0.1:80 already belongs to default/web (line 2)", false, 1},
+		{"nodePort of another service", `services:
+  - name: web
+    ports: [{name: http, port: 80, nodePort: 30080}]
+  - name: web2
+    namespace: other
+    ports: [{port: 8080, nodePort: 30080}]
+`, "line 4: services[1]: nodePort TCP/30080 already belongs to default/web:http (line 2)", false, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
