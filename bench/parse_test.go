@@ -121,7 +121,7 @@ func TestKubeRulesShape(t *testing.T) {
 	full := k.full(services)
 	for _, want := range []string{
 		"-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
-		"-d 198.19.0.1/32 --dport 80 -j " + svcChain(services[0]),
+		"-d " + services[0].VIP.String() + "/32 --dport 80 -j " + svcChain(services[0]),
 		"--dport 80 ! -s 198.18.1.0/24 -j KUBE-MARK-MASQ",
 		"--probability 0.3333333333 -j " + sepChain(services[0], services[0].Endpoints[0]),
 		"--probability 0.5000000000 -j " + sepChain(services[0], services[0].Endpoints[1]),

@@ -274,16 +274,18 @@ func runControlPlane(ctx context.Context, e *Env, mode string, cp ControlPlane, 
 	return s, nil
 }
 
-// genServices makes n Service ports, each a ClusterIP in 198.19.0.0/16 on
-// port 80 with eps endpoints in 198.18.64.0/18 (addresses no host has: the
-// control-plane tests send no traffic).
+// genServices makes n Service ports (up to 65,280), each a ClusterIP in
+// 198.19.1.0–198.19.255.255 on port 80, clear of the data-path Services in
+// 198.19.0.0/24 (a services file with both is valid), with eps endpoints in
+// 198.18.64.0/18 (addresses no host has: the control-plane tests send no
+// traffic).
 func genServices(n, eps int) []SvcPort {
 	base := topology.FreeRange.Addr().As4()
-	vip0 := uint32(base[0])<<24 | uint32(base[1])<<16
+	vip0 := uint32(base[0])<<24 | uint32(base[1])<<16 | 1<<8
 	ep0 := uint32(198)<<24 | uint32(18)<<16 | uint32(64)<<8
 	out := make([]SvcPort, n)
 	for i := range out {
-		s := SvcPort{Namespace: "scale", Service: fmt.Sprintf("svc-%05d", i), PortName: "http", VIP: addr4(vip0 + uint32(i) + 1), Port: 80}
+		s := SvcPort{Namespace: "scale", Service: fmt.Sprintf("svc-%05d", i), PortName: "http", VIP: addr4(vip0 + uint32(i)), Port: 80}
 		for j := range eps {
 			k := uint32(i*eps+j) % 16000
 			s.Endpoints = append(s.Endpoints, netip.AddrPortFrom(addr4(ep0+k+1), 8080))
