@@ -235,6 +235,21 @@ func (f *Forwarder) unadmit(pool *lb.Pool) {
 	f.active.Add(-1)
 }
 
+// logRefused counts and logs a client reset as soon as accepted because
+// the process was out of descriptors.
+func (f *Forwarder) logRefused(client, frontend netip.AddrPort) {
+	f.m.connFDLimit.Inc()
+	rec := connlog.Record{Start: time.Now(), ID: f.nextID.Add(1), Protocol: "TCP", Failed: true, CloseReason: resultFDLimit,
+		Client:   netip.AddrPortFrom(client.Addr().Unmap(), client.Port()),
+		Frontend: netip.AddrPortFrom(frontend.Addr().Unmap(), frontend.Port())}
+	f.cfg.ConnLog.Log(&rec)
+	now, last := time.Now().UnixNano(), f.refusedLogged.Load()
+	if (last == 0 || now-last > int64(10*time.Second)) && f.refusedLogged.CompareAndSwap(last, now) {
+		f.log.Warn("out of file descriptors: refusing new connections at once (the spare descriptor resets them)",
+			zap.Stringer("frontend", rec.Frontend))
+	}
+}
+
 // reject resets the client connection: a prompt RST, never a hang.
 func (c *conn) reject(why string) {
 	_ = c.client.SetLinger(0)
@@ -283,6 +298,13 @@ func (c *conn) connect(clientIP netip.Addr, now time.Time) (up *net.TCPConn, b *
 		}
 		if ctx.Err() != nil { // the client went away; not the backend's fault
 			return nil, nil, true
+		}
+		if isLocalDialError(err) {
+			// This host is out of descriptors or ports: every backend
+			// would fail alike and none is to blame. The client is reset.
+			f.m.dialError.Inc()
+			f.log.Debug("cannot open a backend connection", zap.Stringer("backend", b.Addr), zap.Error(err))
+			break
 		}
 		switch {
 		case isRefused(err):

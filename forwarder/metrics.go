@@ -24,6 +24,7 @@ type Metrics struct {
 
 	// Children resolved once, so the hot path does no label lookups.
 	connOK, connNoService, connNoEndpoints, connDialFailed, connLimit, connClientGone prometheus.Counter
+	connFDLimit                                                                       prometheus.Counter
 	activeTCP                                                                         prometheus.Gauge
 	dialOK, dialRefused, dialTimeout, dialError                                       prometheus.Counter
 	bytesIn, bytesOut                                                                 prometheus.Counter
@@ -42,6 +43,7 @@ const (
 	resultDialFailed  = "dial_failed"
 	resultLimit       = "limit"
 	resultClientGone  = "client_gone"
+	resultFDLimit     = "fd_limit"
 )
 
 // NewMetrics creates the forwarder's metrics and registers them with reg
@@ -50,7 +52,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	const ns, sub = "svcproxy", "forwarder"
 	m := &Metrics{
 		Connections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "connections_total",
-			Help: "Accepted connections (UDP: flows) by protocol and result (ok, no_service, no_endpoints, dial_failed, limit, client_gone)."}, []string{"protocol", "result"}),
+			Help: "Accepted connections (UDP: flows) by protocol and result (ok, no_service, no_endpoints, dial_failed, limit, client_gone; fd_limit: refused at once because the process was out of descriptors)."}, []string{"protocol", "result"}),
 		Active: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "active_connections",
 			Help: "Connections currently forwarded."}, []string{"protocol"}),
 		DialAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "dial_attempts_total",
@@ -65,7 +67,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Closes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "closes_total",
 			Help: "Forwarded connections ended, by reason."}, []string{"reason"}),
 		AcceptErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "accept_errors_total",
-			Help: "accept(2) failures by reason (fd_limit: out of descriptors for the connection or for its backend socket, accepting backs off)."}, []string{"reason"}),
+			Help: "accept(2) failures by reason (fd_limit: out of descriptors or memory for the connection; the queued client is reset with a descriptor held in reserve, or accepting backs off when even that fails)."}, []string{"reason"}),
 		Datagrams: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "datagrams_total",
 			Help: "UDP datagrams forwarded, direction in (client to backend) or out (backend to client)."}, []string{"direction"}),
 		Listeners: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "listeners",
@@ -85,6 +87,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.connDialFailed = m.Connections.WithLabelValues("TCP", resultDialFailed)
 	m.connLimit = m.Connections.WithLabelValues("TCP", resultLimit)
 	m.connClientGone = m.Connections.WithLabelValues("TCP", resultClientGone)
+	m.connFDLimit = m.Connections.WithLabelValues("TCP", resultFDLimit)
 	m.activeTCP = m.Active.WithLabelValues("TCP")
 	m.udpFlowsOK = m.Connections.WithLabelValues("UDP", resultOK)
 	m.udpNoService = m.Connections.WithLabelValues("UDP", resultNoService)

@@ -210,17 +210,12 @@ func (r *relay) dial(now time.Time) {
 			if isLocalDialError(err) {
 				// This host is out of descriptors or ports: every backend
 				// would fail alike, and none of them is to blame. The
-				// client is reset, and accepting pauses as when accept
-				// itself finds no descriptor, rather than accepting and
-				// resetting every client that comes meanwhile.
+				// client is reset at once, as the next ones will be
+				// (by this path, or by accept's spare descriptor), so
+				// none waits in the accept queue for a slot.
 				f.m.dialError.Inc()
 				r.noteAttempt(err)
-				if isFDLimit(err) && r.ln != nil && !r.ln.paused {
-					f.m.acceptFDLimit.Inc()
-					w.pauseAccept(r.ln, err)
-				} else {
-					w.log.Debug("cannot open a backend connection", zap.Stringer("backend", b.Addr), zap.Error(err))
-				}
+				w.log.Debug("cannot open a backend connection", zap.Stringer("backend", b.Addr), zap.Error(err))
 				break
 			}
 			r.attemptFailed(err, false)

@@ -351,6 +351,9 @@ func (fe *udpFrontend) flow(client netip.AddrPort, local netip.Addr, now time.Ti
 			rec.NAttempts++
 		}
 		if err != nil {
+			if isLocalDialError(err) { // this host's shortage, not the backend's: every one would fail
+				break
+			}
 			b.ReportFailure(now)
 			continue
 		}
