@@ -378,6 +378,8 @@ func (w *worker) fire() {
 			t.c.drainCheck()
 		case timerKeepalive:
 			t.c.keepalive()
+		case timerFirstByte:
+			t.c.firstByteTimedOut()
 		case timerAccept:
 			t.ln.paused = false
 			w.accept(t.ln)
