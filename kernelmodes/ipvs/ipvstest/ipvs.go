@@ -1,6 +1,7 @@
-package ipvs
+package ipvstest
 
 import (
+	"cmp"
 	"fmt"
 	"hash/fnv"
 	"net/netip"
@@ -9,86 +10,134 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 )
 
-// FakeIPVS is an in-memory IPVS that behaves as the kernel does for the
-// calls Mode makes: the same errors (EEXIST, ESRCH for a missing virtual
-// server, ENOENT for a missing real server or unknown scheduler), the
-// hashed flag on every listed service, connection counts per real server.
-// Fakes.Trace schedules new connections with it: rr and wrr in turn, lc
-// and wlc by fewest connections, sh, dh and mh by hashing the source or
+// IPVS service flags (include/uapi/linux/ip_vs.h).
+const (
+	flagPersistent = 0x1
+	flagHashed     = 0x2 // set by the kernel on every service it lists
+)
+
+// ipprotoSCTP is IPPROTO_SCTP, which package syscall lacks on some systems.
+const ipprotoSCTP = 132
+
+// vsKey identifies a virtual server as the kernel does (svcproxy makes no
+// firewall-mark ones).
+type vsKey struct {
+	proto lb.Protocol
+	addr  netip.AddrPort
+}
+
+func (k vsKey) String() string { return netfilter.ProtoName(k.proto) + "/" + k.addr.String() }
+
+func (k vsKey) compare(o vsKey) int {
+	return cmp.Or(cmp.Compare(k.proto, o.proto), k.addr.Compare(o.addr))
+}
+
+// keyOf reads the key of s; ok is false for what the fake does not model
+// (firewall marks, protocols other than TCP, UDP and SCTP).
+func keyOf(s *ipvs.Service) (k vsKey, ok bool) {
+	switch s.Protocol {
+	case syscall.IPPROTO_TCP:
+		k.proto = lb.TCP
+	case syscall.IPPROTO_UDP:
+		k.proto = lb.UDP
+	case ipprotoSCTP:
+		k.proto = lb.SCTP
+	default:
+		return k, false
+	}
+	a, ok := netip.AddrFromSlice(s.Address)
+	if !ok || s.FWMark != 0 {
+		return k, false
+	}
+	k.addr = netip.AddrPortFrom(a.Unmap(), s.Port)
+	return k, true
+}
+
+func destAddr(d *ipvs.Destination) netip.AddrPort {
+	a, _ := netip.AddrFromSlice(d.Address)
+	return netip.AddrPortFrom(a.Unmap(), d.Port)
+}
+
+// IPVS is an in-memory ipvs.IPVS that behaves as the kernel does for the
+// calls the mode makes: the same errors (EEXIST, ESRCH for a missing virtual
+// server, ENOENT for a missing real server or unknown scheduler), the hashed
+// flag on every listed service, connection counts per real server.
+// Fakes.Trace schedules new connections with it: rr and wrr in turn, lc and
+// wlc by fewest connections, sh, dh and mh by hashing the source or
 // destination address, persistence by client address. It is safe for
 // concurrent use.
-type FakeIPVS struct {
+type IPVS struct {
 	mu       sync.Mutex
-	services map[vsKey]*fakeVS
+	services map[vsKey]*virtualServer
 	order    []vsKey
 	calls    []string
 	failing  map[string]error
 	now      func() time.Time
 }
 
-type fakeVS struct {
-	svc       Service
-	dests     []*fakeDest
+type virtualServer struct {
+	svc       ipvs.Service
+	dests     []*realServer
 	last      int // rr: index of the last real server chosen
-	templates map[netip.Addr]fakeTemplate
+	templates map[netip.Addr]template
 }
 
-type fakeDest struct {
+type realServer struct {
+	dest             ipvs.Destination // as added or updated
 	addr             netip.AddrPort
-	weight           int
 	active, inactive int
 }
 
-type fakeTemplate struct {
+type template struct {
 	dest    netip.AddrPort
 	expires time.Time
 }
 
-// NewFakeIPVS returns an empty FakeIPVS on clock now (nil: time.Now).
-func NewFakeIPVS(now func() time.Time) *FakeIPVS {
+// NewIPVS returns an empty IPVS on clock now (nil: time.Now).
+func NewIPVS(now func() time.Time) *IPVS {
 	if now == nil {
 		now = time.Now
 	}
-	return &FakeIPVS{services: map[vsKey]*fakeVS{}, failing: map[string]error{}, now: now}
+	return &IPVS{services: map[vsKey]*virtualServer{}, failing: map[string]error{}, now: now}
 }
 
-var _ IPVS = (*FakeIPVS)(nil)
+var _ ipvs.IPVS = (*IPVS)(nil)
 
 // FailNext makes the next call of op (a method name, "NewService") fail
 // with err, changing nothing.
-func (f *FakeIPVS) FailNext(op string, err error) {
+func (f *IPVS) FailNext(op string, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.failing[op] = err
 }
 
 // Calls returns the calls so far as "Method proto/addr:port[ dest]".
-func (f *FakeIPVS) Calls() []string {
+func (f *IPVS) Calls() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.calls)
 }
 
 // ResetCalls forgets the calls so far.
-func (f *FakeIPVS) ResetCalls() {
+func (f *IPVS) ResetCalls() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls = nil
 }
 
-func (f *FakeIPVS) record(op string, s *Service, d *Destination) error {
+func (f *IPVS) record(op string, s *ipvs.Service, d *ipvs.Destination) error {
 	c := op
 	if s != nil {
-		k, _, _ := fromService(s)
+		k, _ := keyOf(s)
 		c += " " + k.String()
 	}
 	if d != nil {
-		a, _ := destAddr(d)
-		c += " " + a.String()
+		c += " " + destAddr(d).String()
 	}
 	f.calls = append(f.calls, c)
 	if err := f.failing[op]; err != nil {
@@ -98,8 +147,8 @@ func (f *FakeIPVS) record(op string, s *Service, d *Destination) error {
 	return nil
 }
 
-func (f *FakeIPVS) lookup(s *Service) (vsKey, *fakeVS, error) {
-	k, _, ok := fromService(s)
+func (f *IPVS) lookup(s *ipvs.Service) (vsKey, *virtualServer, error) {
+	k, ok := keyOf(s)
 	if !ok {
 		return k, nil, syscall.EINVAL
 	}
@@ -112,14 +161,14 @@ func (f *FakeIPVS) lookup(s *Service) (vsKey, *fakeVS, error) {
 
 var knownSchedulers = []string{"rr", "wrr", "lc", "wlc", "sh", "dh", "mh", "sed", "nq", "lblc", "lblcr", "fo", "ovf", "twos"}
 
-// NewService implements IPVS.
-func (f *FakeIPVS) NewService(s *Service) error {
+// NewService implements ipvs.IPVS.
+func (f *IPVS) NewService(s *ipvs.Service) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("NewService", s, nil); err != nil {
 		return err
 	}
-	k, _, ok := fromService(s)
+	k, ok := keyOf(s)
 	if !ok {
 		return syscall.EINVAL
 	}
@@ -130,15 +179,16 @@ func (f *FakeIPVS) NewService(s *Service) error {
 		return syscall.ENOENT
 	}
 	c := *s
+	c.Address = slices.Clone(s.Address)
 	c.Flags &^= flagHashed
-	c.Stats = ServiceStats{}
-	f.services[k] = &fakeVS{svc: c, last: -1, templates: map[netip.Addr]fakeTemplate{}}
+	c.Stats = ipvs.ServiceStats{}
+	f.services[k] = &virtualServer{svc: c, last: -1, templates: map[netip.Addr]template{}}
 	f.order = append(f.order, k)
 	return nil
 }
 
-// UpdateService implements IPVS.
-func (f *FakeIPVS) UpdateService(s *Service) error {
+// UpdateService implements ipvs.IPVS.
+func (f *IPVS) UpdateService(s *ipvs.Service) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("UpdateService", s, nil); err != nil {
@@ -158,8 +208,8 @@ func (f *FakeIPVS) UpdateService(s *Service) error {
 	return nil
 }
 
-// DelService implements IPVS.
-func (f *FakeIPVS) DelService(s *Service) error {
+// DelService implements ipvs.IPVS.
+func (f *IPVS) DelService(s *ipvs.Service) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("DelService", s, nil); err != nil {
@@ -174,14 +224,14 @@ func (f *FakeIPVS) DelService(s *Service) error {
 	return nil
 }
 
-// GetServices implements IPVS.
-func (f *FakeIPVS) GetServices() ([]*Service, error) {
+// GetServices implements ipvs.IPVS.
+func (f *IPVS) GetServices() ([]*ipvs.Service, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("GetServices", nil, nil); err != nil {
 		return nil, err
 	}
-	out := make([]*Service, 0, len(f.order))
+	out := make([]*ipvs.Service, 0, len(f.order))
 	for _, k := range f.order {
 		c := f.services[k].svc
 		c.Address = slices.Clone(c.Address)
@@ -191,8 +241,8 @@ func (f *FakeIPVS) GetServices() ([]*Service, error) {
 	return out, nil
 }
 
-// GetDestinations implements IPVS.
-func (f *FakeIPVS) GetDestinations(s *Service) ([]*Destination, error) {
+// GetDestinations implements ipvs.IPVS.
+func (f *IPVS) GetDestinations(s *ipvs.Service) ([]*ipvs.Destination, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("GetDestinations", s, nil); err != nil {
@@ -202,22 +252,23 @@ func (f *FakeIPVS) GetDestinations(s *Service) ([]*Destination, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]*Destination, 0, len(vs.dests))
+	out := make([]*ipvs.Destination, 0, len(vs.dests))
 	for _, d := range vs.dests {
-		x := toDestination(d.addr, d.weight)
+		x := d.dest
+		x.Address = slices.Clone(x.Address)
 		x.ActiveConnections, x.InactiveConnections = d.active, d.inactive
-		out = append(out, x)
+		out = append(out, &x)
 	}
 	return out, nil
 }
 
-func (vs *fakeVS) dest(d *Destination) (int, netip.AddrPort) {
-	a, _ := destAddr(d)
-	return slices.IndexFunc(vs.dests, func(x *fakeDest) bool { return x.addr == a }), a
+func (vs *virtualServer) index(d *ipvs.Destination) (int, netip.AddrPort) {
+	a := destAddr(d)
+	return slices.IndexFunc(vs.dests, func(x *realServer) bool { return x.addr == a }), a
 }
 
-// NewDestination implements IPVS.
-func (f *FakeIPVS) NewDestination(s *Service, d *Destination) error {
+// NewDestination implements ipvs.IPVS.
+func (f *IPVS) NewDestination(s *ipvs.Service, d *ipvs.Destination) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("NewDestination", s, d); err != nil {
@@ -227,19 +278,22 @@ func (f *FakeIPVS) NewDestination(s *Service, d *Destination) error {
 	if err != nil {
 		return err
 	}
-	i, a := vs.dest(d)
+	i, a := vs.index(d)
 	if i >= 0 {
 		return syscall.EEXIST
 	}
 	if !a.IsValid() || a.Addr().Is4() != (vs.svc.AddressFamily == syscall.AF_INET) {
 		return syscall.EINVAL
 	}
-	vs.dests = append(vs.dests, &fakeDest{addr: a, weight: d.Weight})
+	c := *d
+	c.Address = slices.Clone(d.Address)
+	c.ActiveConnections, c.InactiveConnections = 0, 0
+	vs.dests = append(vs.dests, &realServer{dest: c, addr: a})
 	return nil
 }
 
-// UpdateDestination implements IPVS.
-func (f *FakeIPVS) UpdateDestination(s *Service, d *Destination) error {
+// UpdateDestination implements ipvs.IPVS.
+func (f *IPVS) UpdateDestination(s *ipvs.Service, d *ipvs.Destination) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("UpdateDestination", s, d); err != nil {
@@ -249,16 +303,16 @@ func (f *FakeIPVS) UpdateDestination(s *Service, d *Destination) error {
 	if err != nil {
 		return err
 	}
-	i, _ := vs.dest(d)
+	i, _ := vs.index(d)
 	if i < 0 {
 		return syscall.ENOENT
 	}
-	vs.dests[i].weight = d.Weight
+	vs.dests[i].dest.Weight = d.Weight
 	return nil
 }
 
-// DelDestination implements IPVS.
-func (f *FakeIPVS) DelDestination(s *Service, d *Destination) error {
+// DelDestination implements ipvs.IPVS.
+func (f *IPVS) DelDestination(s *ipvs.Service, d *ipvs.Destination) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("DelDestination", s, d); err != nil {
@@ -268,7 +322,7 @@ func (f *FakeIPVS) DelDestination(s *Service, d *Destination) error {
 	if err != nil {
 		return err
 	}
-	i, _ := vs.dest(d)
+	i, _ := vs.index(d)
 	if i < 0 {
 		return syscall.ENOENT
 	}
@@ -281,12 +335,13 @@ func (f *FakeIPVS) DelDestination(s *Service, d *Destination) error {
 
 // SetConns sets the connection counts of a real server, as if its
 // connections had moved through states without Fakes.Connect.
-func (f *FakeIPVS) SetConns(proto lb.Protocol, vip, backend netip.AddrPort, active, inactive int) error {
+func (f *IPVS) SetConns(proto lb.Protocol, vip, backend netip.AddrPort, active, inactive int) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	vs := f.services[vsKey{proto, vip}]
+	k := vsKey{proto, vip}
+	vs := f.services[k]
 	if vs == nil {
-		return fmt.Errorf("no virtual server %s/%v", netfilter.ProtoName(proto), vip)
+		return fmt.Errorf("no virtual server %v", k)
 	}
 	for _, d := range vs.dests {
 		if d.addr == backend {
@@ -294,10 +349,10 @@ func (f *FakeIPVS) SetConns(proto lb.Protocol, vip, backend netip.AddrPort, acti
 			return nil
 		}
 	}
-	return fmt.Errorf("no real server %v in %s/%v", backend, netfilter.ProtoName(proto), vip)
+	return fmt.Errorf("no real server %v in %v", backend, k)
 }
 
-// RealServer is a real server as Dump and Services show it.
+// RealServer is a real server as Services shows it.
 type RealServer struct {
 	Addr             netip.AddrPort
 	Weight           int
@@ -326,16 +381,16 @@ func (v VirtualServer) String() string {
 }
 
 // Services returns every virtual server, sorted.
-func (f *FakeIPVS) Services() []VirtualServer {
+func (f *IPVS) Services() []VirtualServer {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	out := make([]VirtualServer, 0, len(f.services))
-	for _, k := range slices.SortedFunc(slices.Values(f.order), vsKey.Compare) {
+	for _, k := range slices.SortedFunc(slices.Values(f.order), vsKey.compare) {
 		vs := f.services[k]
 		v := VirtualServer{Protocol: k.proto, Addr: k.addr, Scheduler: vs.svc.SchedName,
 			Persistent: vs.svc.Flags&flagPersistent != 0, Timeout: vs.svc.Timeout}
 		for _, d := range vs.dests {
-			v.RealServers = append(v.RealServers, RealServer{d.addr, d.weight, d.active, d.inactive})
+			v.RealServers = append(v.RealServers, RealServer{d.addr, d.dest.Weight, d.active, d.inactive})
 		}
 		out = append(out, v)
 	}
@@ -346,14 +401,14 @@ func (f *FakeIPVS) Services() []VirtualServer {
 // virtual server k, as the kernel would; ok is false when there is no
 // virtual server, found is false when it has no real server of weight > 0.
 // Callers hold f.mu.
-func (f *FakeIPVS) schedule(k vsKey, client netip.Addr) (dest *fakeDest, found, ok bool) {
+func (f *IPVS) schedule(k vsKey, client netip.Addr) (dest *realServer, found, ok bool) {
 	vs := f.services[k]
 	if vs == nil {
 		return nil, false, false
 	}
-	live := make([]*fakeDest, 0, len(vs.dests))
+	live := make([]*realServer, 0, len(vs.dests))
 	for _, d := range vs.dests {
-		if d.weight > 0 {
+		if d.dest.Weight > 0 {
 			live = append(live, d)
 		}
 	}
@@ -366,8 +421,8 @@ func (f *FakeIPVS) schedule(k vsKey, client netip.Addr) (dest *fakeDest, found, 
 		if t, ok := vs.templates[client]; ok && now.Before(t.expires) {
 			// expire_quiescent_template: a template to a weight-0 (or
 			// deleted) real server is not used.
-			if i := slices.IndexFunc(live, func(d *fakeDest) bool { return d.addr == t.dest }); i >= 0 {
-				vs.templates[client] = fakeTemplate{t.dest, now.Add(time.Duration(vs.svc.Timeout) * time.Second)}
+			if i := slices.IndexFunc(live, func(d *realServer) bool { return d.addr == t.dest }); i >= 0 {
+				vs.templates[client] = template{t.dest, now.Add(time.Duration(vs.svc.Timeout) * time.Second)}
 				return live[i], true, true
 			}
 		}
@@ -376,7 +431,7 @@ func (f *FakeIPVS) schedule(k vsKey, client netip.Addr) (dest *fakeDest, found, 
 	case "lc", "wlc", "sed", "nq":
 		best := live[0]
 		for _, d := range live[1:] {
-			if (d.active<<8+d.inactive)*best.weight < (best.active<<8+best.inactive)*d.weight {
+			if (d.active<<8+d.inactive)*best.dest.Weight < (best.active<<8+best.inactive)*d.dest.Weight {
 				best = d
 			}
 		}
@@ -389,14 +444,14 @@ func (f *FakeIPVS) schedule(k vsKey, client netip.Addr) (dest *fakeDest, found, 
 		n := len(vs.dests)
 		for i := 1; i <= n; i++ {
 			j := (vs.last + i + n) % n
-			if vs.dests[j].weight > 0 {
+			if vs.dests[j].dest.Weight > 0 {
 				vs.last, dest = j, vs.dests[j]
 				break
 			}
 		}
 	}
 	if persistent {
-		vs.templates[client] = fakeTemplate{dest.addr, now.Add(time.Duration(vs.svc.Timeout) * time.Second)}
+		vs.templates[client] = template{dest.addr, now.Add(time.Duration(vs.svc.Timeout) * time.Second)}
 	}
 	return dest, true, true
 }
