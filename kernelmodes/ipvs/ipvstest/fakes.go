@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
@@ -116,4 +117,54 @@ func target(fields []string) string {
 		}
 	}
 	return ""
+}
+
+// recorder logs the calls a fake receives and fails those FailNext names.
+// It is safe for concurrent use.
+type recorder struct {
+	mu      sync.Mutex
+	calls   []string
+	failing map[string]error
+}
+
+// FailNext makes the next call of op (a method name, "NewService") fail
+// with err, changing nothing.
+func (r *recorder) FailNext(op string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.failing == nil {
+		r.failing = map[string]error{}
+	}
+	r.failing[op] = err
+}
+
+// Calls returns the calls so far as "Method arg...", oldest first.
+func (r *recorder) Calls() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.calls)
+}
+
+// ResetCalls forgets the calls so far.
+func (r *recorder) ResetCalls() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = nil
+}
+
+// record logs a call of op with args and returns the failure FailNext
+// injected for op, if any.
+func (r *recorder) record(op string, args ...any) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c := op
+	for _, a := range args {
+		c += fmt.Sprint(" ", a)
+	}
+	r.calls = append(r.calls, c)
+	if err := r.failing[op]; err != nil {
+		delete(r.failing, op)
+		return fmt.Errorf("fake %s: %w", op, err)
+	}
+	return nil
 }

@@ -24,38 +24,31 @@ const (
 // ipprotoSCTP is IPPROTO_SCTP, which package syscall lacks on some systems.
 const ipprotoSCTP = 132
 
-// vsKey identifies a virtual server as the kernel does (svcproxy makes no
-// firewall-mark ones).
-type vsKey struct {
-	proto lb.Protocol
-	addr  netip.AddrPort
+// vsName names a virtual server as the kernel identifies it (svcproxy makes
+// no firewall-mark ones): "tcp/198.19.0.10:80".
+func vsName(proto lb.Protocol, addr netip.AddrPort) string {
+	return netfilter.ProtoName(proto) + "/" + addr.String()
 }
 
-func (k vsKey) String() string { return netfilter.ProtoName(k.proto) + "/" + k.addr.String() }
-
-func (k vsKey) compare(o vsKey) int {
-	return cmp.Or(cmp.Compare(k.proto, o.proto), k.addr.Compare(o.addr))
-}
-
-// keyOf reads the key of s; ok is false for what the fake does not model
-// (firewall marks, protocols other than TCP, UDP and SCTP).
-func keyOf(s *ipvs.Service) (k vsKey, ok bool) {
+// identify reads the protocol and address of s; ok is false for what the
+// fake does not model (firewall marks, protocols other than TCP, UDP and
+// SCTP).
+func identify(s *ipvs.Service) (proto lb.Protocol, addr netip.AddrPort, ok bool) {
 	switch s.Protocol {
 	case syscall.IPPROTO_TCP:
-		k.proto = lb.TCP
+		proto = lb.TCP
 	case syscall.IPPROTO_UDP:
-		k.proto = lb.UDP
+		proto = lb.UDP
 	case ipprotoSCTP:
-		k.proto = lb.SCTP
+		proto = lb.SCTP
 	default:
-		return k, false
+		return proto, addr, false
 	}
 	a, ok := netip.AddrFromSlice(s.Address)
 	if !ok || s.FWMark != 0 {
-		return k, false
+		return proto, addr, false
 	}
-	k.addr = netip.AddrPortFrom(a.Unmap(), s.Port)
-	return k, true
+	return proto, netip.AddrPortFrom(a.Unmap(), s.Port), true
 }
 
 func destAddr(d *ipvs.Destination) netip.AddrPort {
@@ -72,15 +65,16 @@ func destAddr(d *ipvs.Destination) netip.AddrPort {
 // destination address, persistence by client address. It is safe for
 // concurrent use.
 type IPVS struct {
+	recorder
 	mu       sync.Mutex
-	services map[vsKey]*virtualServer
-	order    []vsKey
-	calls    []string
-	failing  map[string]error
+	services map[string]*virtualServer // by vsName
+	order    []string                  // of creation, as the kernel lists them
 	now      func() time.Time
 }
 
 type virtualServer struct {
+	proto     lb.Protocol
+	addr      netip.AddrPort
 	svc       ipvs.Service
 	dests     []*realServer
 	last      int // rr: index of the last real server chosen
@@ -103,60 +97,54 @@ func NewIPVS(now func() time.Time) *IPVS {
 	if now == nil {
 		now = time.Now
 	}
-	return &IPVS{services: map[vsKey]*virtualServer{}, failing: map[string]error{}, now: now}
+	return &IPVS{services: map[string]*virtualServer{}, now: now}
 }
 
 var _ ipvs.IPVS = (*IPVS)(nil)
 
-// FailNext makes the next call of op (a method name, "NewService") fail
-// with err, changing nothing.
-func (f *IPVS) FailNext(op string, err error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.failing[op] = err
-}
-
-// Calls returns the calls so far as "Method proto/addr:port[ dest]".
-func (f *IPVS) Calls() []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return slices.Clone(f.calls)
-}
-
-// ResetCalls forgets the calls so far.
-func (f *IPVS) ResetCalls() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls = nil
-}
-
-func (f *IPVS) record(op string, s *ipvs.Service, d *ipvs.Destination) error {
-	c := op
+// call records op on s (and d), as "Method proto/addr:port[ dest]", and
+// returns the failure injected for it.
+func (f *IPVS) call(op string, s *ipvs.Service, d *ipvs.Destination) error {
+	var args []any
 	if s != nil {
-		k, _ := keyOf(s)
-		c += " " + k.String()
+		proto, addr, _ := identify(s)
+		args = append(args, vsName(proto, addr))
 	}
 	if d != nil {
-		c += " " + destAddr(d).String()
+		args = append(args, destAddr(d))
 	}
-	f.calls = append(f.calls, c)
-	if err := f.failing[op]; err != nil {
-		delete(f.failing, op)
-		return err
-	}
-	return nil
+	return f.record(op, args...)
 }
 
-func (f *IPVS) lookup(s *ipvs.Service) (vsKey, *virtualServer, error) {
-	k, ok := keyOf(s)
+// lookup records op on s (and d) and finds the virtual server s names.
+func (f *IPVS) lookup(op string, s *ipvs.Service, d *ipvs.Destination) (*virtualServer, error) {
+	if err := f.call(op, s, d); err != nil {
+		return nil, err
+	}
+	proto, addr, ok := identify(s)
 	if !ok {
-		return k, nil, syscall.EINVAL
+		return nil, syscall.EINVAL
 	}
-	vs := f.services[k]
+	vs := f.services[vsName(proto, addr)]
 	if vs == nil {
-		return k, nil, syscall.ESRCH
+		return nil, syscall.ESRCH
 	}
-	return k, vs, nil
+	return vs, nil
+}
+
+// lookupDest records op and finds the index of d among the real servers of
+// the virtual server s names.
+func (f *IPVS) lookupDest(op string, s *ipvs.Service, d *ipvs.Destination) (*virtualServer, int, error) {
+	vs, err := f.lookup(op, s, d)
+	if err != nil {
+		return nil, 0, err
+	}
+	a := destAddr(d)
+	i := slices.IndexFunc(vs.dests, func(x *realServer) bool { return x.addr == a })
+	if i < 0 {
+		return nil, 0, syscall.ENOENT
+	}
+	return vs, i, nil
 }
 
 var knownSchedulers = []string{"rr", "wrr", "lc", "wlc", "sh", "dh", "mh", "sed", "nq", "lblc", "lblcr", "fo", "ovf", "twos"}
@@ -165,13 +153,14 @@ var knownSchedulers = []string{"rr", "wrr", "lc", "wlc", "sh", "dh", "mh", "sed"
 func (f *IPVS) NewService(s *ipvs.Service) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.record("NewService", s, nil); err != nil {
+	if err := f.call("NewService", s, nil); err != nil {
 		return err
 	}
-	k, ok := keyOf(s)
+	proto, addr, ok := identify(s)
 	if !ok {
 		return syscall.EINVAL
 	}
+	k := vsName(proto, addr)
 	if f.services[k] != nil {
 		return syscall.EEXIST
 	}
@@ -182,7 +171,7 @@ func (f *IPVS) NewService(s *ipvs.Service) error {
 	c.Address = slices.Clone(s.Address)
 	c.Flags &^= flagHashed
 	c.Stats = ipvs.ServiceStats{}
-	f.services[k] = &virtualServer{svc: c, last: -1, templates: map[netip.Addr]template{}}
+	f.services[k] = &virtualServer{proto: proto, addr: addr, svc: c, last: -1, templates: map[netip.Addr]template{}}
 	f.order = append(f.order, k)
 	return nil
 }
@@ -191,10 +180,7 @@ func (f *IPVS) NewService(s *ipvs.Service) error {
 func (f *IPVS) UpdateService(s *ipvs.Service) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.record("UpdateService", s, nil); err != nil {
-		return err
-	}
-	_, vs, err := f.lookup(s)
+	vs, err := f.lookup("UpdateService", s, nil)
 	if err != nil {
 		return err
 	}
@@ -212,15 +198,13 @@ func (f *IPVS) UpdateService(s *ipvs.Service) error {
 func (f *IPVS) DelService(s *ipvs.Service) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.record("DelService", s, nil); err != nil {
-		return err
-	}
-	k, _, err := f.lookup(s)
+	vs, err := f.lookup("DelService", s, nil)
 	if err != nil {
 		return err
 	}
+	k := vsName(vs.proto, vs.addr)
 	delete(f.services, k)
-	f.order = slices.DeleteFunc(f.order, func(x vsKey) bool { return x == k })
+	f.order = slices.DeleteFunc(f.order, func(x string) bool { return x == k })
 	return nil
 }
 
@@ -228,7 +212,7 @@ func (f *IPVS) DelService(s *ipvs.Service) error {
 func (f *IPVS) GetServices() ([]*ipvs.Service, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.record("GetServices", nil, nil); err != nil {
+	if err := f.call("GetServices", nil, nil); err != nil {
 		return nil, err
 	}
 	out := make([]*ipvs.Service, 0, len(f.order))
@@ -245,10 +229,7 @@ func (f *IPVS) GetServices() ([]*ipvs.Service, error) {
 func (f *IPVS) GetDestinations(s *ipvs.Service) ([]*ipvs.Destination, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.record("GetDestinations", s, nil); err != nil {
-		return nil, err
-	}
-	_, vs, err := f.lookup(s)
+	vs, err := f.lookup("GetDestinations", s, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -262,24 +243,16 @@ func (f *IPVS) GetDestinations(s *ipvs.Service) ([]*ipvs.Destination, error) {
 	return out, nil
 }
 
-func (vs *virtualServer) index(d *ipvs.Destination) (int, netip.AddrPort) {
-	a := destAddr(d)
-	return slices.IndexFunc(vs.dests, func(x *realServer) bool { return x.addr == a }), a
-}
-
 // NewDestination implements ipvs.IPVS.
 func (f *IPVS) NewDestination(s *ipvs.Service, d *ipvs.Destination) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.record("NewDestination", s, d); err != nil {
-		return err
-	}
-	_, vs, err := f.lookup(s)
+	vs, err := f.lookup("NewDestination", s, d)
 	if err != nil {
 		return err
 	}
-	i, a := vs.index(d)
-	if i >= 0 {
+	a := destAddr(d)
+	if slices.ContainsFunc(vs.dests, func(x *realServer) bool { return x.addr == a }) {
 		return syscall.EEXIST
 	}
 	if !a.IsValid() || a.Addr().Is4() != (vs.svc.AddressFamily == syscall.AF_INET) {
@@ -296,16 +269,9 @@ func (f *IPVS) NewDestination(s *ipvs.Service, d *ipvs.Destination) error {
 func (f *IPVS) UpdateDestination(s *ipvs.Service, d *ipvs.Destination) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.record("UpdateDestination", s, d); err != nil {
-		return err
-	}
-	_, vs, err := f.lookup(s)
+	vs, i, err := f.lookupDest("UpdateDestination", s, d)
 	if err != nil {
 		return err
-	}
-	i, _ := vs.index(d)
-	if i < 0 {
-		return syscall.ENOENT
 	}
 	vs.dests[i].dest.Weight = d.Weight
 	return nil
@@ -315,16 +281,9 @@ func (f *IPVS) UpdateDestination(s *ipvs.Service, d *ipvs.Destination) error {
 func (f *IPVS) DelDestination(s *ipvs.Service, d *ipvs.Destination) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.record("DelDestination", s, d); err != nil {
-		return err
-	}
-	_, vs, err := f.lookup(s)
+	vs, i, err := f.lookupDest("DelDestination", s, d)
 	if err != nil {
 		return err
-	}
-	i, _ := vs.index(d)
-	if i < 0 {
-		return syscall.ENOENT
 	}
 	vs.dests = slices.Delete(vs.dests, i, i+1)
 	if vs.last >= i {
@@ -338,10 +297,10 @@ func (f *IPVS) DelDestination(s *ipvs.Service, d *ipvs.Destination) error {
 func (f *IPVS) SetConns(proto lb.Protocol, vip, backend netip.AddrPort, active, inactive int) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	k := vsKey{proto, vip}
+	k := vsName(proto, vip)
 	vs := f.services[k]
 	if vs == nil {
-		return fmt.Errorf("no virtual server %v", k)
+		return fmt.Errorf("no virtual server %s", k)
 	}
 	for _, d := range vs.dests {
 		if d.addr == backend {
@@ -349,7 +308,7 @@ func (f *IPVS) SetConns(proto lb.Protocol, vip, backend netip.AddrPort, active, 
 			return nil
 		}
 	}
-	return fmt.Errorf("no real server %v in %v", backend, k)
+	return fmt.Errorf("no real server %v in %s", backend, k)
 }
 
 // RealServer is a real server as Services shows it.
@@ -385,23 +344,25 @@ func (f *IPVS) Services() []VirtualServer {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	out := make([]VirtualServer, 0, len(f.services))
-	for _, k := range slices.SortedFunc(slices.Values(f.order), vsKey.compare) {
-		vs := f.services[k]
-		v := VirtualServer{Protocol: k.proto, Addr: k.addr, Scheduler: vs.svc.SchedName,
+	for _, vs := range f.services {
+		v := VirtualServer{Protocol: vs.proto, Addr: vs.addr, Scheduler: vs.svc.SchedName,
 			Persistent: vs.svc.Flags&flagPersistent != 0, Timeout: vs.svc.Timeout}
 		for _, d := range vs.dests {
 			v.RealServers = append(v.RealServers, RealServer{d.addr, d.dest.Weight, d.active, d.inactive})
 		}
 		out = append(out, v)
 	}
+	slices.SortFunc(out, func(a, b VirtualServer) int {
+		return cmp.Or(cmp.Compare(a.Protocol, b.Protocol), a.Addr.Compare(b.Addr))
+	})
 	return out
 }
 
 // schedule picks the real server for a new connection from client to the
-// virtual server k, as the kernel would; ok is false when there is no
+// virtual server named k, as the kernel would; ok is false when there is no
 // virtual server, found is false when it has no real server of weight > 0.
 // Callers hold f.mu.
-func (f *IPVS) schedule(k vsKey, client netip.Addr) (dest *realServer, found, ok bool) {
+func (f *IPVS) schedule(k string, client netip.Addr) (dest *realServer, found, ok bool) {
 	vs := f.services[k]
 	if vs == nil {
 		return nil, false, false
@@ -439,7 +400,7 @@ func (f *IPVS) schedule(k vsKey, client netip.Addr) (dest *realServer, found, ok
 	case "sh", "mh", "lblc", "lblcr":
 		dest = live[hashOf(client)%uint64(len(live))]
 	case "dh":
-		dest = live[hashOf(k.addr.Addr())%uint64(len(live))]
+		dest = live[hashOf(vs.addr.Addr())%uint64(len(live))]
 	default: // rr, wrr (svcproxy's weights are all 1), fo, ovf, twos
 		n := len(vs.dests)
 		for i := 1; i <= n; i++ {

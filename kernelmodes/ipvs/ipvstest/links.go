@@ -14,10 +14,9 @@ import (
 // Links is an in-memory ipvs.Links: interfaces with addresses. It starts
 // with lo (127.0.0.1, ::1); AddNodeAddr adds the node's own addresses.
 type Links struct {
-	mu      sync.Mutex
-	links   map[string]*link
-	calls   []string
-	failing map[string]error
+	recorder
+	mu    sync.Mutex
+	links map[string]*link
 }
 
 type link struct {
@@ -28,8 +27,7 @@ type link struct {
 // NewLinks returns a Links holding lo.
 func NewLinks() *Links {
 	return &Links{
-		links:   map[string]*link{"lo": {kind: "loopback", addrs: []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback()}}},
-		failing: map[string]error{},
+		links: map[string]*link{"lo": {kind: "loopback", addrs: []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback()}}},
 	}
 }
 
@@ -62,40 +60,6 @@ func (f *Links) Link(name string) (kind string, addrs []netip.Addr, ok bool) {
 	return l.kind, slices.Clone(l.addrs), true
 }
 
-// FailNext makes the next call of op (a method name) fail with err.
-func (f *Links) FailNext(op string, err error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.failing[op] = err
-}
-
-// Calls returns the calls so far.
-func (f *Links) Calls() []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return slices.Clone(f.calls)
-}
-
-// ResetCalls forgets the calls so far.
-func (f *Links) ResetCalls() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls = nil
-}
-
-func (f *Links) record(op string, args ...any) error {
-	c := op
-	for _, a := range args {
-		c += fmt.Sprint(" ", a)
-	}
-	f.calls = append(f.calls, c)
-	if err := f.failing[op]; err != nil {
-		delete(f.failing, op)
-		return fmt.Errorf("fake %s: %w", op, err)
-	}
-	return nil
-}
-
 // EnsureDummy implements ipvs.Links.
 func (f *Links) EnsureDummy(ctx context.Context, name string) error {
 	f.mu.Lock()
@@ -124,16 +88,26 @@ func (f *Links) DeleteLink(ctx context.Context, name string) error {
 	return nil
 }
 
-// Addrs implements ipvs.Links.
-func (f *Links) Addrs(ctx context.Context, name string) ([]netip.Addr, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.record("Addrs", name); err != nil {
+// lookup records op on interface name (with more arguments) and finds
+// it: ErrNoLink when it does not exist. Callers hold f.mu.
+func (f *Links) lookup(op, name string, more ...any) (*link, error) {
+	if err := f.record(op, append([]any{name}, more...)...); err != nil {
 		return nil, err
 	}
 	l := f.links[name]
 	if l == nil {
 		return nil, fmt.Errorf("%s: %w", name, ipvs.ErrNoLink)
+	}
+	return l, nil
+}
+
+// Addrs implements ipvs.Links.
+func (f *Links) Addrs(ctx context.Context, name string) ([]netip.Addr, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l, err := f.lookup("Addrs", name)
+	if err != nil {
+		return nil, err
 	}
 	return slices.Clone(l.addrs), nil
 }
@@ -142,12 +116,9 @@ func (f *Links) Addrs(ctx context.Context, name string) ([]netip.Addr, error) {
 func (f *Links) AddAddr(ctx context.Context, name string, addr netip.Addr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.record("AddAddr", name, addr); err != nil {
+	l, err := f.lookup("AddAddr", name, addr)
+	if err != nil {
 		return err
-	}
-	l := f.links[name]
-	if l == nil {
-		return fmt.Errorf("%s: %w", name, ipvs.ErrNoLink)
 	}
 	if !slices.Contains(l.addrs, addr) {
 		l.addrs = append(l.addrs, addr)
@@ -159,12 +130,9 @@ func (f *Links) AddAddr(ctx context.Context, name string, addr netip.Addr) error
 func (f *Links) DelAddr(ctx context.Context, name string, addr netip.Addr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.record("DelAddr", name, addr); err != nil {
+	l, err := f.lookup("DelAddr", name, addr)
+	if err != nil {
 		return err
-	}
-	l := f.links[name]
-	if l == nil {
-		return fmt.Errorf("%s: %w", name, ipvs.ErrNoLink)
 	}
 	l.addrs = slices.DeleteFunc(l.addrs, func(a netip.Addr) bool { return a == addr })
 	return nil
@@ -205,9 +173,9 @@ func (f *Links) local() []netip.Addr {
 // Conntrack is an in-memory ipvs.Conntrack holding the UDP flows
 // Fakes.Connect opened; ClearUDP deletes them.
 type Conntrack struct {
+	recorder
 	mu    sync.Mutex
 	flows map[udpFlow]netip.AddrPort // -> backend
-	calls []string
 }
 
 type udpFlow struct {
@@ -220,7 +188,9 @@ var _ ipvs.Conntrack = (*Conntrack)(nil)
 func (f *Conntrack) ClearUDP(ctx context.Context, vip netip.Addr, port uint16, backend netip.AddrPort) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.calls = append(f.calls, fmt.Sprintf("ClearUDP %v %v", netip.AddrPortFrom(vip, port), backend))
+	if err := f.record("ClearUDP", netip.AddrPortFrom(vip, port), backend); err != nil {
+		return err
+	}
 	for k, b := range f.flows {
 		if k.vip == netip.AddrPortFrom(vip, port) && b == backend {
 			delete(f.flows, k)
@@ -241,20 +211,6 @@ func (f *Conntrack) Flows() []string {
 	return out
 }
 
-// Calls returns the calls so far.
-func (f *Conntrack) Calls() []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return slices.Clone(f.calls)
-}
-
-// ResetCalls forgets the calls so far.
-func (f *Conntrack) ResetCalls() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls = nil
-}
-
 // ipvsSysctls are the parameters the ip_vs module adds, at their defaults.
 var ipvsSysctls = []string{"net/ipv4/vs/conntrack", "net/ipv4/vs/expire_nodest_conn", "net/ipv4/vs/expire_quiescent_template"}
 
@@ -262,9 +218,9 @@ var ipvsSysctls = []string{"net/ipv4/vs/conntrack", "net/ipv4/vs/expire_nodest_c
 // kernel's defaults (0); reading another is an error, as a missing file
 // under /proc/sys is.
 type Sysctls struct {
+	recorder
 	mu     sync.Mutex
 	values map[string]string
-	calls  []string
 }
 
 // NewSysctls returns the kernel's defaults of the IPVS sysctls.
@@ -282,7 +238,9 @@ var _ ipvs.Sysctls = (*Sysctls)(nil)
 func (f *Sysctls) Sysctl(name string) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.calls = append(f.calls, "Sysctl "+name)
+	if err := f.record("Sysctl", name); err != nil {
+		return "", err
+	}
 	v, ok := f.values[name]
 	if !ok {
 		return "", fmt.Errorf("no sysctl %s", name)
@@ -294,7 +252,9 @@ func (f *Sysctls) Sysctl(name string) (string, error) {
 func (f *Sysctls) SetSysctl(name, value string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.calls = append(f.calls, "SetSysctl "+name+"="+value)
+	if err := f.record("SetSysctl", name+"="+value); err != nil {
+		return err
+	}
 	f.values[name] = value
 	return nil
 }
@@ -304,18 +264,4 @@ func (f *Sysctls) Values() map[string]string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return maps.Clone(f.values)
-}
-
-// Calls returns the calls so far.
-func (f *Sysctls) Calls() []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return slices.Clone(f.calls)
-}
-
-// ResetCalls forgets the calls so far.
-func (f *Sysctls) ResetCalls() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls = nil
 }

@@ -30,16 +30,11 @@ const (
 	Dropped                 // dropped
 )
 
+var actionNames = [...]string{Untouched: "Untouched", Forwarded: "Forwarded", Rejected: "Rejected", Dropped: "Dropped"}
+
 func (a Action) String() string {
-	switch a {
-	case Untouched:
-		return "Untouched"
-	case Forwarded:
-		return "Forwarded"
-	case Rejected:
-		return "Rejected"
-	case Dropped:
-		return "Dropped"
+	if int(a) < len(actionNames) {
+		return actionNames[a]
 	}
 	return "Action(" + strconv.Itoa(int(a)) + ")"
 }
@@ -83,15 +78,12 @@ func (v Verdict) String() string {
 // POSTROUTING, which decides masquerading. The chains are walked by the
 // Rules' own tracer (netfilter.Fake.TraceChain), the mark nat set carried
 // from one to the next.
-func (f *Fakes) Trace(p Packet) Verdict {
-	v, _ := f.trace(p, false)
-	return v
-}
+func (f *Fakes) Trace(p Packet) Verdict { return f.trace(p, false) }
 
 // Conn is a connection Connect opened; Close ends it.
 type Conn struct {
 	f     *Fakes
-	k     vsKey
+	proto lb.Protocol
 	once  sync.Once
 	Route Verdict
 }
@@ -100,20 +92,19 @@ type Conn struct {
 // on the real server (for TCP and SCTP) or a conntrack flow (for UDP: later
 // datagrams of the flow follow it, until it is cleared).
 func (f *Fakes) Connect(p Packet) *Conn {
-	v, k := f.trace(p, true)
-	return &Conn{f: f, k: k, Route: v}
+	return &Conn{f: f, proto: p.Proto, Route: f.trace(p, true)}
 }
 
 // Close ends a connection Connect opened.
 func (c *Conn) Close() {
 	c.once.Do(func() {
-		if c.Route.Action != Forwarded || c.k.proto == lb.UDP {
+		if c.Route.Action != Forwarded || c.proto == lb.UDP {
 			return
 		}
 		ip := c.f.IPVS
 		ip.mu.Lock()
 		defer ip.mu.Unlock()
-		if vs := ip.services[c.k]; vs != nil {
+		if vs := ip.services[c.Route.VirtualServer]; vs != nil {
 			for _, d := range vs.dests {
 				if d.addr == c.Route.Backend && d.active > 0 {
 					d.active--
@@ -137,7 +128,7 @@ func (f *Fakes) chain(p *netfilter.Packet, table, name string) (Verdict, bool) {
 	return Verdict{}, false
 }
 
-func (f *Fakes) trace(p Packet, open bool) (Verdict, vsKey) {
+func (f *Fakes) trace(p Packet, open bool) Verdict {
 	// Lock order: IPVS, Links, Conntrack, then the Rules' own.
 	f.IPVS.mu.Lock()
 	defer f.IPVS.mu.Unlock()
@@ -153,16 +144,16 @@ func (f *Fakes) trace(p Packet, open bool) (Verdict, vsKey) {
 		t.Hook, nat = netfilter.Output, "OUTPUT"
 	}
 	if v, ok := f.chain(&t, "nat", nat); ok {
-		return v, vsKey{}
+		return v
 	}
 	local := t.Dst.Addr().IsLoopback() || slices.Contains(t.LocalAddrs, t.Dst.Addr())
-	k := vsKey{p.Proto, t.Dst}
+	k := vsName(p.Proto, t.Dst)
 	if !p.Local {
 		if !local {
-			return Verdict{Action: Untouched}, k
+			return Verdict{Action: Untouched}
 		}
 		if v, ok := f.chain(&t, "filter", "INPUT"); ok {
-			return v, k
+			return v
 		}
 	}
 	// A UDP datagram of a flow conntrack knows follows it: to its real
@@ -171,15 +162,15 @@ func (f *Fakes) trace(p Packet, open bool) (Verdict, vsKey) {
 		if b, ok := f.Conntrack.flows[udpFlow{t.Src, t.Dst}]; ok {
 			vs := f.IPVS.services[k]
 			if vs == nil || !slices.ContainsFunc(vs.dests, func(d *realServer) bool { return d.addr == b }) {
-				return Verdict{Action: Dropped, Rule: "IPVS: stale UDP flow to removed real server " + b.String()}, k
+				return Verdict{Action: Dropped, Rule: "IPVS: stale UDP flow to removed real server " + b.String()}
 			}
-			return f.postrouting(t, k, b), k
+			return f.postrouting(t, k, b)
 		}
 	}
 	dest, found, ok := f.IPVS.schedule(k, t.Src.Addr())
 	switch {
 	case ok && !found:
-		return Verdict{Action: Rejected, VirtualServer: k.String(), Rule: "IPVS " + k.String() + ": no real server of weight > 0 (ICMP port unreachable)"}, k
+		return Verdict{Action: Rejected, VirtualServer: k, Rule: "IPVS " + k + ": no real server of weight > 0 (ICMP port unreachable)"}
 	case ok:
 		if open {
 			if p.Proto == lb.UDP {
@@ -191,30 +182,30 @@ func (f *Fakes) trace(p Packet, open bool) (Verdict, vsKey) {
 				dest.active++
 			}
 		}
-		return f.postrouting(t, k, dest.addr), k
+		return f.postrouting(t, k, dest.addr)
 	}
 	if p.Local {
 		if v, ok := f.chain(&t, "filter", "OUTPUT"); ok {
-			return v, k
+			return v
 		}
 		if local {
 			if v, ok := f.chain(&t, "filter", "INPUT"); ok {
-				return v, k
+				return v
 			}
 		}
 	}
-	return Verdict{Action: Untouched}, k
+	return Verdict{Action: Untouched}
 }
 
 // postrouting sends t, IPVS-NATed to backend, through filter OUTPUT and nat
 // POSTROUTING (IPVS with conntrack=1 re-enters the output path).
-func (f *Fakes) postrouting(t netfilter.Packet, k vsKey, backend netip.AddrPort) Verdict {
+func (f *Fakes) postrouting(t netfilter.Packet, k string, backend netip.AddrPort) Verdict {
 	t.Dst = backend
 	if v, ok := f.chain(&t, "filter", "OUTPUT"); ok {
-		v.VirtualServer = k.String()
+		v.VirtualServer = k
 		return v
 	}
-	v := Verdict{Action: Forwarded, Backend: backend, VirtualServer: k.String()}
+	v := Verdict{Action: Forwarded, Backend: backend, VirtualServer: k}
 	if nv, _, _ := f.Rules.TraceChain(t, "nat", "POSTROUTING"); nv.Masquerade {
 		v.Masquerade = true
 	}
