@@ -36,7 +36,7 @@ type Fake struct {
 
 // Call is one Executor call the Fake received.
 type Call struct {
-	Op     string // "iptables-restore", "iptables-save", "iptables-version", "ipset-restore", "ipset-list", "ipset-names", "ipset-destroy", "conntrack-delete"
+	Op     string // "iptables-restore", "iptables-save", "iptables-version", "ipset-restore", "ipset-list", "ipset-names", "ipset-save", "ipset-destroy", "conntrack-delete"
 	Family Family // iptables calls
 	Data   string // restore input, or the table or set name
 }
@@ -283,6 +283,26 @@ func (f *Fake) Dump() string {
 			tables[name].save(&b)
 		}
 	}
+	f.saveSets(&b)
+	return b.String()
+}
+
+// IPSetSave returns what `ipset save` prints: the create and add lines of
+// every set, in a stable order. Like Exec's, it is not part of Executor
+// (the IPVS mode's Rules call it).
+func (f *Fake) IPSetSave(ctx context.Context) ([]byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.record(Call{Op: "ipset-save"}); err != nil {
+		return nil, err
+	}
+	var b strings.Builder
+	f.saveSets(&b)
+	return []byte(b.String()), nil
+}
+
+// saveSets writes every set as ipset save would. Callers hold f.mu.
+func (f *Fake) saveSets(b *strings.Builder) {
 	names := make([]string, 0, len(f.sets))
 	for n := range f.sets {
 		names = append(names, n)
@@ -292,13 +312,12 @@ func (f *Fake) Dump() string {
 		s := f.sets[n]
 		switch s.typ {
 		case typePort:
-			fmt.Fprintf(&b, "create %s %s range %d-%d\n", n, s.typ, s.lo, s.hi)
+			fmt.Fprintf(b, "create %s %s range %d-%d\n", n, s.typ, s.lo, s.hi)
 		default:
-			fmt.Fprintf(&b, "create %s %s family %s maxelem %d\n", n, s.typ, s.family, s.maxelem)
+			fmt.Fprintf(b, "create %s %s family %s maxelem %d\n", n, s.typ, s.family, s.maxelem)
 		}
 		for _, m := range s.sortedMembers() {
-			fmt.Fprintf(&b, "add %s %s\n", n, m)
+			fmt.Fprintf(b, "add %s %s\n", n, m)
 		}
 	}
-	return b.String()
 }
