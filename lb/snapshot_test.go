@@ -180,20 +180,26 @@ func TestSnapshotChanged(t *testing.T) {
 		{
 			name:   "a health-check node port is a change",
 			before: func(s *Store) { s.Replace([]Service{web, db}) },
-			after:  func(s *Store) { s.Update([]Service{edit(web, func(s *Service) { s.HealthCheckNodePort = 32000 })}, nil) },
-			want:   Diff{Updated: names("web")},
+			after: func(s *Store) {
+				s.Update([]Service{edit(web, func(s *Service) { s.HealthCheckNodePort = 32000 })}, nil)
+			},
+			want: Diff{Updated: names("web")},
 		},
 		{
-			name:   "a removal hands a contested frontend to the loser",
-			before: func(s *Store) { s.Replace([]Service{edit(db, func(s *Service) { s.ClusterIPs = web.ClusterIPs }), web}) },
-			after:  func(s *Store) { s.Update(nil, names("db")) },
-			want:   Diff{Updated: names("web"), Removed: names("db")},
+			name: "a removal hands a contested frontend to the loser",
+			before: func(s *Store) {
+				s.Replace([]Service{edit(db, func(s *Service) { s.ClusterIPs = web.ClusterIPs }), web})
+			},
+			after: func(s *Store) { s.Update(nil, names("db")) },
+			want:  Diff{Updated: names("web"), Removed: names("db")},
 		},
 		{
-			name:   "a contest that changes no owner changes nothing",
-			before: func(s *Store) { s.Replace([]Service{edit(db, func(s *Service) { s.ClusterIPs = web.ClusterIPs }), web}) },
-			after:  func(s *Store) { s.Update([]Service{edit(db, func(s *Service) { s.ClusterIPs = web.ClusterIPs })}, nil) },
-			want:   Diff{},
+			name: "a contest that changes no owner changes nothing",
+			before: func(s *Store) {
+				s.Replace([]Service{edit(db, func(s *Service) { s.ClusterIPs = web.ClusterIPs }), web})
+			},
+			after: func(s *Store) { s.Update([]Service{edit(db, func(s *Service) { s.ClusterIPs = web.ClusterIPs })}, nil) },
+			want:  Diff{},
 		},
 		{
 			name:   "a new node decides Local pools again",
