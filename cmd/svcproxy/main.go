@@ -246,8 +246,8 @@ func run(o *options) error {
 	if kubeClient != nil {
 		go func() {
 			watchErr <- kube.Run(ctx, kube.Options{Client: kubeClient, NodeName: o.hostname, Zone: o.zone, ProxyName: o.proxyName,
-				ResyncPeriod: o.configSyncPeriod,
-				Logger: log, Metrics: kube.NewMetrics(reg), Health: tracker, Changes: m.changes, OnSync: sourceLoaded}, store)
+				ResyncPeriod: o.configSyncPeriod, Logger: log, Metrics: kube.NewMetrics(reg), Health: tracker,
+				Changes: m.changes, OnSync: sourceLoaded}, store)
 		}()
 	} else {
 		go func() { watchErr <- watcher.Run(ctx) }()
