@@ -145,56 +145,49 @@ func (s *Snapshot) Changed(prev *Snapshot) Diff {
 	}
 	cur := s.sorted
 	for len(old) > 0 || len(cur) > 0 {
+		var c int // which comes first: the old port (removed), the new (added) or both
 		switch {
 		case len(old) == 0:
-			d.Added = append(d.Added, cur[0].Service.Name)
-			cur = cur[1:]
+			c = 1
 		case len(cur) == 0:
+			c = -1
+		default:
+			c = old[0].Service.Name.Compare(cur[0].Service.Name)
+		}
+		switch {
+		case c < 0:
 			d.Removed = append(d.Removed, old[0].Service.Name)
 			old = old[1:]
+		case c > 0:
+			d.Added = append(d.Added, cur[0].Service.Name)
+			cur = cur[1:]
 		default:
-			switch c := old[0].Service.Name.Compare(cur[0].Service.Name); {
-			case c < 0:
-				d.Removed = append(d.Removed, old[0].Service.Name)
-				old = old[1:]
-			case c > 0:
-				d.Added = append(d.Added, cur[0].Service.Name)
-				cur = cur[1:]
-			default:
-				if !s.same(cur[0], prev, old[0]) {
-					d.Updated = append(d.Updated, cur[0].Service.Name)
-				}
-				old, cur = old[1:], cur[1:]
+			if !s.same(cur[0], prev, old[0]) {
+				d.Updated = append(d.Updated, cur[0].Service.Name)
 			}
+			old, cur = old[1:], cur[1:]
 		}
 	}
 	return d
 }
 
 // same reports whether b in s serves as a in prev: the same Service, pools
-// and owned frontends.
+// and owned frontends (which, for the same Service, only a conflict with
+// another can change).
 func (s *Snapshot) same(b *Balancer, prev *Snapshot, a *Balancer) bool {
-	_, lostNow := s.lost[b.Service.Name]
-	_, lostThen := prev.lost[a.Service.Name]
-	if a == b && !lostNow && !lostThen {
-		return true
-	}
 	if a != b && (!a.Service.equal(b.Service) || !a.Internal.same(b.Internal) || !a.External.same(b.External)) {
 		return false
 	}
+	_, lostNow := s.lost[b.Service.Name]
+	_, lostThen := prev.lost[a.Service.Name]
 	if !lostNow && !lostThen {
 		return true
 	}
-	type owned struct {
-		f Frontend
-		p bool // External
-	}
-	collect := func(snap *Snapshot, bal *Balancer) []owned {
-		var out []owned
-		for f, p := range snap.Frontends(bal) {
-			out = append(out, owned{f, p.External})
+	owned := func(snap *Snapshot, bal *Balancer) (out []Frontend) {
+		for f := range snap.Frontends(bal) {
+			out = append(out, f)
 		}
 		return out
 	}
-	return prev.NodePort(a) == s.NodePort(b) && slices.Equal(collect(prev, a), collect(s, b))
+	return prev.NodePort(a) == s.NodePort(b) && slices.Equal(owned(prev, a), owned(s, b))
 }

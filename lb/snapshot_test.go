@@ -2,6 +2,7 @@ package lb
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -224,6 +225,75 @@ func TestSnapshotChanged(t *testing.T) {
 				t.Errorf("Empty = %v for %+v", got.Empty(), got)
 			}
 		})
+	}
+}
+
+// TestSnapshotChangedAgreesWithRoute: over random writes to a few Services
+// sharing a few addresses (so frontends are contested and change hands),
+// Changed reports exactly the ports whose content, backends or routed
+// frontends differ, judged the slow way: by Route.
+func TestSnapshotChangedAgreesWithRoute(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	ips := []netip.Addr{clusterIP(1), clusterIP(2), clusterIP(3)}
+	random := func(name string) Service {
+		s := testService(name, 1+rng.IntN(3))
+		s.ClusterIPs = []netip.Addr{ips[rng.IntN(len(ips))]}
+		if rng.IntN(2) == 0 {
+			s.ExternalIPs = []netip.Addr{ips[rng.IntN(len(ips))]}
+		}
+		if rng.IntN(2) == 0 {
+			s.NodePort = 30000 + uint16(rng.IntN(2))
+		}
+		return s
+	}
+	// view is what a mode sees of one port: content, backends, and which
+	// of its frontends Route sends to it.
+	view := func(snap *Snapshot, b *Balancer) string {
+		v := fmt.Sprintf("%+v %v %v", *b.Service, addrs(b.Internal.Backends()), addrs(b.External.Backends()))
+		for _, ip := range slices.Concat(b.Service.ClusterIPs, b.Service.ExternalIPs) {
+			p := snap.Route(b.Service.Protocol, netip.AddrPortFrom(ip, b.Service.Port))
+			v += fmt.Sprintf(" %v:%v", ip, p == b.Internal || p == b.External)
+		}
+		if np := b.Service.NodePort; np != 0 {
+			v += fmt.Sprintf(" np:%v", snap.Route(b.Service.Protocol, netip.AddrPortFrom(netip.IPv4Unspecified(), np)) == b.External)
+		}
+		return v
+	}
+	names := []string{"a", "b", "c", "d"}
+	s := newTestStore(StoreOptions{})
+	prev := s.Snapshot()
+	for step := range 500 {
+		switch rng.IntN(4) {
+		case 0:
+			s.Update(nil, []ServicePortName{nameOf(names[rng.IntN(len(names))])})
+		case 1:
+			cur := prev.Balancer(nameOf(names[rng.IntN(len(names))]))
+			if cur != nil {
+				s.Update([]Service{*cur.Service}, nil) // the same again
+			}
+		default:
+			s.Update([]Service{random(names[rng.IntN(len(names))])}, nil)
+		}
+		snap := s.Snapshot()
+		var want Diff
+		for _, n := range names {
+			a, b := prev.Balancer(nameOf(n)), snap.Balancer(nameOf(n))
+			switch {
+			case a == nil && b != nil:
+				want.Added = append(want.Added, nameOf(n))
+			case a != nil && b == nil:
+				want.Removed = append(want.Removed, nameOf(n))
+			case a != nil && view(prev, a) != view(snap, b):
+				want.Updated = append(want.Updated, nameOf(n))
+			}
+		}
+		for _, l := range []*[]ServicePortName{&want.Added, &want.Updated, &want.Removed} {
+			slices.SortFunc(*l, ServicePortName.Compare)
+		}
+		if got := snap.Changed(prev); !reflect.DeepEqual(got, want) {
+			t.Fatalf("step %d: Changed = %+v, want %+v", step, got, want)
+		}
+		prev = snap
 	}
 }
 
