@@ -276,7 +276,8 @@ func (s *Service) equal(o *Service) bool {
 		slices.Equal(s.ExternalIPs, o.ExternalIPs) && slices.Equal(s.LoadBalancerIPs, o.LoadBalancerIPs) &&
 		s.HealthCheckNodePort == o.HealthCheckNodePort && s.AffinityTimeout == o.AffinityTimeout &&
 		s.InternalTrafficPolicy == o.InternalTrafficPolicy && s.ExternalTrafficPolicy == o.ExternalTrafficPolicy &&
-		s.Algorithm == o.Algorithm && slices.EqualFunc(s.Endpoints, o.Endpoints, Endpoint.equal)
+		s.Algorithm == o.Algorithm && s.FirstByteTimeout == o.FirstByteTimeout &&
+		slices.EqualFunc(s.Endpoints, o.Endpoints, Endpoint.equal)
 }
 
 func (e Endpoint) equal(o Endpoint) bool {
