@@ -10,6 +10,7 @@ package runner
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/utils/clock"
@@ -36,7 +37,8 @@ type Runner struct {
 	// (tests inject k8s.io/utils/clock/testing's FakeClock).
 	Clock clock.WithTicker
 
-	trigger chan struct{}
+	trigger  chan struct{}
+	wantFull atomic.Bool // TriggerFull was called since the last sync started
 }
 
 // New returns a Runner for sync.
@@ -50,6 +52,17 @@ func (r *Runner) Trigger() {
 	if r.Metrics != nil {
 		r.Metrics.queued(r.clock().Now())
 	}
+	select {
+	case r.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// TriggerFull asks for a full sync, as soon as MinInterval allows: for
+// when the rules may have been changed behind the mode's back (a tamper
+// notification). It never blocks and coalesces like Trigger.
+func (r *Runner) TriggerFull() {
+	r.wantFull.Store(true)
 	select {
 	case r.trigger <- struct{}{}:
 	default:
@@ -87,6 +100,9 @@ func (r *Runner) Run(ctx context.Context) {
 		select { // triggers that came while waiting are served by this sync
 		case <-r.trigger:
 		default:
+		}
+		if r.wantFull.Swap(false) {
+			full = true
 		}
 		start := clk.Now()
 		err := r.Sync(ctx, full)

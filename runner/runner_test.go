@@ -153,6 +153,27 @@ func TestRunFullEveryMaxInterval(t *testing.T) {
 	l.expect("MaxInterval again", true)
 }
 
+// TestRunTriggerFull: TriggerFull asks for a full sync, within
+// MinInterval like any trigger, and coalesces with partial triggers into
+// that one full sync.
+func TestRunTriggerFull(t *testing.T) {
+	l := startLoop(t, time.Second, time.Hour, 0, nil)
+	l.expect("the first sync", true)
+	l.triggers(3)
+	l.r.TriggerFull()
+	l.triggers(3)
+	l.waiters("MinInterval after the first sync", 2) // and the full-sync ticker
+	l.clk.Step(time.Second)
+	l.expect("a tamper notification among changes", true)
+	l.triggers(1)
+	l.clk.Step(time.Second)
+	l.expect("a change after it", false)
+	l.clk.Step(time.Second)
+	l.r.TriggerFull()
+	l.expect("a lone tamper notification", true)
+	l.none("nothing after it")
+}
+
 // TestRunRetries: a failed sync is retried, full, after RetryInterval
 // (default MinInterval, at least 1s), until one succeeds; then triggers
 // give partial syncs again.
