@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/svcproxy/svcproxy/internal/proctest"
 	"github.com/svcproxy/svcproxy/internal/topology"
 )
 
@@ -57,7 +58,7 @@ func newKubeCluster(t *testing.T, backends int) *kubeCluster {
 	if !bytes.Contains(help, []byte("-kubeconfig")) {
 		t.Skip("skipping: this svcproxy has no --kubeconfig flag yet (source/kube is not wired into cmd/svcproxy)")
 	}
-	needTools(t, "iptables", "iptables-save", "ipset")
+	proctest.NeedTools(t, "iptables", "iptables-save", "ipset")
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +141,7 @@ func relayInto(t *testing.T, h *topology.Host, addr string) {
 
 func (c *kubeCluster) startKubeProxy(kubeconfig, help string) {
 	c.t.Helper()
-	c.proxyOut = &syncBuffer{}
+	c.proxyOut = &proctest.Output{}
 	args := []string{
 		"--kubeconfig", kubeconfig,
 		"--steering=redirect",
