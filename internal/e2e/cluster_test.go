@@ -217,7 +217,6 @@ func (c *cluster) writeServices(extra string) {
 
 func (c *cluster) startProxy() {
 	c.t.Helper()
-	c.proxyOut = &proctest.Output{}
 	args := append([]string{
 		"--services", filepath.Join(c.dir, "services.yaml"),
 		"--steering=redirect",
@@ -233,9 +232,27 @@ func (c *cluster) startProxy() {
 	if bin == "" {
 		bin = bins.svcproxy
 	}
+	c.launch(bin, args...)
+	// Ready when a ClusterIP answers from the client.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := c.get(c.topo.Clients[0], webVIP+":80"); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("svcproxy did not start steering within 20s; output:\n%s", c.proxyOut)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// launch starts svcproxy (bin with args) on the node, its output in
+// c.proxyOut; stopProxy stops it when the test ends.
+func (c *cluster) launch(bin string, args ...string) {
+	c.t.Helper()
+	c.proxyOut = &proctest.Output{}
 	cmd := c.topo.Node.Command(context.Background(), bin, args...)
-	cmd.Stdout = c.proxyOut
-	cmd.Stderr = c.proxyOut
+	cmd.Stdout, cmd.Stderr = c.proxyOut, c.proxyOut
 	// A successor started by SIGUSR2 inherits the output pipe; Wait must
 	// not wait for it once this process has gone.
 	cmd.WaitDelay = 5 * time.Second
@@ -249,17 +266,6 @@ func (c *cluster) startProxy() {
 			c.t.Logf("svcproxy output:\n%s", c.proxyOut)
 		}
 	})
-	// Ready when a ClusterIP answers from the client.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if _, err := c.get(c.topo.Clients[0], webVIP+":80"); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("svcproxy did not start steering within 20s; output:\n%s", c.proxyOut)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 func (c *cluster) pidFile() string { return filepath.Join(c.dir, "svcproxy.pid") }

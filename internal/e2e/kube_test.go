@@ -141,7 +141,6 @@ func relayInto(t *testing.T, h *topology.Host, addr string) {
 
 func (c *kubeCluster) startKubeProxy(kubeconfig, help string) {
 	c.t.Helper()
-	c.proxyOut = &proctest.Output{}
 	args := []string{
 		"--kubeconfig", kubeconfig,
 		"--steering=redirect",
@@ -156,18 +155,7 @@ func (c *kubeCluster) startKubeProxy(kubeconfig, help string) {
 	if strings.Contains(help, "-proxy-mode") {
 		args = append(args, "--proxy-mode", "userspace")
 	}
-	cmd := c.topo.Node.Command(context.Background(), bins.svcproxy, args...)
-	cmd.Stdout, cmd.Stderr = c.proxyOut, c.proxyOut
-	if err := cmd.Start(); err != nil {
-		c.t.Fatalf("starting svcproxy: %v", err)
-	}
-	c.proxy = cmd
-	c.t.Cleanup(func() {
-		c.stopProxy()
-		if c.t.Failed() || proxyDebug {
-			c.t.Logf("svcproxy output:\n%s", c.proxyOut)
-		}
-	})
+	c.launch(bins.svcproxy, args...)
 }
 
 func (c *kubeCluster) createService(name, clusterIP string) {
