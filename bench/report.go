@@ -41,28 +41,13 @@ func rerender(dir string) error {
 
 // ranModes are the modes with at least one data-path sample, in run order.
 func (r *Results) ranModes() []string {
-	var out []string
+	var names []string
 	for _, m := range r.Modes {
-		if m.Status == "skipped" {
-			continue
-		}
-		for _, s := range r.Samples {
-			if s.Mode == m.Name {
-				out = append(out, m.Name)
-				break
-			}
+		if m.Status != "skipped" {
+			names = append(names, m.Name)
 		}
 	}
-	return out
-}
-
-// med is the median of a metric, NaN when not measured.
-func (r *Results) med(mode, test, metric string) float64 {
-	st := r.stat(mode, test, metric)
-	if !st.ok() {
-		return math.NaN()
-	}
-	return st.Median
+	return r.ran(names)
 }
 
 // column is one figure in a table.
@@ -306,16 +291,6 @@ func (r *Results) table(b *strings.Builder, modes []string, cols []column, extra
 		}
 		b.WriteString("\n")
 	}
-}
-
-// ratio of mode to base on a column: for lower-is-better columns (latency,
-// CPU) the ratio is still mode/base, so below 1 is better there.
-func (r *Results) ratio(mode, base string, c column) float64 {
-	a, z := r.med(mode, c.test, c.metric), r.med(base, c.test, c.metric)
-	if math.IsNaN(a) || math.IsNaN(z) || z == 0 {
-		return math.NaN()
-	}
-	return a / z
 }
 
 func fmtRatio(v float64) string {
