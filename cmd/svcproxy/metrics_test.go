@@ -1,121 +1,31 @@
 package main
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap/zaptest"
-	v1 "k8s.io/api/core/v1"
-	discovery "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
-
-	"github.com/svcproxy/svcproxy/health"
-	"github.com/svcproxy/svcproxy/kernelmodes/iptables"
-	"github.com/svcproxy/svcproxy/lb"
-	"github.com/svcproxy/svcproxy/netfilter"
-	"github.com/svcproxy/svcproxy/source/kube"
 )
 
-// faultyDataplane is a proxy mode whose syncs fail while fail is set; it
-// records the snapshot versions it served.
-type faultyDataplane struct {
-	fail   atomic.Bool
-	mu     sync.Mutex
-	served []uint64
-}
-
-func (d *faultyDataplane) Apply(_ context.Context, snap *lb.Snapshot, _ bool) error {
-	if d.fail.Load() {
-		return errors.New("injected: iptables-restore failed")
-	}
-	d.mu.Lock()
-	d.served = append(d.served, snap.Version)
-	d.mu.Unlock()
-	return nil
-}
-
-func (d *faultyDataplane) Shutdown(context.Context, bool) error { return nil }
-
-// daemon is the daemon's sync wiring as run() builds it (metrics, health,
-// store, Kubernetes source, sync loop, metrics and healthz servers on
-// loopback), over a fake API server and a faulty proxy mode.
-type daemon struct {
+// scraper reads a running svcproxy's metrics and health addresses.
+type scraper struct {
 	t       *testing.T
-	client  *fake.Clientset
-	dp      *faultyDataplane
 	metrics string // http://address of the metrics server
 	healthz string
 }
 
-func startDaemon(t *testing.T) *daemon {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	log := zaptest.NewLogger(t)
-	reg := prometheus.NewPedanticRegistry()
-	m := newDaemonMetrics(reg, ipFamilies(&options{}))
-	tracker := health.NewTracker(time.Minute, nil)
-	store := lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: "node-a"}})
-	d := &daemon{t: t, client: fake.NewClientset(), dp: &faultyDataplane{}}
-
-	web := &httpServers{log: log}
-	web.serve("metrics", "127.0.0.1:0", metricsHandler(reg, "iptables"))
-	web.serve("healthz", "127.0.0.1:0", health.Handler(tracker, m.health))
-	d.metrics = "http://" + web.lns["http/metrics"].Addr().String()
-	d.healthz = "http://" + web.lns["http/healthz"].Addr().String()
-
-	syncer := newSyncer(store, d.dp, m, tracker, 0, 0, nil)
-	syncer.RetryInterval = 200 * time.Millisecond
-	changes := store.Subscribe()
-	var wg sync.WaitGroup
-	wg.Add(3)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-changes:
-				tracker.Queued()
-				syncer.Trigger()
-			}
-		}
-	}()
-	go func() {
-		defer wg.Done()
-		err := kube.Run(ctx, kube.Options{Client: d.client, NodeName: "node-a", Logger: log, Health: tracker, Changes: m.changes}, store)
-		if err != nil {
-			t.Errorf("kube.Run: %v", err)
-		}
-	}()
-	go func() { defer wg.Done(); syncer.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		web.shutdown(context.Background())
-		wg.Wait()
-	})
-	return d
-}
-
 // scrape returns every sample of /metrics, keyed by name{labels} as the
 // text format prints them.
-func (d *daemon) scrape() map[string]float64 {
+func (d *scraper) scrape() map[string]float64 {
 	d.t.Helper()
 	body, _ := d.get(d.metrics + "/metrics")
 	out := map[string]float64{}
@@ -133,7 +43,7 @@ func (d *daemon) scrape() map[string]float64 {
 	return out
 }
 
-func (d *daemon) get(url string) (string, *http.Response) {
+func (d *scraper) get(url string) (string, *http.Response) {
 	d.t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
@@ -148,7 +58,7 @@ func (d *daemon) get(url string) (string, *http.Response) {
 }
 
 // waitMetric scrapes until cond holds for the sample key.
-func (d *daemon) waitMetric(key string, cond func(float64) bool) map[string]float64 {
+func (d *scraper) waitMetric(key string, cond func(float64) bool) map[string]float64 {
 	d.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -191,209 +101,6 @@ const (
 	lastReloadTime = `svcproxy_config_last_reload_success_timestamp_seconds`
 	servicePorts   = `svcproxy_source_service_ports`
 )
-
-func webService(policy *v1.ServiceInternalTrafficPolicy) *v1.Service {
-	return &v1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", CreationTimestamp: metav1.Now()},
-		Spec: v1.ServiceSpec{
-			Type: v1.ServiceTypeClusterIP, ClusterIP: "198.19.0.10", ClusterIPs: []string{"198.19.0.10"},
-			IPFamilies: []v1.IPFamily{v1.IPv4Protocol}, InternalTrafficPolicy: policy,
-			Ports: []v1.ServicePort{{Name: "http", Protocol: v1.ProtocolTCP, Port: 80}},
-		},
-	}
-}
-
-func webSlice(trigger time.Time, node string, addrs ...string) *discovery.EndpointSlice {
-	ptr := func(s string) *string { return &s }
-	name, proto, port := "http", v1.ProtocolTCP, int32(8080)
-	es := &discovery.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web-1", Labels: map[string]string{discovery.LabelServiceName: "web"},
-			Annotations: map[string]string{v1.EndpointsLastChangeTriggerTime: trigger.UTC().Format(time.RFC3339Nano)}},
-		AddressType: discovery.AddressTypeIPv4,
-		Ports:       []discovery.EndpointPort{{Name: &name, Protocol: &proto, Port: &port}},
-	}
-	for _, a := range addrs {
-		es.Endpoints = append(es.Endpoints, discovery.Endpoint{Addresses: []string{a}, NodeName: ptr(node)})
-	}
-	return es
-}
-
-// TestDaemonMetrics scrapes the running daemon's wiring over HTTP and checks
-// that kube-proxy's metrics and svcproxy's are there with their labels, and
-// that each moves when it should: syncs and changes counted, network
-// programming observed from the slice's trigger time, a failed sync counted
-// without moving the last-sync timestamps, the retry moving them.
-func TestDaemonMetrics(t *testing.T) {
-	d := startDaemon(t)
-	ctx := context.Background()
-
-	// The first (full) sync of the empty cluster.
-	s := d.waitMetric(lastSync, func(v float64) bool { return v > 0 })
-	for _, key := range []string{syncCount, fullCount, partialCount, lastQueued, programming, epPending, epTotal,
-		svcPending, svcTotal, noLocalInt, noLocalExt, healthz200, livez200, ownLastSync, ownSyncCount, ownFailures, ownProgrammed,
-		`kubeproxy_proxy_healthz_total{code="503"}`} {
-		if _, ok := s[key]; !ok {
-			t.Errorf("%s missing from /metrics", key)
-		}
-	}
-	if s[fullCount] != 1 || s[lastQueued] == 0 || s[ownLastSync] != s[lastSync] {
-		t.Errorf("after the first sync: full %v, last queued %v, svcproxy last %v vs kubeproxy %v", s[fullCount], s[lastQueued], s[ownLastSync], s[lastSync])
-	}
-
-	// A Service whose only endpoint is on another node, with a Local
-	// internal policy: programmed from the slice's trigger time.
-	// (Trigger times from before the daemon started are not observed, as
-	// kube-proxy's rule: this change was triggered after, and reaches the
-	// API 300ms later.)
-	local := v1.ServiceInternalTrafficPolicyLocal
-	trigger := time.Now()
-	time.Sleep(300 * time.Millisecond)
-	svc := webService(&local)
-	svc.CreationTimestamp = metav1.NewTime(trigger)
-	if _, err := d.client.CoreV1().Services("ns").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.client.DiscoveryV1().EndpointSlices("ns").Create(ctx, webSlice(trigger, "node-b", "10.1.0.1"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	s = d.waitMetric(noLocalInt, func(v float64) bool { return v == 1 })
-	s = d.waitMetric(epPending, func(v float64) bool { return v == 0 })
-	if s[epTotal] < 1 || s[svcTotal] < 1 || s[svcPending] != 0 {
-		t.Errorf("after a Service and its slice: endpoint changes %v, service changes %v, service pending %v", s[epTotal], s[svcTotal], s[svcPending])
-	}
-	if s[programming] < 1 || s[programSum] < 0.3*s[programming] {
-		t.Errorf("network programming: %v samples summing %vs, want each from the trigger time, 300ms before the API had it", s[programming], s[programSum])
-	}
-	if s[partialCount] < 1 || s[ownProgrammed] < 2 {
-		t.Errorf("partial syncs %v, svcproxy programming samples %v", s[partialCount], s[ownProgrammed])
-	}
-	if s[noLocalExt] != 0 {
-		t.Errorf("external no-local = %v for a ClusterIP Service", s[noLocalExt])
-	}
-
-	// The proxy mode fails: the failure is counted, the last-sync
-	// timestamps stay, the change stays pending.
-	before := s
-	d.dp.fail.Store(true)
-	time.Sleep(20 * time.Millisecond) // timestamps have 1ns resolution; make a move visible anyway
-	es := webSlice(time.Now(), "node-a", "10.1.0.1")
-	es.ResourceVersion = "2"
-	if _, err := d.client.DiscoveryV1().EndpointSlices("ns").Update(ctx, es, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	s = d.waitMetric(ownFailures, func(v float64) bool { return v >= 1 })
-	if s[lastSync] != before[lastSync] || s[ownLastSync] != before[ownLastSync] {
-		t.Errorf("a failed sync moved the last-sync timestamps: kubeproxy %v → %v, svcproxy %v → %v",
-			before[lastSync], s[lastSync], before[ownLastSync], s[ownLastSync])
-	}
-	if s[syncCount] <= before[syncCount] {
-		t.Errorf("the failed sync's duration was not recorded (%v → %v)", before[syncCount], s[syncCount])
-	}
-	if s[lastQueued] <= before[lastQueued] {
-		t.Errorf("the change did not move the last-queued timestamp (%v → %v)", before[lastQueued], s[lastQueued])
-	}
-	if s[epPending] != 1 || s[programming] != before[programming] {
-		t.Errorf("after a failed sync: endpoint changes pending %v (want 1), programming samples %v → %v (want unchanged)",
-			s[epPending], before[programming], s[programming])
-	}
-
-	// The retry (a full sync) succeeds: the timestamps move, the change is
-	// programmed and observed, and the endpoint is now local.
-	d.dp.fail.Store(false)
-	s = d.waitMetric(lastSync, func(v float64) bool { return v > before[lastSync] })
-	s = d.waitMetric(noLocalInt, func(v float64) bool { return v == 0 })
-	if s[ownLastSync] <= before[ownLastSync] || s[epPending] != 0 || s[programming] != before[programming]+1 {
-		t.Errorf("after the retry: svcproxy last %v (before %v), pending %v, programming samples %v (before %v)",
-			s[ownLastSync], before[ownLastSync], s[epPending], s[programming], before[programming])
-	}
-	if s[ownFullFails] != 0 || s[fullCount] < 2 {
-		t.Errorf("retry: full failures %v, full syncs %v", s[ownFullFails], s[fullCount])
-	}
-
-	// /healthz answers are counted one by one, with kube-proxy's body.
-	h0 := s[healthz200]
-	for i := 0; i < 3; i++ {
-		body, resp := d.get(d.healthz + "/healthz")
-		if resp.StatusCode != 200 || !strings.Contains(body, `"nodeEligible":true`) || strings.Contains(body, "nodeHealthy") {
-			t.Fatalf("/healthz = %d %s", resp.StatusCode, body)
-		}
-	}
-	d.get(d.healthz + "/livez")
-	s = d.scrape()
-	if s[healthz200] != h0+3 || s[livez200] != 1 {
-		t.Errorf("healthz_total{200} %v → %v (want +3), livez_total{200} %v (want 1)", h0, s[healthz200], s[livez200])
-	}
-
-	// /proxyMode on the metrics address is the mode's name, as kube-proxy's.
-	body, resp := d.get(d.metrics + "/proxyMode")
-	if body != "iptables" || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/plain") {
-		t.Errorf("/proxyMode = %q (%s), want iptables as text/plain", body, resp.Header.Get("Content-Type"))
-	}
-	if body, resp := d.get(d.metrics + "/healthz"); resp.StatusCode != 200 || body != "ok" {
-		t.Errorf("metrics /healthz = %d %q, want 200 ok", resp.StatusCode, body)
-	}
-	d.dp.mu.Lock()
-	t.Logf("served versions %v", d.dp.served)
-	d.dp.mu.Unlock()
-}
-
-func TestNoLocalEndpoints(t *testing.T) {
-	ep := func(addr, node string, ready bool) lb.Endpoint {
-		return lb.Endpoint{Addr: netip.MustParseAddrPort(addr), NodeName: node, Ready: ready, Serving: ready}
-	}
-	base := func(edit func(*lb.Service)) lb.Service {
-		s := lb.Service{Name: lb.ServicePortName{Namespace: "ns", Name: "web"}, Protocol: lb.TCP, Port: 80,
-			ClusterIPs: []netip.Addr{netip.MustParseAddr("198.19.0.10")}}
-		edit(&s)
-		return s
-	}
-	tests := []struct {
-		name               string
-		svc                lb.Service
-		wantInt, wantExt   int
-		wantInt6, wantExt6 int
-	}{
-		{"cluster policies", base(func(s *lb.Service) { s.Endpoints = []lb.Endpoint{ep("10.1.0.1:80", "b", true)} }), 0, 0, 0, 0},
-		{"internal Local, endpoint elsewhere", base(func(s *lb.Service) {
-			s.InternalTrafficPolicy = lb.PolicyLocal
-			s.Endpoints = []lb.Endpoint{ep("10.1.0.1:80", "b", true)}
-		}), 1, 0, 0, 0},
-		{"internal Local, endpoint here", base(func(s *lb.Service) {
-			s.InternalTrafficPolicy = lb.PolicyLocal
-			s.Endpoints = []lb.Endpoint{ep("10.1.0.1:80", "a", true), ep("10.1.0.2:80", "b", true)}
-		}), 0, 0, 0, 0},
-		{"internal Local, no usable endpoint anywhere", base(func(s *lb.Service) {
-			s.InternalTrafficPolicy = lb.PolicyLocal
-			s.Endpoints = []lb.Endpoint{ep("10.1.0.1:80", "b", false)}
-		}), 0, 0, 0, 0},
-		{"external Local on a NodePort, endpoint elsewhere", base(func(s *lb.Service) {
-			s.ExternalTrafficPolicy, s.NodePort = lb.PolicyLocal, 30080
-			s.Endpoints = []lb.Endpoint{ep("10.1.0.1:80", "b", true)}
-		}), 0, 1, 0, 0},
-		{"external Local, not reachable from outside", base(func(s *lb.Service) {
-			s.ExternalTrafficPolicy = lb.PolicyLocal
-			s.Endpoints = []lb.Endpoint{ep("10.1.0.1:80", "b", true)}
-		}), 0, 0, 0, 0},
-		{"IPv6 endpoints counted under IPv6", base(func(s *lb.Service) {
-			s.InternalTrafficPolicy = lb.PolicyLocal
-			s.Endpoints = []lb.Endpoint{ep("[fd00::1]:80", "b", true), ep("10.1.0.1:80", "a", true)}
-		}), 0, 0, 1, 0},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			store := lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: "a"}})
-			snap, err := store.Replace([]lb.Service{tc.svc})
-			if err != nil {
-				t.Fatal(err)
-			}
-			i4, e4 := noLocalEndpoints(snap, "IPv4")
-			i6, e6 := noLocalEndpoints(snap, "IPv6")
-			if got, want := fmt.Sprint(i4, e4, i6, e6), fmt.Sprint(tc.wantInt, tc.wantExt, tc.wantInt6, tc.wantExt6); got != want {
-				t.Errorf("internal, external (IPv4), internal, external (IPv6) = %s, want %s", got, want)
-			}
-		})
-	}
-}
 
 // freePort returns a loopback port nothing listens on now.
 func freePort(t *testing.T) int {
@@ -450,7 +157,7 @@ func TestBinaryServesKubeProxyEndpoints(t *testing.T) {
 			t.Logf("svcproxy output:\n%s", out.String())
 		}
 	})
-	d := &daemon{t: t, metrics: fmt.Sprintf("http://127.0.0.1:%d", metricsPort), healthz: fmt.Sprintf("http://127.0.0.1:%d", healthzPort)}
+	d := &scraper{t: t, metrics: fmt.Sprintf("http://127.0.0.1:%d", metricsPort), healthz: fmt.Sprintf("http://127.0.0.1:%d", healthzPort)}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if resp, err := http.Get(d.metrics + "/proxyMode"); err == nil {
@@ -569,48 +276,4 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
-}
-
-// TestIPTablesRestoreFailuresMetric: the iptables mode, over the netfilter
-// Fake, fails an iptables-restore; /metrics shows kube-proxy's
-// kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family}
-// move by one, and not on the good syncs around it.
-func TestIPTablesRestoreFailuresMetric(t *testing.T) {
-	reg := prometheus.NewPedanticRegistry()
-	newDaemonMetrics(reg, ipFamilies(&options{})) // beside the daemon's other metrics, as run() registers them
-	f := netfilter.NewFake()
-	mode, err := iptables.New(iptables.Config{Exec: f, FullSyncPeriod: -1, Logger: zaptest.NewLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	k := newKernel("iptables", mode, reg, ipFamilies(&options{}))
-	web := &httpServers{log: zaptest.NewLogger(t)}
-	web.serve("metrics", "127.0.0.1:0", metricsHandler(reg, "iptables"))
-	t.Cleanup(func() { web.shutdown(context.Background()) })
-	d := &daemon{t: t, metrics: "http://" + web.lns["http/metrics"].Addr().String()}
-
-	store := lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: "node-a"}})
-	snap, err := store.Replace([]lb.Service{{Name: lb.ServicePortName{Namespace: "ns", Name: "web"}, Port: 80,
-		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
-		Endpoints:  []lb.Endpoint{{Addr: netip.MustParseAddrPort("10.244.0.1:8080"), Ready: true, Serving: true}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	const key = `kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"}`
-	ctx := context.Background()
-	step := func(name string, fail bool, want float64) {
-		t.Helper()
-		if fail {
-			f.FailNext("iptables-restore", errors.New("injected: iptables-restore exited 1"))
-		}
-		if err := k.Apply(ctx, snap, true); (err != nil) != fail {
-			t.Fatalf("%s: Apply = %v, want failure %v", name, err, fail)
-		}
-		if got, ok := d.scrape()[key]; !ok || got != want {
-			t.Errorf("%s: %s = %v (present %v), want %v", name, key, got, ok, want)
-		}
-	}
-	step("a good sync", false, 0)
-	step("a failed restore", true, 1)
-	step("the good sync after it", false, 1)
 }
