@@ -92,32 +92,18 @@ type Feed struct {
 	Rejected func(services int)
 }
 
-// takeOverPatience is handover.TakeOverPatience, shorter in tests.
-var takeOverPatience = handover.TakeOverPatience
-
 // Run runs the daemon until ctx ends, the source fails or a successor has
 // taken over, then drains and closes the mode.
 func Run(ctx context.Context, cfg Config) error {
 	log, reg, store, tracker := cfg.Logger, cfg.Registry, cfg.Store, cfg.Tracker
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
-	choice, err := proxymode.Choose(ctx, cfg.Mode, cfg.Annotation, cfg.Modes)
+	choice, m, unserved, err := choose(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	ipv6 := cfg.IPv6(ctx, choice.Name)
-	unserved := newUnservedIPv6(ipv6, log)
-	m := newDaemonMetrics(reg, Families(ipv6 == nil))
-	m.mode.WithLabelValues(string(choice.Name), string(choice.Requested)).Set(1)
-	if choice.Name != choice.Requested {
-		log.Warn("proxy mode fell back", zap.Stringer("choice", choice))
-	}
-	if choice.Name != proxymode.Userspace && cfg.UDPIdleTimeout != 0 {
-		log.Warn("conntrack.udpTimeout (--conntrack-udp-timeout) ignored: the kernel modes leave the kernel's conntrack timeouts as they are", zap.Stringer("mode", choice))
-	}
-	warnKubeProxy(ctx, cfg.KubeProxy, log)
 	succ := cfg.Succession
-	inherited, err := succ.TakeOver(ctx, takeOverPatience)
+	inherited, err := succ.TakeOver(ctx, handover.TakeOverPatience)
 	if err != nil {
 		return err
 	}
@@ -148,18 +134,7 @@ func Run(ctx context.Context, cfg Config) error {
 	web.serve("metrics", cfg.MetricsAddr, metricsHandler(reg, string(choice.Name)))
 	web.serve("healthz", cfg.HealthzAddr, health.Handler(tracker, m.health))
 	web.serve("profiling", cfg.ProfilingAddr, profilingHandler())
-	sockets := func() (map[string]*os.File, error) { return web.sockets(nil) }
-	stopAccepting := func() {}
-	if h, ok := mode.(proxymode.Handoverable); ok {
-		sockets = func() (map[string]*os.File, error) {
-			files, err := h.Sockets()
-			if err != nil {
-				return nil, err
-			}
-			return web.sockets(files)
-		}
-		stopAccepting = h.StopAccepting
-	}
+	sockets, stopAccepting := handoverSockets(web, mode)
 	newRunner := cfg.NewRunner
 	if newRunner == nil {
 		newRunner = func(sync func(context.Context, bool) error) *runner.Runner {
@@ -178,27 +153,7 @@ func Run(ctx context.Context, cfg Config) error {
 			syncer.Trigger()
 		}
 	}()
-
-	// The first sync waits for the source's first load, as kube-proxy waits
-	// for its informers: an empty first sync would drop every Service (and
-	// tell a predecessor to stop while serving nothing).
-	loaded, loadedOnce := make(chan struct{}), sync.Once{}
-	feed := Feed{Tracker: tracker, Changes: m.changes,
-		Loaded: func(services int, err error) {
-			loadedOnce.Do(func() { close(loaded) })
-			m.services.Set(float64(services))
-			if err != nil {
-				m.sourceErrors.Inc()
-			}
-		},
-		Rejected: func(services int) {
-			m.services.Set(float64(services))
-			m.sourceErrors.Inc()
-		},
-	}
-	watchErr := make(chan error, 1)
-	go func() { watchErr <- cfg.Source(ctx, feed) }()
-
+	loaded, watchErr := startSource(ctx, cfg, m)
 	select {
 	case <-loaded:
 		go syncer.Run(ctx)
@@ -232,6 +187,68 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.Termination.Linger(ctx)
 	}
 	return err
+}
+
+// choose chooses the mode and whether it serves IPv6, registers the
+// daemon's metrics for the families it programs, and warns about what
+// does not fit: a fallback, an option the mode ignores, kube-proxy's rules.
+func choose(ctx context.Context, cfg Config) (proxymode.Choice, *daemonMetrics, *unservedIPv6, error) {
+	log := cfg.Logger
+	choice, err := proxymode.Choose(ctx, cfg.Mode, cfg.Annotation, cfg.Modes)
+	if err != nil {
+		return choice, nil, nil, err
+	}
+	ipv6 := cfg.IPv6(ctx, choice.Name)
+	m := newDaemonMetrics(cfg.Registry, Families(ipv6 == nil))
+	m.mode.WithLabelValues(string(choice.Name), string(choice.Requested)).Set(1)
+	if choice.Name != choice.Requested {
+		log.Warn("proxy mode fell back", zap.Stringer("choice", choice))
+	}
+	if choice.Name != proxymode.Userspace && cfg.UDPIdleTimeout != 0 {
+		log.Warn("conntrack.udpTimeout (--conntrack-udp-timeout) ignored: the kernel modes leave the kernel's conntrack timeouts as they are", zap.Stringer("mode", choice))
+	}
+	warnKubeProxy(ctx, cfg.KubeProxy, log)
+	return choice, m, newUnservedIPv6(ipv6, log), nil
+}
+
+// handoverSockets are what a successor takes over: the HTTP servers'
+// sockets, and the mode's if it can hand over; stopAccepting is the mode's.
+func handoverSockets(web *httpServers, mode proxymode.Mode) (sockets func() (map[string]*os.File, error), stopAccepting func()) {
+	h, ok := mode.(proxymode.Handoverable)
+	if !ok {
+		return func() (map[string]*os.File, error) { return web.sockets(nil) }, func() {}
+	}
+	return func() (map[string]*os.File, error) {
+		files, err := h.Sockets()
+		if err != nil {
+			return nil, err
+		}
+		return web.sockets(files)
+	}, h.StopAccepting
+}
+
+// startSource runs the source. loaded is closed at its first load: the
+// first sync waits for it, as kube-proxy waits for its informers (an empty
+// first sync would drop every Service, and tell a predecessor to stop
+// while serving nothing). watchErr gets what the source returned.
+func startSource(ctx context.Context, cfg Config, m *daemonMetrics) (loaded <-chan struct{}, watchErr <-chan error) {
+	first, once := make(chan struct{}), sync.Once{}
+	feed := Feed{Tracker: cfg.Tracker, Changes: m.changes,
+		Loaded: func(services int, err error) {
+			once.Do(func() { close(first) })
+			m.services.Set(float64(services))
+			if err != nil {
+				m.sourceErrors.Inc()
+			}
+		},
+		Rejected: func(services int) {
+			m.services.Set(float64(services))
+			m.sourceErrors.Inc()
+		},
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- cfg.Source(ctx, feed) }()
+	return first, errc
 }
 
 // newMode builds the chosen mode, after removing what other modes may
