@@ -24,32 +24,14 @@ import (
 // built to run exports its repair and iptables-restore failure counts to
 // reg, the latter per family it programs.
 func modes(o *options, reg prometheus.Registerer, log *zap.Logger, clog *connlog.Log) proxymode.Table {
-	ipt := func(context.Context) (proxymode.Mode, error) { return iptables.New(iptablesConfig(o, log)) }
-	iptEntry := proxymode.Built(ipt)
-	probe := iptEntry.Probe
-	iptEntry.Probe = func(ctx context.Context) error {
+	ipt := kernelEntry("iptables", o, reg, func() (*iptables.Mode, error) { return iptables.New(iptablesConfig(o, log)) },
+		func(m *iptables.Mode) { log.Info("kernel DNAT mode", zap.String("iptables", m.Backend())) })
+	probe := ipt.Probe
+	ipt.Probe = func(ctx context.Context) error {
 		if err := proxymode.LinuxOnly("the iptables mode"); err != nil {
 			return err
 		}
 		return probe(ctx)
-	}
-	iptEntry.New = func(context.Context, map[string]*os.File) (proxymode.Mode, error) {
-		m, err := iptables.New(iptablesConfig(o, log))
-		if err != nil {
-			return nil, err
-		}
-		log.Info("kernel DNAT mode", zap.String("iptables", m.Backend()))
-		registerKernelMetrics(reg, "iptables", o, m)
-		return m, nil
-	}
-	ipvsEntry := proxymode.Built(func(context.Context) (proxymode.Mode, error) { return ipvs.New(ipvsConfig(o, log)) })
-	ipvsEntry.New = func(context.Context, map[string]*os.File) (proxymode.Mode, error) {
-		m, err := ipvs.New(ipvsConfig(o, log))
-		if err != nil {
-			return nil, err
-		}
-		registerKernelMetrics(reg, "ipvs", o, m)
-		return m, nil
 	}
 	t := proxymode.Table{
 		proxymode.Userspace: {
@@ -59,8 +41,8 @@ func modes(o *options, reg prometheus.Registerer, log *zap.Logger, clog *connlog
 			Probe:   func(context.Context) error { return userspace.Available(o.steering == "redirect") },
 			Cleanup: func(ctx context.Context) error { return userspace.CleanupSteering(ctx, log) },
 		},
-		proxymode.IPTables: iptEntry,
-		proxymode.IPVS:     ipvsEntry,
+		proxymode.IPTables: ipt,
+		proxymode.IPVS:     kernelEntry("ipvs", o, reg, func() (*ipvs.Mode, error) { return ipvs.New(ipvsConfig(o, log)) }, nil),
 	}
 	if _, err := exec.LookPath("iptables-restore"); err != nil {
 		for name, e := range t {
@@ -71,14 +53,32 @@ func modes(o *options, reg prometheus.Registerer, log *zap.Logger, clog *connlog
 	return t
 }
 
-// registerKernelMetrics exports a kernel mode's repair and
-// iptables-restore failure counts.
-func registerKernelMetrics(reg prometheus.Registerer, name string, o *options, m interface {
+// kernelMode is a mode whose rules the kernel runs by itself.
+type kernelMode interface {
+	proxymode.Mode
 	Repairs() uint64
 	RestoreFailures(family netfilter.Family) uint64
-}) {
-	daemon.RegisterRestoreFailures(reg, daemon.Families(o.ipv6), m.RestoreFailures)
-	daemon.RegisterRepairs(reg, name, "Full syncs that found the "+name+" mode's rules tampered with and repaired them.", m.Repairs)
+}
+
+// kernelEntry is the entry of the kernel mode name, which build makes
+// without touching the kernel: built to run, started (if set) is called
+// with it and its repair and iptables-restore failure counts are exported
+// to reg, the latter per family it programs.
+func kernelEntry[M kernelMode](name string, o *options, reg prometheus.Registerer, build func() (M, error), started func(M)) proxymode.Entry {
+	e := proxymode.Built(func(context.Context) (proxymode.Mode, error) { return build() })
+	e.New = func(context.Context, map[string]*os.File) (proxymode.Mode, error) {
+		m, err := build()
+		if err != nil {
+			return nil, err
+		}
+		if started != nil {
+			started(m)
+		}
+		daemon.RegisterRestoreFailures(reg, daemon.Families(o.ipv6), m.RestoreFailures)
+		daemon.RegisterRepairs(reg, name, "Full syncs that found the "+name+" mode's rules tampered with and repaired them.", m.Repairs)
+		return m, nil
+	}
+	return e
 }
 
 func newUserspace(o *options, reg prometheus.Registerer, log *zap.Logger, clog *connlog.Log, inherited map[string]*os.File) (*userspace.Mode, error) {
