@@ -3,7 +3,10 @@ package proxymode
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
+
+	"github.com/svcproxy/svcproxy/lb"
 )
 
 func TestChoose(t *testing.T) {
@@ -11,10 +14,10 @@ func TestChoose(t *testing.T) {
 	no := func(context.Context) error { return errors.New("missing") }
 	tests := []struct {
 		name       string
-		requested  Mode
+		requested  Name
 		annotation string
-		probes     map[Mode]Probe
-		want       Mode
+		probes     map[Name]Probe
+		want       Name
 		source     string
 		fallbacks  int
 		wantErr    bool
@@ -23,15 +26,19 @@ func TestChoose(t *testing.T) {
 		{name: "flag wins over annotation", requested: IPTables, annotation: "ipvs", want: IPTables, source: "flag"},
 		{name: "annotation when no flag", annotation: "IPVS", want: IPVS, source: "annotation"},
 		{name: "bad annotation ignored", annotation: "ebpf", want: Userspace, source: "default", fallbacks: 1},
-		{name: "ipvs falls back to iptables", requested: IPVS, probes: map[Mode]Probe{IPVS: no, IPTables: ok}, want: IPTables, source: "flag", fallbacks: 1},
-		{name: "ipvs falls back to userspace", requested: IPVS, probes: map[Mode]Probe{IPVS: no, IPTables: no}, want: Userspace, source: "flag", fallbacks: 2},
-		{name: "iptables falls back to userspace", requested: IPTables, probes: map[Mode]Probe{IPTables: no, Userspace: ok}, want: Userspace, source: "flag", fallbacks: 1},
-		{name: "nothing can run", requested: IPVS, probes: map[Mode]Probe{IPVS: no, IPTables: no, Userspace: no}, wantErr: true},
-		{name: "annotation mode falls back too", annotation: "ipvs", probes: map[Mode]Probe{IPVS: no}, want: IPTables, source: "annotation", fallbacks: 1},
+		{name: "ipvs falls back to iptables", requested: IPVS, probes: map[Name]Probe{IPVS: no, IPTables: ok}, want: IPTables, source: "flag", fallbacks: 1},
+		{name: "ipvs falls back to userspace", requested: IPVS, probes: map[Name]Probe{IPVS: no, IPTables: no}, want: Userspace, source: "flag", fallbacks: 2},
+		{name: "iptables falls back to userspace", requested: IPTables, probes: map[Name]Probe{IPTables: no, Userspace: ok}, want: Userspace, source: "flag", fallbacks: 1},
+		{name: "nothing can run", requested: IPVS, probes: map[Name]Probe{IPVS: no, IPTables: no, Userspace: no}, wantErr: true},
+		{name: "annotation mode falls back too", annotation: "ipvs", probes: map[Name]Probe{IPVS: no}, want: IPTables, source: "annotation", fallbacks: 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := Choose(context.Background(), tc.requested, tc.annotation, tc.probes)
+			t2 := Table{}
+			for name, p := range tc.probes {
+				t2[name] = Entry{Probe: p}
+			}
+			c, err := Choose(context.Background(), tc.requested, tc.annotation, t2)
 			if tc.wantErr {
 				if !errors.Is(err, ErrNoMode) {
 					t.Fatalf("err = %v, want ErrNoMode", err)
@@ -41,7 +48,7 @@ func TestChoose(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c.Mode != tc.want || c.Source != tc.source || len(c.Fallbacks) != tc.fallbacks {
+			if c.Name != tc.want || c.Source != tc.source || len(c.Fallbacks) != tc.fallbacks {
 				t.Fatalf("got %+v, want mode %s from %s with %d fallbacks", c, tc.want, tc.source, tc.fallbacks)
 			}
 		})
@@ -49,12 +56,63 @@ func TestChoose(t *testing.T) {
 }
 
 func TestParse(t *testing.T) {
-	for in, want := range map[string]Mode{"": "", "userspace": Userspace, " IPTables ": IPTables, "ipvs": IPVS} {
+	for in, want := range map[string]Name{"": "", "userspace": Userspace, " IPTables ": IPTables, "ipvs": IPVS} {
 		if got, err := Parse(in); err != nil || got != want {
 			t.Errorf("Parse(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
 	if _, err := Parse("nftables"); err == nil {
 		t.Error("Parse(nftables) succeeded")
+	}
+}
+
+// fakeMode records the calls a Table makes.
+type fakeMode struct {
+	name        Name
+	calls       *[]string
+	unavailable error
+}
+
+func (m fakeMode) Apply(context.Context, *lb.Snapshot, bool) error { return nil }
+func (m fakeMode) Cleanup(context.Context) error {
+	*m.calls = append(*m.calls, "cleanup "+string(m.name))
+	return nil
+}
+func (m fakeMode) Close(context.Context, bool) error { return nil }
+func (m fakeMode) Available(context.Context) error   { return m.unavailable }
+
+// TestTable: Built modes are probed through Available and cleaned up
+// through Cleanup; Cleanup spares the mode kept; New refuses a mode the
+// table lacks.
+func TestTable(t *testing.T) {
+	var calls []string
+	built := func(name Name, unavailable error) Entry {
+		return Built(func(context.Context) (Mode, error) {
+			calls = append(calls, "new "+string(name))
+			return fakeMode{name: name, calls: &calls, unavailable: unavailable}, nil
+		})
+	}
+	table := Table{IPTables: built(IPTables, nil), IPVS: built(IPVS, errors.New("no ip_vs"))}
+	ctx := context.Background()
+	c, err := Choose(ctx, IPVS, "", table)
+	if err != nil || c.Name != IPTables || len(c.Fallbacks) != 1 || !strings.Contains(c.Fallbacks[0], "no ip_vs") {
+		t.Fatalf("Choose = %+v, %v; want iptables after ipvs said no ip_vs", c, err)
+	}
+	calls = nil
+	if err := table.Cleanup(ctx, IPTables); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(calls, ", "), "new ipvs, cleanup ipvs"; got != want {
+		t.Errorf("Cleanup(keep iptables) called %q, want %q", got, want)
+	}
+	calls = nil
+	if err := table.Cleanup(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(calls, ", "), "new iptables, cleanup iptables, new ipvs, cleanup ipvs"; got != want {
+		t.Errorf("Cleanup(all) called %q, want %q", got, want)
+	}
+	if _, err := table.New(ctx, Userspace, nil); err == nil || !strings.Contains(err.Error(), "not built into") {
+		t.Errorf("New(userspace) = %v, want not built into this svcproxy", err)
 	}
 }

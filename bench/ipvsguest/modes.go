@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -21,6 +20,7 @@ import (
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 	"github.com/svcproxy/svcproxy/redirect"
+	usermode "github.com/svcproxy/svcproxy/userspace"
 )
 
 // proxy is one of svcproxy's data paths, driven the way svcproxy's sync
@@ -86,13 +86,12 @@ func (k *kernelTools) newProxy(ctx context.Context, mode string) (proxy, []strin
 	return nil, nil, fmt.Errorf("unknown mode %q", mode)
 }
 
-// userspace is the forwarder with REDIRECT steering, wired as
-// cmd/svcproxy wires it (--steering=redirect, --redirect-port 15001).
+// userspace is the userspace mode with REDIRECT steering, as cmd/svcproxy
+// runs it (--steering=redirect, --redirect-port 15001), and the registry
+// of its forwarder's metrics.
 type userspace struct {
-	fwd  *forwarder.Forwarder
-	red  *redirect.Redirector
-	port uint16
-	reg  *prometheus.Registry
+	*usermode.Mode
+	reg *prometheus.Registry
 }
 
 const redirectPort = 15001
@@ -102,25 +101,24 @@ const redirectPort = 15001
 var vmDialTimeouts = []time.Duration{2500 * time.Millisecond, 5 * time.Second}
 
 func newUserspace(exec netfilter.Executor, log *zap.Logger) (*userspace, []string, error) {
-	red, err := redirect.New(redirect.Config{Mark: forwarder.DefaultMark, Exec: exec, Logger: log})
-	if err != nil {
-		return nil, nil, err
-	}
 	reg := prometheus.NewRegistry()
-	fwd, err := forwarder.New(forwarder.Config{
-		Workers:        2,
-		Redirect:       []netip.AddrPort{netip.AddrPortFrom(netip.IPv4Unspecified(), redirectPort)},
-		ClaimNodePorts: true,
-		DrainTimeout:   time.Second,
-		Mark:           forwarder.DefaultMark,
-		DialTimeouts:   vmDialTimeouts,
-		Logger:         log,
-		Metrics:        forwarder.NewMetrics(reg),
+	m, err := usermode.New(usermode.Config{
+		Forwarder: forwarder.Config{
+			Workers:      2,
+			DrainTimeout: time.Second,
+			Mark:         forwarder.DefaultMark,
+			DialTimeouts: vmDialTimeouts,
+			Logger:       log,
+			Metrics:      forwarder.NewMetrics(reg),
+		},
+		Steering:     &redirect.Config{Mark: forwarder.DefaultMark, Exec: exec, Logger: log},
+		RedirectPort: redirectPort,
+		Logger:       log,
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	return &userspace{fwd: fwd, red: red, port: redirectPort, reg: reg}, []string{"iptables backend " + red.Backend(),
+	return &userspace{Mode: m, reg: reg}, []string{"iptables backend " + m.Steering().Backend(),
 		"backend connect timeouts 2.5 s, then 5 s: 10× svcproxy's 250 ms and 500 ms, since on the emulated CPU a loaded veth connect often takes longer than 250 ms (with the defaults about a third of the attempts timed out and were retried)"}, nil
 }
 
@@ -154,17 +152,11 @@ func (u *userspace) counters() string {
 	return "forwarder counted: " + strings.Join(parts, ", ")
 }
 
-func (u *userspace) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
-	if err := u.fwd.Apply(ctx, snap); err != nil {
-		return fmt.Errorf("forwarder: %w", err)
-	}
-	return u.red.Apply(ctx, snap, redirect.Ports{TCP: u.port, UDP: u.fwd.UDPPorts()}, full)
-}
-
+// Cleanup shuts the forwarder down and removes the steering rules.
 func (u *userspace) Cleanup(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	return errors.Join(u.fwd.Shutdown(sctx), u.red.Cleanup(ctx))
+	return u.Close(sctx, false)
 }
 
 // dataService is the data path's Service: the ClusterIP over the three

@@ -19,6 +19,7 @@ import (
 	"github.com/svcproxy/svcproxy/config"
 	"github.com/svcproxy/svcproxy/connlog"
 	"github.com/svcproxy/svcproxy/forwarder"
+	"github.com/svcproxy/svcproxy/handover"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/proxymode"
 	"github.com/svcproxy/svcproxy/source/kube"
@@ -31,7 +32,7 @@ type options struct {
 	master        string // API server address, overriding the kubeconfig's (kube-proxy's --master)
 	inCluster     bool   // take Services from the cluster the pod runs in (in a pod, or --config, without a kubeconfig)
 	writeConfigTo string
-	proxyMode     proxymode.Mode
+	proxyMode     proxymode.Name
 	proxyName     string // serve only Services labelled service.kubernetes.io/service-proxy-name=proxyName; "": those without it
 
 	kubeAPIQPS         float32
@@ -439,7 +440,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 	if o.clusterCIDRs, err = parsePrefixes(*clusterCIDRs); err != nil {
 		return nil, fmt.Errorf("--cluster-cidr: %w", err)
 	}
-	if o.handoverSocket, err = handoverSocketPath(o.handoverSocket); err != nil {
+	if o.handoverSocket, err = handover.SocketPath(o.handoverSocket); err != nil {
 		return nil, fmt.Errorf("--handover-socket: %w", err)
 	}
 	if o.steering != "none" && o.steering != "redirect" {

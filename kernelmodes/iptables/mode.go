@@ -273,6 +273,11 @@ func (m *Mode) Cleanup(ctx context.Context) error {
 	return netfilter.Cleanup(ctx, m.exec, chainPrefix, setPrefix, m.cfg.IPv6)
 }
 
+// Close ends the mode on svcproxy's exit. The rules stay, as kube-proxy
+// leaves them: Services keep working while svcproxy restarts, and the next
+// svcproxy takes them over with its first full sync (handedOver or not).
+func (m *Mode) Close(ctx context.Context, handedOver bool) error { return nil }
+
 // Available reports why this node cannot run the DNAT mode, or nil: it
 // writes a throwaway chain (SVCPROXY-DNAT-CHECK, removed again) that uses
 // every match and target the mode needs (DNAT, statistic, recent,

@@ -77,10 +77,10 @@
 // virtual and real servers, drains removed real servers, removes VIPs and
 // set members. When nothing changed it makes no kernel call. A removed TCP
 // real server gets weight 0 and is deleted once its active and inactive
-// connections are gone (checked on each Apply and by Sweep, which
-// RunSweeper calls periodically), or after Config.DrainTimeout; a removed
-// UDP real server is deleted at once and its conntrack entries cleared, so
-// its flows are scheduled afresh; a removed SCTP one is deleted at once
+// connections are gone (checked on each Apply and by Sweep, which the
+// mode's own sweeper calls periodically until Close), or after
+// Config.DrainTimeout; a removed UDP real server is deleted at once and its
+// conntrack entries cleared, so its flows are scheduled afresh; a removed SCTP one is deleted at once
 // (kube-proxy's graceful termination is TCP's only). A full Apply reads
 // IPVS, the dummy's addresses, the sets (ipset save) and the rules
 // (iptables-save), counts a repair when they differ from what it last

@@ -59,8 +59,8 @@ type Config struct {
 	// DrainTimeout is the longest a removed TCP real server stays at
 	// weight 0 waiting for its connections to end. Zero: no limit.
 	DrainTimeout time.Duration
-	// SweepInterval is how often RunSweeper looks for drained real
-	// servers. Zero: 5s.
+	// SweepInterval is how often the sweeper (started by the first Apply,
+	// stopped by Close) looks for drained real servers. Zero: 5s.
 	SweepInterval time.Duration
 
 	// The kernel boundaries. Nil: the real ones in this process's network
@@ -97,6 +97,12 @@ type Mode struct {
 	repairs  atomic.Uint64
 	restores netfilter.RestoreFailures
 	draining atomic.Int64
+
+	// The sweeper: started by the first Apply, stopped by Close (after
+	// which none starts).
+	stopSweeper func()
+	sweeperDone chan struct{}
+	closed      bool
 }
 
 // state is the kernel state this Mode owns.
@@ -234,6 +240,7 @@ func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
 	if err := m.kernel(); err != nil {
 		return fmt.Errorf("applying IPVS services: %w", err)
 	}
+	m.startSweeper()
 	start := m.cfg.Now()
 	full = full || m.cur == nil || m.needFull
 	var err error
@@ -556,9 +563,53 @@ func (m *Mode) Sweep(ctx context.Context) error {
 	return err
 }
 
-// RunSweeper calls Sweep every Config.SweepInterval until ctx ends, logging
+// startSweeper starts the sweeper, once and not after Close. m.mu is held.
+func (m *Mode) startSweeper() {
+	if m.stopSweeper != nil || m.closed {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m.stopSweeper, m.sweeperDone = cancel, make(chan struct{})
+	go func() {
+		defer close(m.sweeperDone)
+		m.runSweeper(ctx)
+	}()
+}
+
+// Close stops the sweeper. The IPVS services, addresses and rules stay, as
+// kube-proxy leaves them: Services keep working while svcproxy restarts,
+// and the next svcproxy takes them over with its first full sync
+// (handedOver or not).
+func (m *Mode) Close(ctx context.Context, handedOver bool) error {
+	m.mu.Lock()
+	m.closed = true
+	stop, done := m.stopSweeper, m.sweeperDone
+	m.mu.Unlock()
+	if stop == nil {
+		return nil
+	}
+	stop()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("stopping the IPVS sweeper: %w", ctx.Err())
+	}
+}
+
+// Available reports why this node cannot run the IPVS mode, or nil: the
+// kernel must have IPVS (the package's Available) unless Config.IPVS
+// brings its own handle.
+func (m *Mode) Available(ctx context.Context) error {
+	if m.cfg.IPVS != nil {
+		return nil
+	}
+	return Available()
+}
+
+// runSweeper calls Sweep every Config.SweepInterval until ctx ends, logging
 // failures.
-func (m *Mode) RunSweeper(ctx context.Context) {
+func (m *Mode) runSweeper(ctx context.Context) {
 	t := time.NewTicker(m.cfg.SweepInterval)
 	defer t.Stop()
 	for {

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package main
+package proxymode
 
 import (
 	"errors"
@@ -8,8 +8,8 @@ import (
 	"runtime"
 )
 
-// linuxOnly fails: what (a kernel mode, steering) needs Linux's netfilter.
+// LinuxOnly fails: what (a kernel mode, steering) needs Linux's netfilter.
 // Only the userspace mode with frontends bound directly runs here.
-func linuxOnly(what string) error {
+func LinuxOnly(what string) error {
 	return fmt.Errorf("%s: %w on %s", what, errors.ErrUnsupported, runtime.GOOS)
 }

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package main
+package handover
 
 import (
 	"errors"
@@ -10,10 +10,10 @@ import (
 	"syscall"
 )
 
-// handoverSocketPath resolves --handover-socket: zero-downtime restarts
-// pass sockets with SCM_RIGHTS (package handover), which is Linux-only, so
-// auto means off here and a path is refused.
-func handoverSocketPath(flag string) (string, error) {
+// SocketPath resolves --handover-socket: zero-downtime restarts pass
+// sockets with SCM_RIGHTS, which is Linux-only, so auto means off here and
+// a path is refused.
+func SocketPath(flag string) (string, error) {
 	switch flag {
 	case "auto", "":
 		return "", nil

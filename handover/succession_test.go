@@ -1,18 +1,19 @@
-package main
+package handover
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
-
-	"github.com/svcproxy/svcproxy/handover"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // TestTakeOver: a starting svcproxy binds anew only when no predecessor
@@ -73,7 +74,7 @@ func TestTakeOver(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { ln.Close() })
-			srv, err := handover.Listen(path)
+			srv, err := Listen(path)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -99,13 +100,14 @@ func TestTakeOver(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			start := time.Now()
-			s, files, err := takeOver(ctx, path, 1500*time.Millisecond, zap.NewNop())
+			s := NewSuccession(path, OS{}, zap.NewNop())
+			files, err := s.TakeOver(ctx, 1500*time.Millisecond)
 			for _, f := range files {
 				defer f.Close()
 			}
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("takeOver: %v, want an error saying %q", err, tc.wantErr)
+					t.Fatalf("TakeOver: %v, want an error saying %q", err, tc.wantErr)
 				}
 				if d := time.Since(start); d < 1500*time.Millisecond {
 					t.Errorf("gave up after %v, before its patience (1.5s) ran out", d)
@@ -113,7 +115,7 @@ func TestTakeOver(t *testing.T) {
 				return
 			}
 			if err != nil {
-				t.Fatalf("takeOver: %v", err)
+				t.Fatalf("TakeOver: %v", err)
 			}
 			if len(files) != tc.files {
 				t.Fatalf("took over %d sockets, want %d", len(files), tc.files)
@@ -161,13 +163,13 @@ func TestTermination(t *testing.T) {
 		{name: "handed over without a successor wait: no lingering", listening: true, steps: []step{handOver}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx, term := newTermination(tc.wait, zap.NewNop())
+			ctx, term := NewTermination(tc.wait, zap.NewNop())
 			defer term.cancel()
-			succ := &succession{listening: make(chan struct{}), handedOver: make(chan struct{})}
+			succ := &Succession{listening: make(chan struct{}), handedOver: make(chan struct{})}
 			if tc.listening {
 				close(succ.listening)
 			}
-			term.follow(succ)
+			term.Follow(succ)
 			start := time.Now()
 			for _, s := range tc.steps {
 				switch s {
@@ -198,7 +200,7 @@ func TestTermination(t *testing.T) {
 				t.Fatal("ctx cancelled, want it left to the handover")
 			}
 			lingered := make(chan struct{})
-			go func() { term.linger(ctx); close(lingered) }()
+			go func() { term.Linger(ctx); close(lingered) }()
 			select {
 			case <-lingered:
 				if tc.lingers {
@@ -219,5 +221,67 @@ func TestTermination(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRestartOnSignal: each SIGUSR2 starts the binary with the process's
+// arguments, a failed start is logged and the next signal tries again, and
+// the signal is released when ctx ends; no process is forked (the OS
+// calls are fakes).
+func TestRestartOnSignal(t *testing.T) {
+	type start struct {
+		path string
+		args []string
+	}
+	starts := make(chan start, 4)
+	fail := make(chan bool, 4)
+	var relay chan<- os.Signal
+	stopped := make(chan struct{})
+	sys := OS{
+		Executable:    func() (string, []string, error) { return "/usr/bin/svcproxy", []string{"--proxy-mode=ipvs"}, nil },
+		NotifyRestart: func(c chan<- os.Signal) error { relay = c; return nil },
+		StopRestart:   func(chan<- os.Signal) { close(stopped) },
+		StartProcess: func(path string, args []string) (int, func() error, error) {
+			starts <- start{path, args}
+			if <-fail {
+				return 0, nil, errors.New("injected: exec format error")
+			}
+			return 4242, func() error { return nil }, nil
+		},
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	NewSuccession("", sys, zap.New(core)).RestartOnSignal(ctx)
+	if relay == nil {
+		t.Fatal("RestartOnSignal did not ask for SIGUSR2")
+	}
+	for i, failing := range []bool{true, false} {
+		fail <- failing
+		relay <- syscall.SIGUSR2
+		select {
+		case s := <-starts:
+			if s.path != "/usr/bin/svcproxy" || !slices.Equal(s.args, []string{"--proxy-mode=ipvs"}) {
+				t.Errorf("signal %d started %s %v, want /usr/bin/svcproxy [--proxy-mode=ipvs]", i, s.path, s.args)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("signal %d started no successor", i)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for logs.FilterMessage("started successor").Len() == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := logs.FilterMessage("starting successor").Len(); n != 1 {
+		t.Errorf("%d errors logged for the failed start, want 1", n)
+	}
+	if l := logs.FilterMessage("started successor").All(); len(l) != 1 || l[0].ContextMap()["pid"] != int64(4242) {
+		t.Errorf("started-successor logs %v, want one with pid 4242", l)
+	}
+	cancel()
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("SIGUSR2 not released after ctx ended")
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/svcproxy/svcproxy/health"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/proxymode"
 	"github.com/svcproxy/svcproxy/runner"
 )
 
@@ -33,7 +34,7 @@ type daemonMetrics struct {
 }
 
 // newDaemonMetrics registers the daemon's metrics; families are the IP
-// families the mode programs (ipFamilies).
+// families the mode programs (Families).
 func newDaemonMetrics(reg prometheus.Registerer, families []string) *daemonMetrics {
 	syncMetrics := runner.NewMetrics(reg, families...)
 	m := &daemonMetrics{
@@ -63,16 +64,17 @@ func newDaemonMetrics(reg prometheus.Registerer, families []string) *daemonMetri
 	return m
 }
 
-// reloadMetrics count the loads of the services file, named as
+// ReloadMetrics count the loads of the services file, named as
 // Prometheus' own prometheus_config_*: a failed load applies nothing.
-type reloadMetrics struct {
+type ReloadMetrics struct {
 	reloads     *prometheus.CounterVec
 	successful  prometheus.Gauge
 	lastSuccess prometheus.Gauge
 }
 
-func newReloadMetrics(reg prometheus.Registerer) *reloadMetrics {
-	m := &reloadMetrics{
+// NewReloadMetrics registers the services file's load metrics.
+func NewReloadMetrics(reg prometheus.Registerer) *ReloadMetrics {
+	m := &ReloadMetrics{
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "svcproxy", Subsystem: "config", Name: "reloads_total",
 			Help: "Loads of the services file (at start, on SIGHUP, on a change), by result; a failure applies nothing and keeps the previous Services.",
@@ -92,8 +94,8 @@ func newReloadMetrics(reg prometheus.Registerer) *reloadMetrics {
 	return m
 }
 
-// loaded records a load of the services file at now and its error.
-func (m *reloadMetrics) loaded(err error, now time.Time) {
+// Loaded records a load of the services file at now and its error.
+func (m *ReloadMetrics) Loaded(err error, now time.Time) {
 	if err != nil {
 		m.reloads.WithLabelValues("failure").Inc()
 		m.successful.Set(0)
@@ -104,12 +106,12 @@ func (m *reloadMetrics) loaded(err error, now time.Time) {
 	m.lastSuccess.Set(float64(now.UnixNano()) / 1e9)
 }
 
-// registerRestoreFailures exports a mode's failed iptables-restore runs as
+// RegisterRestoreFailures exports a mode's failed iptables-restore runs as
 // kube-proxy's kubeproxy_sync_proxy_rules_iptables_restore_failures_total,
 // one series per programmed ip_family, with its help text. kube-proxy
 // counts them in its iptables and IPVS modes; svcproxy also in the
 // userspace mode's REDIRECT steering, which writes its rules the same way.
-func registerRestoreFailures(reg prometheus.Registerer, families []string, failures func(netfilter.Family) uint64) {
+func RegisterRestoreFailures(reg prometheus.Registerer, families []string, failures func(netfilter.Family) uint64) {
 	for _, fam := range families {
 		f := netfilter.IPv4
 		if fam == runner.IPv6 {
@@ -121,6 +123,23 @@ func registerRestoreFailures(reg prometheus.Registerer, families []string, failu
 			ConstLabels: prometheus.Labels{"ip_family": fam},
 		}, func() float64 { return float64(failures(f)) }))
 	}
+}
+
+// RegisterRepairs exports a mode's count of full syncs that repaired
+// tampering as svcproxy_<subsystem>_repairs_total, with help.
+func RegisterRepairs(reg prometheus.Registerer, subsystem, help string, repairs func() uint64) {
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: "svcproxy", Subsystem: subsystem, Name: "repairs_total", Help: help,
+	}, func() float64 { return float64(repairs()) }))
+}
+
+// Families are the IP families the modes program, as kube-proxy's
+// ip_family label values: IPv4, and IPv6 when the node serves it.
+func Families(ipv6 bool) []string {
+	if ipv6 {
+		return []string{runner.IPv4, runner.IPv6}
+	}
+	return []string{runner.IPv4}
 }
 
 // synced records what a successful sync of snap programmed: each change it
@@ -139,12 +158,13 @@ func (m *daemonMetrics) synced(snap *lb.Snapshot) {
 	}
 }
 
-// newSyncer returns the sync loop that carries store's snapshots to dp.
-// After each successful sync it records what was programmed, tells the
-// health tracker and calls served with the snapshot (nil: nothing); a
-// failed sync is counted and retried by the runner, and moves neither.
-func newSyncer(store *lb.Store, dp dataplane, m *daemonMetrics, tracker *health.Tracker, minSync, maxSync time.Duration, served func(context.Context, *lb.Snapshot)) *runner.Runner {
-	r := runner.New(func(ctx context.Context, full bool) error {
+// newSyncer returns the sync loop (built by newRunner) that carries
+// store's snapshots to dp. After each successful sync it records what was
+// programmed, tells the health tracker and calls served with the snapshot
+// (nil: nothing); a failed sync is counted and retried by the runner, and
+// moves neither.
+func newSyncer(store *lb.Store, dp proxymode.Mode, m *daemonMetrics, tracker *health.Tracker, newRunner func(sync func(context.Context, bool) error) *runner.Runner, served func(context.Context, *lb.Snapshot)) *runner.Runner {
+	r := newRunner(func(ctx context.Context, full bool) error {
 		snap := store.Snapshot()
 		if err := dp.Apply(ctx, snap, full); err != nil {
 			return fmt.Errorf("applying snapshot %d: %w", snap.Version, err)
@@ -155,7 +175,7 @@ func newSyncer(store *lb.Store, dp dataplane, m *daemonMetrics, tracker *health.
 			served(ctx, snap)
 		}
 		return nil
-	}, minSync, maxSync)
+	})
 	r.Metrics = m.sync
 	return r
 }

@@ -1,8 +1,11 @@
-package main
+package daemon
 
 import (
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -107,5 +110,28 @@ func TestMemoryReturnerConfigShrink(t *testing.T) {
 				t.Errorf("freed %d times, want %d", frees, c.frees)
 			}
 		})
+	}
+}
+
+func TestSetOOMScoreAdj(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "oom_score_adj")
+	if err := os.WriteFile(path, []byte("0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := SetOOMScoreAdj(path, nil); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "0" {
+		t.Errorf("unset: file %q, want it untouched", b)
+	}
+	adj := -999
+	if err := SetOOMScoreAdj(path, &adj); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "-999" {
+		t.Errorf("file %q, want -999", b)
+	}
+	if err := SetOOMScoreAdj(filepath.Join(t.TempDir(), "no", "such"), &adj); err == nil || !strings.Contains(err.Error(), "oom_score_adj") {
+		t.Errorf("missing file: %v", err)
 	}
 }

@@ -1,6 +1,6 @@
 //go:build linux
 
-package main
+package daemon
 
 import (
 	"context"
@@ -24,7 +24,7 @@ import (
 func TestGuardCleanup(t *testing.T) {
 	dir := t.TempDir()
 	live := filepath.Join(dir, "live.sock")
-	srv, err := handover.Listen(live) // a running svcproxy's listener, as restart.go opens it
+	srv, err := handover.Listen(live) // a running svcproxy's listener, as handover.Succession opens it
 	if err != nil {
 		t.Fatal(err)
 	}

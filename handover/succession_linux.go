@@ -1,4 +1,4 @@
-package main
+package handover
 
 import (
 	"fmt"
@@ -8,9 +8,9 @@ import (
 	"syscall"
 )
 
-// handoverSocketPath resolves --handover-socket: auto is a path per network
+// SocketPath resolves --handover-socket: auto is a path per network
 // namespace, so svcproxys in different namespaces never meet.
-func handoverSocketPath(flag string) (string, error) {
+func SocketPath(flag string) (string, error) {
 	if flag != "auto" {
 		return flag, nil
 	}

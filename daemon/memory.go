@@ -1,9 +1,12 @@
-package main
+package daemon
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"runtime"
 	"runtime/debug"
+	"strconv"
 	"sync"
 	"time"
 
@@ -156,4 +159,15 @@ func (r *memoryReturner) give(why string, fields ...zap.Field) {
 	r.free()
 	r.returns.Inc()
 	r.log.Debug(why, append(fields, zap.Duration("took", time.Since(start)))...)
+}
+
+// SetOOMScoreAdj writes adj, if set, to path (/proc/self/oom_score_adj).
+func SetOOMScoreAdj(path string, adj *int) error {
+	if adj == nil {
+		return nil
+	}
+	if err := os.WriteFile(path, []byte(strconv.Itoa(*adj)), 0); err != nil {
+		return fmt.Errorf("setting oom_score_adj to %d: %w", *adj, err)
+	}
+	return nil
 }

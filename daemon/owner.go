@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcproxy/svcproxy/handover"
+	"github.com/svcproxy/svcproxy/proxymode"
 )
 
 // owner finds a running svcproxy that owns the rules --cleanup would remove,
@@ -30,8 +31,10 @@ type owner struct {
 	self    int                                                  // this process, never an owner
 }
 
-func newOwner(o *options) owner {
-	return owner{handoverSocket: o.handoverSocket, pidFile: o.pidFile, answers: handover.Answers, proc: "/proc", self: os.Getpid()}
+// newOwner looks at the handover socket and the PID file ("": not looked
+// at) of this node, in /proc.
+func newOwner(handoverSocket, pidFile string) owner {
+	return owner{handoverSocket: handoverSocket, pidFile: pidFile, answers: handover.Answers, proc: "/proc", self: os.Getpid()}
 }
 
 // find says how it knows a running svcproxy owns the rules, or "" if it
@@ -103,5 +106,19 @@ func guardCleanup(ctx context.Context, w owner, force bool, log *zap.Logger) err
 	case err != nil:
 		log.Warn("--force: cleaning up without knowing whether a svcproxy runs", zap.Error(err))
 	}
+	return nil
+}
+
+// Cleanup is --cleanup: it removes everything svcproxy installs, whichever
+// mode of modes installed it, unless a running svcproxy owns it (found by
+// its handover socket or PID file) and not force.
+func Cleanup(ctx context.Context, modes proxymode.Table, handoverSocket, pidFile string, force bool, log *zap.Logger) error {
+	if err := guardCleanup(ctx, newOwner(handoverSocket, pidFile), force, log); err != nil {
+		return err
+	}
+	if err := modes.Cleanup(ctx, ""); err != nil {
+		return err
+	}
+	log.Info("removed every svcproxy rule and set")
 	return nil
 }

@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -52,7 +52,7 @@ func TestKubeProxyTraces(t *testing.T) {
 				}
 			}
 			f.ResetCalls()
-			traces := kubeProxyTraces{exec: f, nftTables: tc.nft, linkExists: func(name string) bool { return tc.ipvsDev && name == "kube-ipvs0" }}
+			traces := KubeProxyTraces{Exec: f, NFTTables: tc.nft, LinkExists: func(name string) bool { return tc.ipvsDev && name == "kube-ipvs0" }}
 			got := traces.find(ctx)
 			slices.Sort(got)
 			want := slices.Clone(tc.want)

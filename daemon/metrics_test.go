@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -26,10 +26,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/svcproxy/svcproxy/handover"
 	"github.com/svcproxy/svcproxy/health"
 	"github.com/svcproxy/svcproxy/kernelmodes/iptables"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/proxymode"
+	"github.com/svcproxy/svcproxy/runner"
 	"github.com/svcproxy/svcproxy/source/kube"
 )
 
@@ -51,11 +54,13 @@ func (d *faultyDataplane) Apply(_ context.Context, snap *lb.Snapshot, _ bool) er
 	return nil
 }
 
-func (d *faultyDataplane) Shutdown(context.Context, bool) error { return nil }
+func (d *faultyDataplane) Cleanup(context.Context) error     { return nil }
+func (d *faultyDataplane) Close(context.Context, bool) error { return nil }
+func (d *faultyDataplane) Available(context.Context) error   { return nil }
 
-// daemon is the daemon's sync wiring as run() builds it (metrics, health,
-// store, Kubernetes source, sync loop, metrics and healthz servers on
-// loopback), over a fake API server and a faulty proxy mode.
+// daemon is Run (metrics, health, store, Kubernetes source, sync loop,
+// metrics and healthz servers on loopback) over a fake API server and a
+// faulty proxy mode: the iptables mode of its table.
 type daemon struct {
 	t       *testing.T
 	client  *fake.Clientset
@@ -69,47 +74,53 @@ func startDaemon(t *testing.T) *daemon {
 	ctx, cancel := context.WithCancel(context.Background())
 	log := zaptest.NewLogger(t)
 	reg := prometheus.NewPedanticRegistry()
-	m := newDaemonMetrics(reg, ipFamilies(&options{}))
-	tracker := health.NewTracker(time.Minute, nil)
 	store := lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: "node-a"}})
 	d := &daemon{t: t, client: fake.NewClientset(), dp: &faultyDataplane{}}
-
-	web := &httpServers{log: log}
-	web.serve("metrics", "127.0.0.1:0", metricsHandler(reg, "iptables"))
-	web.serve("healthz", "127.0.0.1:0", health.Handler(tracker, m.health))
-	d.metrics = "http://" + web.lns["http/metrics"].Addr().String()
-	d.healthz = "http://" + web.lns["http/healthz"].Addr().String()
-
-	syncer := newSyncer(store, d.dp, m, tracker, 0, 0, nil)
-	syncer.RetryInterval = 200 * time.Millisecond
-	changes := store.Subscribe()
-	var wg sync.WaitGroup
-	wg.Add(3)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-changes:
-				tracker.Queued()
-				syncer.Trigger()
-			}
-		}
-	}()
-	go func() {
-		defer wg.Done()
-		err := kube.Run(ctx, kube.Options{Client: d.client, NodeName: "node-a", Logger: log, Health: tracker, Changes: m.changes}, store)
-		if err != nil {
-			t.Errorf("kube.Run: %v", err)
-		}
-	}()
-	go func() { defer wg.Done(); syncer.Run(ctx) }()
+	metricsPort, healthzPort := freePort(t), freePort(t)
+	d.metrics = fmt.Sprintf("http://127.0.0.1:%d", metricsPort)
+	d.healthz = fmt.Sprintf("http://127.0.0.1:%d", healthzPort)
+	termCtx, term := handover.NewTermination(0, log)
+	noRestarts := handover.OS{NotifyRestart: func(chan<- os.Signal) error { return errors.ErrUnsupported }}
+	cfg := Config{
+		Logger: log, Registry: reg, Store: store, Tracker: health.NewTracker(time.Minute, nil),
+		Source: KubeSource(kube.Options{Client: d.client, NodeName: "node-a", Logger: log}, store),
+		Modes: proxymode.Table{proxymode.IPTables: {New: func(context.Context, map[string]*os.File) (proxymode.Mode, error) {
+			return d.dp, nil
+		}}},
+		Mode:        proxymode.IPTables,
+		IPv6:        func(context.Context, proxymode.Name) error { return errors.New("no IPv6 in this test") },
+		Succession:  handover.NewSuccession("", noRestarts, log),
+		Termination: term,
+		NewRunner: func(sync func(context.Context, bool) error) *runner.Runner {
+			r := runner.New(sync, 0, 0)
+			r.RetryInterval = 200 * time.Millisecond
+			return r
+		},
+		DrainTimeout: time.Second,
+		MetricsAddr:  fmt.Sprintf("127.0.0.1:%d", metricsPort),
+		HealthzAddr:  fmt.Sprintf("127.0.0.1:%d", healthzPort),
+	}
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg) }()
 	t.Cleanup(func() {
 		cancel()
-		web.shutdown(context.Background())
-		wg.Wait()
+		term.Stop()
+		<-termCtx.Done()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
 	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if resp, err := http.Get(d.metrics + "/proxyMode"); err == nil {
+			resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the daemon's metrics address did not answer within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	return d
 }
 
@@ -406,6 +417,52 @@ func freePort(t *testing.T) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
+// TestIPTablesRestoreFailuresMetric: the iptables mode, over the netfilter
+// Fake, fails an iptables-restore; /metrics shows kube-proxy's
+// kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family}
+// move by one, and not on the good syncs around it.
+func TestIPTablesRestoreFailuresMetric(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	newDaemonMetrics(reg, Families(false)) // beside the daemon's other metrics, as Run registers them
+	f := netfilter.NewFake()
+	mode, err := iptables.New(iptables.Config{Exec: f, FullSyncPeriod: -1, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	RegisterRestoreFailures(reg, Families(false), mode.RestoreFailures)
+	RegisterRepairs(reg, "iptables", "Full syncs that found the iptables mode's rules tampered with and repaired them.", mode.Repairs)
+	k := mode
+	web := &httpServers{log: zaptest.NewLogger(t)}
+	web.serve("metrics", "127.0.0.1:0", metricsHandler(reg, "iptables"))
+	t.Cleanup(func() { web.shutdown(context.Background()) })
+	d := &daemon{t: t, metrics: "http://" + web.lns["http/metrics"].Addr().String()}
+
+	store := lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: "node-a"}})
+	snap, err := store.Replace([]lb.Service{{Name: lb.ServicePortName{Namespace: "ns", Name: "web"}, Port: 80,
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+		Endpoints:  []lb.Endpoint{{Addr: netip.MustParseAddrPort("10.244.0.1:8080"), Ready: true, Serving: true}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const key = `kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"}`
+	ctx := context.Background()
+	step := func(name string, fail bool, want float64) {
+		t.Helper()
+		if fail {
+			f.FailNext("iptables-restore", errors.New("injected: iptables-restore exited 1"))
+		}
+		if err := k.Apply(ctx, snap, true); (err != nil) != fail {
+			t.Fatalf("%s: Apply = %v, want failure %v", name, err, fail)
+		}
+		if got, ok := d.scrape()[key]; !ok || got != want {
+			t.Errorf("%s: %s = %v (present %v), want %v", name, key, got, ok, want)
+		}
+	}
+	step("a good sync", false, 0)
+	step("a failed restore", true, 1)
+	step("the good sync after it", false, 1)
+}
+
 // TestBinaryServesKubeProxyEndpoints runs the real svcproxy binary on a
 // services file (userspace mode, frontends on loopback: no root, no rules)
 // and scrapes it: /proxyMode, kube-proxy's metric names beside svcproxy's,
@@ -517,40 +574,18 @@ func TestBinaryServesKubeProxyEndpoints(t *testing.T) {
 	}
 }
 
-var built struct {
-	once     sync.Once
-	dir, bin string
-	err      error
-}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if built.dir != "" {
-		os.RemoveAll(built.dir)
-	}
-	os.Exit(code)
-}
-
-// buildSvcproxy builds the svcproxy binary (without the race detector) once
-// for the tests that run it, and returns its path.
+// buildSvcproxy builds the svcproxy binary (without the race detector)
+// into a test directory and returns its path.
 func buildSvcproxy(t *testing.T) string {
 	t.Helper()
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("skipping: no go tool to build svcproxy")
 	}
-	built.once.Do(func() {
-		if built.dir, built.err = os.MkdirTemp("", "svcproxy-bin-"); built.err != nil {
-			return
-		}
-		built.bin = filepath.Join(built.dir, "svcproxy")
-		if out, err := exec.Command("go", "build", "-o", built.bin, ".").CombinedOutput(); err != nil {
-			built.err = fmt.Errorf("building svcproxy: %v\n%s", err, out)
-		}
-	})
-	if built.err != nil {
-		t.Fatal(built.err)
+	bin := filepath.Join(t.TempDir(), "svcproxy")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/svcproxy/svcproxy/cmd/svcproxy").CombinedOutput(); err != nil {
+		t.Fatalf("building svcproxy: %v\n%s", err, out)
 	}
-	return built.bin
+	return bin
 }
 
 // syncBuffer is a bytes buffer safe for a process's two output pipes.
@@ -569,48 +604,4 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
-}
-
-// TestIPTablesRestoreFailuresMetric: the iptables mode, over the netfilter
-// Fake, fails an iptables-restore; /metrics shows kube-proxy's
-// kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family}
-// move by one, and not on the good syncs around it.
-func TestIPTablesRestoreFailuresMetric(t *testing.T) {
-	reg := prometheus.NewPedanticRegistry()
-	newDaemonMetrics(reg, ipFamilies(&options{})) // beside the daemon's other metrics, as run() registers them
-	f := netfilter.NewFake()
-	mode, err := iptables.New(iptables.Config{Exec: f, FullSyncPeriod: -1, Logger: zaptest.NewLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	k := newKernel("iptables", mode, reg, ipFamilies(&options{}))
-	web := &httpServers{log: zaptest.NewLogger(t)}
-	web.serve("metrics", "127.0.0.1:0", metricsHandler(reg, "iptables"))
-	t.Cleanup(func() { web.shutdown(context.Background()) })
-	d := &daemon{t: t, metrics: "http://" + web.lns["http/metrics"].Addr().String()}
-
-	store := lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: "node-a"}})
-	snap, err := store.Replace([]lb.Service{{Name: lb.ServicePortName{Namespace: "ns", Name: "web"}, Port: 80,
-		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
-		Endpoints:  []lb.Endpoint{{Addr: netip.MustParseAddrPort("10.244.0.1:8080"), Ready: true, Serving: true}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	const key = `kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"}`
-	ctx := context.Background()
-	step := func(name string, fail bool, want float64) {
-		t.Helper()
-		if fail {
-			f.FailNext("iptables-restore", errors.New("injected: iptables-restore exited 1"))
-		}
-		if err := k.Apply(ctx, snap, true); (err != nil) != fail {
-			t.Fatalf("%s: Apply = %v, want failure %v", name, err, fail)
-		}
-		if got, ok := d.scrape()[key]; !ok || got != want {
-			t.Errorf("%s: %s = %v (present %v), want %v", name, key, got, ok, want)
-		}
-	}
-	step("a good sync", false, 0)
-	step("a failed restore", true, 1)
-	step("the good sync after it", false, 1)
 }

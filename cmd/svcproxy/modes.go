@@ -1,0 +1,145 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/svcproxy/svcproxy/connlog"
+	"github.com/svcproxy/svcproxy/daemon"
+	"github.com/svcproxy/svcproxy/forwarder"
+	"github.com/svcproxy/svcproxy/kernelmodes/iptables"
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
+	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/proxymode"
+	"github.com/svcproxy/svcproxy/redirect"
+	"github.com/svcproxy/svcproxy/userspace"
+)
+
+// modes is the table of proxy modes, configured from o. The constructors
+// read o when called: o.ipv6 is decided once the mode is chosen. Each mode
+// built to run exports its repair and iptables-restore failure counts to
+// reg, the latter per family it programs.
+func modes(o *options, reg prometheus.Registerer, log *zap.Logger, clog *connlog.Log) proxymode.Table {
+	ipt := kernelEntry("iptables", o, reg, func() (*iptables.Mode, error) { return iptables.New(iptablesConfig(o, log)) },
+		func(m *iptables.Mode) { log.Info("kernel DNAT mode", zap.String("iptables", m.Backend())) })
+	probe := ipt.Probe
+	ipt.Probe = func(ctx context.Context) error {
+		if err := proxymode.LinuxOnly("the iptables mode"); err != nil {
+			return err
+		}
+		return probe(ctx)
+	}
+	t := proxymode.Table{
+		proxymode.Userspace: {
+			New: func(_ context.Context, inherited map[string]*os.File) (proxymode.Mode, error) {
+				return newUserspace(o, reg, log, clog, inherited)
+			},
+			Probe:   func(context.Context) error { return userspace.Available(o.steering == "redirect") },
+			Cleanup: func(ctx context.Context) error { return userspace.CleanupSteering(ctx, log) },
+		},
+		proxymode.IPTables: ipt,
+		proxymode.IPVS:     kernelEntry("ipvs", o, reg, func() (*ipvs.Mode, error) { return ipvs.New(ipvsConfig(o, log)) }, nil),
+	}
+	if _, err := exec.LookPath("iptables-restore"); err != nil {
+		for name, e := range t {
+			e.Cleanup = nil // no mode can have installed anything
+			t[name] = e
+		}
+	}
+	return t
+}
+
+// kernelMode is a mode whose rules the kernel runs by itself.
+type kernelMode interface {
+	proxymode.Mode
+	Repairs() uint64
+	RestoreFailures(family netfilter.Family) uint64
+}
+
+// kernelEntry is the entry of the kernel mode name, which build makes
+// without touching the kernel: built to run, started (if set) is called
+// with it and its repair and iptables-restore failure counts are exported
+// to reg, the latter per family it programs.
+func kernelEntry[M kernelMode](name string, o *options, reg prometheus.Registerer, build func() (M, error), started func(M)) proxymode.Entry {
+	e := proxymode.Built(func(context.Context) (proxymode.Mode, error) { return build() })
+	e.New = func(context.Context, map[string]*os.File) (proxymode.Mode, error) {
+		m, err := build()
+		if err != nil {
+			return nil, err
+		}
+		if started != nil {
+			started(m)
+		}
+		daemon.RegisterRestoreFailures(reg, daemon.Families(o.ipv6), m.RestoreFailures)
+		daemon.RegisterRepairs(reg, name, "Full syncs that found the "+name+" mode's rules tampered with and repaired them.", m.Repairs)
+		return m, nil
+	}
+	return e
+}
+
+func newUserspace(o *options, reg prometheus.Registerer, log *zap.Logger, clog *connlog.Log, inherited map[string]*os.File) (*userspace.Mode, error) {
+	cfg := userspace.Config{
+		Forwarder: forwarder.Config{
+			Workers:            o.workers,
+			DialTimeouts:       o.dialTimeouts,
+			IdleTimeout:        o.idleTimeout,
+			DrainTimeout:       o.drainTimeout,
+			Mark:               o.mark,
+			MaxConns:           o.maxConns,
+			MaxConnsPerService: o.maxConnsPerService,
+			Logger:             log,
+			ConnLog:            clog,
+			UDPIdleTimeout:     o.udpIdleTimeout,
+			Metrics:            forwarder.NewMetrics(reg),
+			Inherited:          inherited,
+		},
+		RedirectPort: o.redirectPort,
+		Logger:       log,
+	}
+	if o.steering == "redirect" {
+		rc := redirectConfig(o, log)
+		cfg.Steering = &rc
+	}
+	m, err := userspace.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if red := m.Steering(); red != nil {
+		daemon.RegisterRepairs(reg, "redirect", "Full syncs that found svcproxy's rules or sets tampered with and repaired them.", red.Repairs)
+		daemon.RegisterRestoreFailures(reg, daemon.Families(o.ipv6), red.RestoreFailures)
+		log.Info("steering with iptables REDIRECT", zap.String("iptables", red.Backend()), zap.Uint16("redirectPort", o.redirectPort))
+	}
+	return m, nil
+}
+
+func redirectConfig(o *options, log *zap.Logger) redirect.Config {
+	return redirect.Config{Mark: uint32(o.mark), NodePortAddresses: o.nodePortAddresses, IPv6: o.ipv6, Logger: log}
+}
+
+func iptablesConfig(o *options, log *zap.Logger) iptables.Config {
+	return iptables.Config{
+		NodePortAddresses: o.nodePortAddresses,
+		ClusterCIDRs:      o.clusterCIDRs,
+		MasqueradeAll:     o.masqueradeAll,
+		Mark:              o.masqueradeMark,
+		AvoidMark:         uint32(max(o.mark, 0)),
+		IPv6:              o.ipv6,
+		Logger:            log,
+	}
+}
+
+func ipvsConfig(o *options, log *zap.Logger) ipvs.Config {
+	return ipvs.Config{
+		Scheduler:         o.ipvsScheduler,
+		NodePortAddresses: o.nodePortAddresses,
+		MasqueradeAll:     o.masqueradeAll,
+		Mark:              o.masqueradeMark,
+		DrainTimeout:      o.drainTimeout,
+		IPv6:              o.ipv6,
+		Logger:            log,
+	}
+}

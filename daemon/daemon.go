@@ -1,0 +1,287 @@
+// Package daemon runs svcproxy on a node: it chooses the proxy mode, takes
+// over from a running predecessor, feeds the Services a source loads into
+// the load-balancer store and carries every snapshot to the mode through
+// the sync runner, serves metrics and health, returns memory, and shuts
+// down (or hands over) cleanly. Everything it drives is injected (Config),
+// so a test runs it with fakes; cmd/svcproxy only parses flags and wires.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/svcproxy/svcproxy/handover"
+	"github.com/svcproxy/svcproxy/health"
+	"github.com/svcproxy/svcproxy/healthcheck"
+	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/proxymode"
+	"github.com/svcproxy/svcproxy/runner"
+)
+
+// Registry is where the daemon registers its metrics and what /metrics
+// serves: a *prometheus.Registry.
+type Registry interface {
+	prometheus.Registerer
+	prometheus.Gatherer
+}
+
+// Config is what Run drives. The fields without a default are required.
+type Config struct {
+	Logger   *zap.Logger
+	Registry Registry
+	Store    *lb.Store
+	// Source feeds Store (FileSource, KubeSource).
+	Source Source
+	// Tracker is /healthz's: told of queued changes and applied syncs.
+	Tracker *health.Tracker
+	// HealthChecks, if set, serves the health-check node ports of the
+	// Services in each applied snapshot (kube-proxy's, for Services with
+	// externalTrafficPolicy: Local; only API Services have them).
+	HealthChecks *healthcheck.Server
+
+	// Modes are the proxy modes this svcproxy can run; Mode is the one
+	// asked for ("": Annotation's, else userspace), falling back as
+	// proxymode.Choose does.
+	Modes      proxymode.Table
+	Mode       proxymode.Name
+	Annotation string // the Node's proxymode.Annotation
+	// Steering is the userspace mode's: "redirect" writes rules, so the
+	// other modes' are removed first and IPv6 needs ip6tables.
+	Steering string
+	// IPv6 decides whether mode serves IPv6 on this node: nil if it does,
+	// else why not.
+	IPv6 func(ctx context.Context, mode proxymode.Name) error
+	// UDPIdleTimeout is --conntrack-udp-timeout, said to be ignored by the
+	// kernel modes when set.
+	UDPIdleTimeout time.Duration
+	// KubeProxy finds kube-proxy's rules on this node, for a warning.
+	KubeProxy KubeProxyTraces
+
+	// Succession takes over from a predecessor and hands over to a
+	// successor; Termination decides when a signal ends the daemon.
+	Succession  *handover.Succession
+	Termination *handover.Termination
+
+	// NewRunner builds the sync loop around sync. Nil: runner.New with
+	// MinSyncPeriod and SyncPeriod.
+	NewRunner     func(sync func(ctx context.Context, full bool) error) *runner.Runner
+	MinSyncPeriod time.Duration
+	SyncPeriod    time.Duration
+	DrainTimeout  time.Duration
+
+	MetricsAddr, HealthzAddr, ProfilingAddr string // "": off
+	ConnLog                                 string // logged only
+	PIDFile                                 string // "": none
+}
+
+// Source feeds the store until ctx ends (nil) or it fails.
+type Source func(ctx context.Context, feed Feed) error
+
+// Feed is what the daemon hands its source.
+type Feed struct {
+	Tracker *health.Tracker
+	Changes *runner.Changes
+	// Loaded records a load of services Service ports (err: a part of it
+	// was rejected); the first sync waits for the first.
+	Loaded func(services int, err error)
+	// Rejected records a load that applied nothing: the Services before it
+	// stay (services of them).
+	Rejected func(services int)
+}
+
+// Run runs the daemon until ctx ends, the source fails or a successor has
+// taken over, then drains and closes the mode.
+func Run(ctx context.Context, cfg Config) error {
+	log, reg, store, tracker := cfg.Logger, cfg.Registry, cfg.Store, cfg.Tracker
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	choice, m, unserved, err := choose(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	succ := cfg.Succession
+	inherited, err := succ.TakeOver(ctx, handover.TakeOverPatience)
+	if err != nil {
+		return err
+	}
+	cfg.Termination.Follow(succ)
+	webInherited := map[string]*os.File{}
+	for name, f := range inherited {
+		if strings.HasPrefix(name, "http/") {
+			webInherited[name] = f
+			delete(inherited, name)
+		}
+	}
+	mode, err := newMode(ctx, cfg, choice.Name, inherited)
+	if err != nil {
+		return err
+	}
+	if err := writePIDFile(cfg.PIDFile); err != nil {
+		return err
+	}
+	succ.RestartOnSignal(ctx)
+	var conns func() int64
+	if a, ok := mode.(interface{ Active() int64 }); ok {
+		conns = a.Active
+	}
+	memory := newMemoryReturner(reg, log, conns)
+	go memory.Run(ctx)
+
+	web := &httpServers{log: log, inherited: webInherited}
+	web.serve("metrics", cfg.MetricsAddr, metricsHandler(reg, string(choice.Name)))
+	web.serve("healthz", cfg.HealthzAddr, health.Handler(tracker, m.health))
+	web.serve("profiling", cfg.ProfilingAddr, profilingHandler())
+	sockets, stopAccepting := handoverSockets(web, mode)
+	newRunner := cfg.NewRunner
+	if newRunner == nil {
+		newRunner = func(sync func(context.Context, bool) error) *runner.Runner {
+			return runner.New(sync, cfg.MinSyncPeriod, cfg.SyncPeriod)
+		}
+	}
+	syncer := newSyncer(store, mode, m, tracker, newRunner, func(ctx context.Context, snap *lb.Snapshot) {
+		if hc := cfg.HealthChecks; hc != nil {
+			if err := hc.Sync(snap); err != nil {
+				log.Warn("serving health-check node ports; retrying on the next sync", zap.Error(err))
+			}
+		}
+		unserved.check(snap)
+		memory.Applied(snap)
+		succ.Serving(ctx, sockets, stopAccepting)
+	})
+	changes := store.Subscribe() // before any source can publish
+	go func() {
+		for range changes {
+			tracker.Queued()
+			syncer.Trigger()
+		}
+	}()
+	loaded, watchErr := startSource(ctx, cfg, m)
+	select {
+	case <-loaded:
+		go syncer.Run(ctx)
+	case err := <-watchErr:
+		return fmt.Errorf("loading services: %w", err)
+	case <-ctx.Done():
+		return nil
+	}
+	log.Info("svcproxy running", zap.Stringer("mode", choice), zap.String("steering", cfg.Steering), zap.String("metrics", cfg.MetricsAddr),
+		zap.String("healthz", cfg.HealthzAddr), zap.String("connLog", cfg.ConnLog))
+
+	handedOver := false
+	select {
+	case <-succ.HandedOver():
+		handedOver = true
+		log.Info("a successor took over: draining open connections, leaving the rules to it")
+	case <-ctx.Done():
+	case err = <-watchErr:
+		if err != nil {
+			cfg.Termination.Stop()
+			stop()
+			err = fmt.Errorf("loading services: %w", err)
+		}
+	}
+	log.Info("shutting down: no new connections; draining open ones", zap.Duration("drainTimeout", cfg.DrainTimeout))
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout+5*time.Second)
+	defer cancel()
+	web.shutdown(shutdownCtx)
+	err = errors.Join(err, mode.Close(shutdownCtx, handedOver))
+	if handedOver {
+		cfg.Termination.Linger(ctx)
+	}
+	return err
+}
+
+// choose chooses the mode and whether it serves IPv6, registers the
+// daemon's metrics for the families it programs, and warns about what
+// does not fit: a fallback, an option the mode ignores, kube-proxy's rules.
+func choose(ctx context.Context, cfg Config) (proxymode.Choice, *daemonMetrics, *unservedIPv6, error) {
+	log := cfg.Logger
+	choice, err := proxymode.Choose(ctx, cfg.Mode, cfg.Annotation, cfg.Modes)
+	if err != nil {
+		return choice, nil, nil, err
+	}
+	ipv6 := cfg.IPv6(ctx, choice.Name)
+	m := newDaemonMetrics(cfg.Registry, Families(ipv6 == nil))
+	m.mode.WithLabelValues(string(choice.Name), string(choice.Requested)).Set(1)
+	if choice.Name != choice.Requested {
+		log.Warn("proxy mode fell back", zap.Stringer("choice", choice))
+	}
+	if choice.Name != proxymode.Userspace && cfg.UDPIdleTimeout != 0 {
+		log.Warn("conntrack.udpTimeout (--conntrack-udp-timeout) ignored: the kernel modes leave the kernel's conntrack timeouts as they are", zap.Stringer("mode", choice))
+	}
+	warnKubeProxy(ctx, cfg.KubeProxy, log)
+	return choice, m, newUnservedIPv6(ipv6, log), nil
+}
+
+// handoverSockets are what a successor takes over: the HTTP servers'
+// sockets, and the mode's if it can hand over; stopAccepting is the mode's.
+func handoverSockets(web *httpServers, mode proxymode.Mode) (sockets func() (map[string]*os.File, error), stopAccepting func()) {
+	h, ok := mode.(proxymode.Handoverable)
+	if !ok {
+		return func() (map[string]*os.File, error) { return web.sockets(nil) }, func() {}
+	}
+	return func() (map[string]*os.File, error) {
+		files, err := h.Sockets()
+		if err != nil {
+			return nil, err
+		}
+		return web.sockets(files)
+	}, h.StopAccepting
+}
+
+// startSource runs the source. loaded is closed at its first load: the
+// first sync waits for it, as kube-proxy waits for its informers (an empty
+// first sync would drop every Service, and tell a predecessor to stop
+// while serving nothing). watchErr gets what the source returned.
+func startSource(ctx context.Context, cfg Config, m *daemonMetrics) (loaded <-chan struct{}, watchErr <-chan error) {
+	first, once := make(chan struct{}), sync.Once{}
+	feed := Feed{Tracker: cfg.Tracker, Changes: m.changes,
+		Loaded: func(services int, err error) {
+			once.Do(func() { close(first) })
+			m.services.Set(float64(services))
+			if err != nil {
+				m.sourceErrors.Inc()
+			}
+		},
+		Rejected: func(services int) {
+			m.services.Set(float64(services))
+			m.sourceErrors.Inc()
+		},
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- cfg.Source(ctx, feed) }()
+	return first, errc
+}
+
+// newMode builds the chosen mode, after removing what other modes may
+// have left installed (switching modes must not leave two sets of rules
+// fighting over the same traffic): unless it is the userspace mode without
+// steering, which writes no rules.
+func newMode(ctx context.Context, cfg Config, name proxymode.Name, inherited map[string]*os.File) (proxymode.Mode, error) {
+	if cfg.Steering == "redirect" || name != proxymode.Userspace {
+		if err := cfg.Modes.Cleanup(ctx, name); err != nil {
+			return nil, err
+		}
+	}
+	return cfg.Modes.New(ctx, name, inherited)
+}
+
+// writePIDFile writes this process's PID to path, if set; a successor
+// overwrites it.
+func writePIDFile(path string) error {
+	if path == "" {
+		return nil
+	}
+	if err := os.WriteFile(path, []byte(fmt.Sprintf("%d\n", os.Getpid())), 0o644); err != nil {
+		return fmt.Errorf("--pid-file: %w", err)
+	}
+	return nil
+}

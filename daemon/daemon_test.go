@@ -1,0 +1,196 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/svcproxy/svcproxy/handover"
+	"github.com/svcproxy/svcproxy/health"
+	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/proxymode"
+)
+
+// recorder is a fake proxy mode that records what the daemon asks of it.
+type recorder struct {
+	name  proxymode.Name
+	mu    *sync.Mutex
+	calls *[]string
+}
+
+func (r recorder) record(call string) {
+	r.mu.Lock()
+	*r.calls = append(*r.calls, string(r.name)+" "+call)
+	r.mu.Unlock()
+}
+
+func (r recorder) Apply(_ context.Context, _ *lb.Snapshot, full bool) error {
+	if full {
+		r.record("apply full")
+	}
+	return nil
+}
+func (r recorder) Cleanup(context.Context) error { r.record("cleanup"); return nil }
+func (r recorder) Close(_ context.Context, handedOver bool) error {
+	if handedOver {
+		r.record("close, handed over")
+	} else {
+		r.record("close")
+	}
+	return nil
+}
+func (r recorder) Available(context.Context) error { return nil }
+
+// TestRun runs the daemon over fake modes and sources: it chooses the mode
+// (falling back), removes the other modes' rules before building it
+// (unless it is userspace without steering), applies the first load in a
+// full sync, and ends on ctx or a failing source, closing the mode.
+func TestRun(t *testing.T) {
+	errSource := errors.New("injected: the API server went away")
+	for _, tc := range []struct {
+		name       string
+		mode       proxymode.Name
+		steering   string
+		unusable   []proxymode.Name // modes whose probe fails
+		source     func(ctx context.Context, feed Feed) error
+		successor  bool // a successor takes over after the first sync
+		wantErr    string
+		wantChosen proxymode.Name
+		want       []string // the modes' calls, in order
+	}{
+		{name: "ipvs falls back to iptables; ipvs and userspace rules removed; ctx ends it",
+			mode: proxymode.IPVS, unusable: []proxymode.Name{proxymode.IPVS}, wantChosen: proxymode.IPTables,
+			want: []string{"userspace cleanup", "ipvs cleanup", "iptables apply full", "iptables close"}},
+		{name: "a successor takes over: the mode is closed handed over, its rules left",
+			mode: proxymode.IPTables, successor: true, wantChosen: proxymode.IPTables,
+			want: []string{"userspace cleanup", "ipvs cleanup", "iptables apply full", "iptables close, handed over"}},
+		{name: "userspace without steering removes nothing",
+			mode: proxymode.Userspace, steering: "none", wantChosen: proxymode.Userspace,
+			want: []string{"userspace apply full", "userspace close"}},
+		{name: "userspace with steering removes the kernel modes' rules",
+			mode: proxymode.Userspace, steering: "redirect", wantChosen: proxymode.Userspace,
+			want: []string{"iptables cleanup", "ipvs cleanup", "userspace apply full", "userspace close"}},
+		{name: "a source failing after its first load ends it with the error",
+			mode: proxymode.IPTables, wantChosen: proxymode.IPTables,
+			source: func(ctx context.Context, feed Feed) error {
+				feed.Loaded(0, nil)
+				time.Sleep(300 * time.Millisecond)
+				return errSource
+			},
+			wantErr: "loading services: injected", want: []string{"userspace cleanup", "ipvs cleanup", "iptables apply full", "iptables close"}},
+		{name: "a source failing before any load: nothing synced, the mode is not closed",
+			mode: proxymode.IPTables, wantChosen: proxymode.IPTables,
+			source:  func(context.Context, Feed) error { return errSource },
+			wantErr: "loading services: injected", want: []string{"userspace cleanup", "ipvs cleanup"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var calls []string
+			table := proxymode.Table{}
+			for _, name := range []proxymode.Name{proxymode.Userspace, proxymode.IPTables, proxymode.IPVS} {
+				r := recorder{name: name, mu: &mu, calls: &calls}
+				e := proxymode.Entry{
+					New:     func(context.Context, map[string]*os.File) (proxymode.Mode, error) { return r, nil },
+					Cleanup: r.Cleanup,
+				}
+				if slices.Contains(tc.unusable, name) {
+					e.Probe = func(context.Context) error { return errors.New("no " + string(name)) }
+				}
+				table[name] = e
+			}
+			source := tc.source
+			if source == nil {
+				source = func(ctx context.Context, feed Feed) error { feed.Loaded(0, nil); <-ctx.Done(); return nil }
+			}
+			log := zaptest.NewLogger(t)
+			reg := prometheus.NewPedanticRegistry()
+			path := ""
+			if tc.successor {
+				path = filepath.Join(t.TempDir(), "handover.sock")
+			}
+			termCtx, term := handover.NewTermination(0, log)
+			defer term.Stop()
+			ctx, cancel := context.WithCancel(termCtx)
+			defer cancel()
+			cfg := Config{
+				Logger: log, Registry: reg, Store: lb.NewStore(lb.StoreOptions{}), Source: source,
+				Tracker: health.NewTracker(time.Minute, nil), Modes: table, Mode: tc.mode, Steering: tc.steering,
+				IPv6:        func(context.Context, proxymode.Name) error { return nil },
+				Succession:  handover.NewSuccession(path, handover.OS{NotifyRestart: func(chan<- os.Signal) error { return errors.ErrUnsupported }}, log),
+				Termination: term, DrainTimeout: time.Second,
+			}
+			done := make(chan error, 1)
+			go func() { done <- Run(ctx, cfg) }()
+			if tc.wantErr == "" {
+				deadline := time.Now().Add(10 * time.Second)
+				for {
+					mu.Lock()
+					synced := slices.ContainsFunc(calls, func(c string) bool { return strings.HasSuffix(c, "apply full") })
+					mu.Unlock()
+					if synced {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatal("no full sync within 10s")
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+				if tc.successor {
+					takeOver(t, path)
+				} else {
+					cancel()
+				}
+			}
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("Run did not return within 10s")
+			}
+			if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Fatalf("Run = %v, want error %q", err, tc.wantErr)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if !slices.Equal(calls, tc.want) {
+				t.Errorf("calls %q, want %q", calls, tc.want)
+			}
+			if got := labelValues(t, reg, "svcproxy_proxy_mode", "mode"); !slices.Equal(got, []string{string(tc.wantChosen)}) {
+				t.Errorf("svcproxy_proxy_mode{mode} %v, want %s", got, tc.wantChosen)
+			}
+		})
+	}
+}
+
+// takeOver is a successor taking the sockets offered at path, retrying
+// until the daemon listens there.
+func takeOver(t *testing.T, path string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		h, err := handover.Take(ctx, path)
+		if err == nil {
+			for _, f := range h.Files {
+				f.Close()
+			}
+			if err := h.Ready(ctx); err != nil {
+				t.Fatalf("telling the predecessor: %v", err)
+			}
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("taking over at %s: %v", path, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

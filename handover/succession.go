@@ -1,0 +1,330 @@
+package handover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// OS is the operating system as a Succession uses it, as tableflip keeps
+// its process and signal calls behind funcs: tests replace them and fork
+// nothing. Nil fields are the real ones.
+type OS struct {
+	Take     func(ctx context.Context, path string) (*Handover, error) // Take
+	Listen   func(path string) (*Server, error)                        // Listen
+	MkdirAll func(path string, perm os.FileMode) error                 // os.MkdirAll
+	// NotifyRestart relays the signal that asks for a successor (SIGUSR2)
+	// to c until StopRestart; an error means no such signal here.
+	NotifyRestart func(c chan<- os.Signal) error
+	StopRestart   func(c chan<- os.Signal) // signal.Stop
+	// Executable is this process's binary (which may have been replaced
+	// on disk since it started), as an absolute path, and its arguments.
+	Executable func() (path string, args []string, err error)
+	// StartProcess starts path with args, detached so it outlives this
+	// process, writing to this process's stdout and stderr; wait reaps it.
+	StartProcess func(path string, args []string) (pid int, wait func() error, err error)
+}
+
+func (o OS) withDefaults() OS {
+	if o.Take == nil {
+		o.Take = Take
+	}
+	if o.Listen == nil {
+		o.Listen = Listen
+	}
+	if o.MkdirAll == nil {
+		o.MkdirAll = os.MkdirAll
+	}
+	if o.NotifyRestart == nil {
+		o.NotifyRestart = notifyRestart
+	}
+	if o.StopRestart == nil {
+		o.StopRestart = func(c chan<- os.Signal) { signal.Stop(c) }
+	}
+	if o.Executable == nil {
+		o.Executable = func() (string, []string, error) {
+			exe, err := exec.LookPath(os.Args[0])
+			if err == nil {
+				exe, err = filepath.Abs(exe)
+			}
+			return exe, os.Args[1:], err
+		}
+	}
+	if o.StartProcess == nil {
+		o.StartProcess = func(path string, args []string) (int, func() error, error) {
+			cmd := exec.Command(path, args...)
+			cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+			cmd.SysProcAttr = detachedProcess() // outlives this process
+			if err := cmd.Start(); err != nil {
+				return 0, nil, err
+			}
+			return cmd.Process.Pid, cmd.Wait, nil
+		}
+	}
+	return o
+}
+
+// Succession is svcproxy's part in a zero-downtime restart: taking the
+// sockets of a running predecessor at start, and handing its own to a
+// successor, started by SIGUSR2 (a binary replaced on disk) or arriving by
+// itself (a DaemonSet's new pod).
+type Succession struct {
+	path string
+	log  *zap.Logger
+	os   OS
+
+	from       *Handover // the predecessor, until it has let go
+	readyOnce  sync.Once
+	listening  chan struct{} // closed once a successor can take over
+	handedOver chan struct{} // closed when a successor has taken over
+}
+
+// TakeOverPatience is how long a starting svcproxy keeps trying to take
+// over from a predecessor that answers but does not hand over (busy with
+// another successor, which may take minutes over its first sync; or
+// failing). Then it gives up and exits rather than serve beside it.
+const TakeOverPatience = 2 * time.Minute
+
+// NewSuccession returns the succession over the handover socket at path
+// ("": restarts are not seamless, nothing is taken over or offered), with
+// os's calls (the zero OS: the real ones).
+func NewSuccession(path string, sys OS, log *zap.Logger) *Succession {
+	return &Succession{path: path, log: log, os: sys.withDefaults(), listening: make(chan struct{}), handedOver: make(chan struct{})}
+}
+
+// TakeOver takes the sockets of a running svcproxy at the path, if one
+// answers. With no predecessor (nothing at the path, or a stale socket
+// file) it returns no sockets and the caller binds anew. A predecessor
+// that answers but does not hand over within patience is an error:
+// binding anew beside it would leave two processes serving, each with its
+// own rules and drains, and the old one never exiting.
+func (s *Succession) TakeOver(ctx context.Context, patience time.Duration) (map[string]*os.File, error) {
+	if s.path == "" {
+		return nil, nil
+	}
+	log := s.log
+	if err := s.os.MkdirAll(filepath.Dir(s.path), 0o700); err != nil {
+		log.Warn("cannot create the handover directory; restarts will not be seamless", zap.Error(err))
+		return nil, nil
+	}
+	deadline := time.Now().Add(patience)
+	for attempt := 1; ; attempt++ {
+		tctx, cancel := context.WithTimeout(ctx, min(10*time.Second, max(time.Until(deadline), time.Millisecond)))
+		h, err := s.os.Take(tctx, s.path)
+		cancel()
+		switch {
+		case errors.Is(err, ErrNoPredecessor):
+			if attempt > 1 {
+				log.Info("the running svcproxy went away before handing over; binding anew")
+			}
+			return nil, nil
+		case err == nil:
+			log.Info("taking over the sockets of the running svcproxy", zap.Int("sockets", len(h.Files)))
+			s.from = h
+			return h.Files, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return nil, fmt.Errorf("taking over from the running svcproxy at %s (%d attempts in %v): %w; "+
+				"refusing to serve beside it: stop it, or start this one with another --handover-socket",
+				s.path, attempt, patience, err)
+		}
+		log.Warn("the running svcproxy answered but did not hand over; trying again", zap.Int("attempt", attempt), zap.Error(err))
+		select {
+		case <-ctx.Done():
+		case <-time.After(min(time.Second, time.Until(deadline))):
+		}
+	}
+}
+
+// Serving is called once the dataplane serves: the predecessor, if any,
+// stops accepting and drains, and this process starts listening for its
+// own successor. sockets and stopAccepting are the dataplane's; nil
+// sockets means the mode cannot hand over (kernel modes need not: their
+// rules outlive the process).
+func (s *Succession) Serving(ctx context.Context, sockets func() (map[string]*os.File, error), stopAccepting func()) {
+	s.readyOnce.Do(func() {
+		if s.from != nil {
+			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			err := s.from.Ready(rctx)
+			cancel()
+			if err != nil {
+				s.log.Warn("predecessor did not confirm the handover", zap.Error(err))
+			} else {
+				s.log.Info("predecessor stopped accepting; it drains and exits")
+			}
+			s.from = nil
+		}
+		if s.path == "" || sockets == nil {
+			return
+		}
+		srv, err := s.os.Listen(s.path)
+		if err != nil {
+			s.log.Warn("cannot listen for a successor; restarts will not be seamless", zap.Error(err))
+			return
+		}
+		close(s.listening)
+		go func() {
+			defer srv.Close()
+			if err := srv.Serve(ctx, sockets, stopAccepting); err == nil {
+				close(s.handedOver)
+			}
+		}()
+	})
+}
+
+// HandedOver is closed when a successor has taken over.
+func (s *Succession) HandedOver() <-chan struct{} { return s.handedOver }
+
+// RestartOnSignal starts this process's binary (which may have been
+// replaced) with the same arguments on every SIGUSR2, until ctx ends; the
+// new process takes over through the handover socket.
+func (s *Succession) RestartOnSignal(ctx context.Context) {
+	exe, args, err := s.os.Executable()
+	if err != nil {
+		s.log.Warn("cannot find svcproxy's own binary; SIGUSR2 restarts are off", zap.Error(err))
+		return
+	}
+	sig := make(chan os.Signal, 1)
+	if err := s.os.NotifyRestart(sig); err != nil {
+		s.log.Debug("SIGUSR2 restarts are off", zap.Error(err))
+		return
+	}
+	go func() {
+		defer s.os.StopRestart(sig)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-sig:
+			}
+			pid, wait, err := s.os.StartProcess(exe, args)
+			if err != nil {
+				s.log.Error("starting successor", zap.String("binary", exe), zap.Error(err))
+				continue
+			}
+			s.log.Info("started successor", zap.String("binary", exe), zap.Int("pid", pid))
+			go func() { _ = wait() }()
+		}
+	}()
+}
+
+// Termination decides when a termination signal ends svcproxy. SIGINT, and
+// SIGTERM with no successor wait, end it at once (ctx is cancelled). With
+// a successor wait (--successor-wait, for a DaemonSet that starts the new
+// pod before it stops the old one), SIGTERM to a process that can hand
+// over keeps it serving until a successor takes over, so the node is never
+// left unsteered: the successor gets the sockets and the rules, and ctx
+// stays uncancelled (svcproxy's own select sees the handover). If no
+// successor comes within the wait, ctx is cancelled and svcproxy exits as
+// before: a clean exit, rules removed in userspace mode (an uninstall).
+type Termination struct {
+	wait time.Duration // 0: no successor wait
+	log  *zap.Logger
+	sig  chan os.Signal
+
+	cancel     context.CancelFunc
+	once       sync.Once
+	terminated chan struct{} // closed on the first SIGTERM or SIGINT
+
+	mu   sync.Mutex
+	succ *Succession
+}
+
+// NotifyTermination returns the daemon's context and its termination,
+// taking SIGTERM and SIGINT from now on; stop releases the signals.
+func NotifyTermination(wait time.Duration, log *zap.Logger) (ctx context.Context, stop context.CancelFunc, t *Termination) {
+	ctx, t = NewTermination(wait, log)
+	signal.Notify(t.sig, syscall.SIGTERM, syscall.SIGINT)
+	return ctx, t.Stop, t
+}
+
+// Stop releases the signals and cancels the daemon's context: svcproxy
+// ends, and a further signal has its default effect.
+func (t *Termination) Stop() {
+	signal.Stop(t.sig)
+	t.cancel()
+}
+
+// NewTermination is NotifyTermination without the process's signals:
+// they arrive through Signal.
+func NewTermination(wait time.Duration, log *zap.Logger) (context.Context, *Termination) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t := &Termination{wait: wait, log: log, sig: make(chan os.Signal, 2), cancel: cancel, terminated: make(chan struct{})}
+	go t.run(ctx)
+	return ctx, t
+}
+
+// Signal delivers s as if the process had received it.
+func (t *Termination) Signal(s os.Signal) { t.sig <- s }
+
+// Follow names the succession whose handover a SIGTERM waits for.
+func (t *Termination) Follow(s *Succession) {
+	t.mu.Lock()
+	t.succ = s
+	t.mu.Unlock()
+}
+
+func (t *Termination) run(ctx context.Context) {
+	var s os.Signal
+	select {
+	case <-ctx.Done():
+		return
+	case s = <-t.sig:
+	}
+	t.once.Do(func() { close(t.terminated) })
+	t.mu.Lock()
+	succ := t.succ
+	t.mu.Unlock()
+	if s != syscall.SIGTERM || t.wait <= 0 || succ == nil {
+		t.cancel()
+		return
+	}
+	select {
+	case <-succ.listening:
+	default: // not serving yet, or cannot hand over: nothing to wait for
+		t.cancel()
+		return
+	}
+	select {
+	case <-succ.handedOver:
+		return // already handed over: draining, then Linger returns
+	default:
+	}
+	t.log.Info("SIGTERM: serving on until a successor takes over", zap.Duration("successorWait", t.wait))
+	timer := time.NewTimer(t.wait)
+	defer timer.Stop()
+	select {
+	case <-succ.handedOver:
+	case <-timer.C:
+		t.log.Info("no successor took over; exiting", zap.Duration("successorWait", t.wait))
+		t.cancel()
+	case <-t.sig: // a second signal: go now
+		t.cancel()
+	case <-ctx.Done():
+	}
+}
+
+// Linger keeps a process that has handed over and drained alive until it
+// is told to terminate, when there is a successor wait: kubelet restarts
+// a container whose process exits, and the restarted old version would
+// take the sockets back from its successor. Without a successor wait
+// (SIGUSR2 restarts, systemd) it returns at once.
+func (t *Termination) Linger(ctx context.Context) {
+	if t.wait <= 0 {
+		return
+	}
+	t.log.Info("handed over and drained; waiting to be terminated")
+	select {
+	case <-t.terminated:
+	case <-ctx.Done():
+	}
+}

@@ -1,0 +1,160 @@
+// Package userspace is the userspace proxy mode: the forwarder serving
+// every Service, and, with steering, REDIRECT rules (package redirect)
+// that bring Service traffic to it. Without steering the forwarder listens
+// on each frontend directly.
+package userspace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+
+	"go.uber.org/zap"
+
+	"github.com/svcproxy/svcproxy/forwarder"
+	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/proxymode"
+	"github.com/svcproxy/svcproxy/redirect"
+)
+
+// Config configures a Mode.
+type Config struct {
+	// Forwarder configures the forwarder. New sets its BindFrontends,
+	// ClaimNodePorts and Redirect from Steering.
+	Forwarder forwarder.Config
+	// Steering configures the REDIRECT rules. Nil: no steering, the
+	// forwarder binds every frontend itself.
+	Steering *redirect.Config
+	// RedirectPort is the TCP port redirected connections arrive on, on
+	// 0.0.0.0 and, when Steering.IPv6, on [::].
+	RedirectPort uint16
+	// Logger; nil: no logging.
+	Logger *zap.Logger
+}
+
+// Mode is the forwarder, with REDIRECT steering when configured.
+type Mode struct {
+	fwd  *forwarder.Forwarder
+	red  *redirect.Redirector // nil without steering
+	port uint16
+	log  *zap.Logger
+}
+
+// New builds the mode: the forwarder binds its redirect listeners (or
+// takes over the inherited ones) at once; the rules are written by Apply.
+func New(cfg Config) (*Mode, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	fc := cfg.Forwarder
+	steer := cfg.Steering != nil
+	fc.BindFrontends, fc.ClaimNodePorts = !steer, steer
+	m := &Mode{port: cfg.RedirectPort, log: cfg.Logger}
+	if steer {
+		fc.Redirect = RedirectAddrs(cfg.RedirectPort, cfg.Steering.IPv6)
+		red, err := redirect.New(*cfg.Steering)
+		if err != nil {
+			return nil, err
+		}
+		m.red = red
+	}
+	fwd, err := forwarder.New(fc)
+	if err != nil {
+		return nil, err
+	}
+	m.fwd = fwd
+	return m, nil
+}
+
+// RedirectAddrs are the forwarder's redirect listeners: 0.0.0.0:port, and
+// [::]:port when the node serves IPv6.
+func RedirectAddrs(port uint16, ipv6 bool) []netip.AddrPort {
+	addrs := []netip.AddrPort{netip.AddrPortFrom(netip.IPv4Unspecified(), port)}
+	if ipv6 {
+		addrs = append(addrs, netip.AddrPortFrom(netip.IPv6Unspecified(), port))
+	}
+	return addrs
+}
+
+// Available reports why this node cannot run the userspace mode, or nil:
+// listening on frontends needs nothing of the kernel; steering needs Linux,
+// iptables-restore and ipset.
+func Available(steering bool) error {
+	if !steering {
+		return nil
+	}
+	if err := proxymode.LinuxOnly("--steering=redirect"); err != nil {
+		return err
+	}
+	for _, tool := range []string{"iptables-restore", "ipset"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("REDIRECT steering needs %s: %w", tool, err)
+		}
+	}
+	return nil
+}
+
+// Available reports why this node cannot run m (the package's Available).
+func (m *Mode) Available(context.Context) error { return Available(m.red != nil) }
+
+// Apply makes the forwarder serve snap and steers its frontends to it.
+func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
+	if err := m.fwd.Apply(ctx, snap); err != nil {
+		// Frontends that cannot be bound are reported, not fatal: the
+		// rest of the snapshot is served.
+		m.log.Warn("applied snapshot with errors", zap.Uint64("version", snap.Version), zap.Error(err))
+	}
+	if m.red == nil {
+		return nil
+	}
+	return m.red.Apply(ctx, snap, redirect.Ports{TCP: m.port, UDP: m.fwd.UDPPorts()}, full)
+}
+
+// Cleanup removes the steering rules and sets, if m steers.
+func (m *Mode) Cleanup(ctx context.Context) error {
+	if m.red == nil {
+		return nil
+	}
+	return m.red.Cleanup(ctx)
+}
+
+// CleanupSteering removes every steering rule and set, whoever installed
+// them, with the tools in this network namespace.
+func CleanupSteering(ctx context.Context, log *zap.Logger) error {
+	red, err := redirect.New(redirect.Config{Mark: forwarder.DefaultMark, Logger: log})
+	if err != nil {
+		return err
+	}
+	return red.Cleanup(ctx)
+}
+
+// Close drains the forwarder, then removes the steering rules unless a
+// successor relies on them: during the drain, new connections to Services
+// are refused at once by the closed redirect port rather than blackholed.
+func (m *Mode) Close(ctx context.Context, handedOver bool) error {
+	err := m.fwd.Shutdown(ctx)
+	if m.red != nil && !handedOver {
+		if cerr := m.red.Cleanup(ctx); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("removing steering rules: %w", cerr))
+		} else {
+			m.log.Info("removed steering rules")
+		}
+	}
+	return err
+}
+
+// Sockets are the forwarder's, for a successor process.
+func (m *Mode) Sockets() (map[string]*os.File, error) { return m.fwd.Sockets() }
+
+// StopAccepting leaves new connections to the successor.
+func (m *Mode) StopAccepting() { m.fwd.StopAccepting() }
+
+// Active is the number of connections the forwarder has open.
+func (m *Mode) Active() int64 { return m.fwd.Active() }
+
+// Steering is the redirector's, nil without steering: its backend, repair
+// and restore-failure counts.
+func (m *Mode) Steering() *redirect.Redirector { return m.red }
