@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/svcproxy/svcproxy/handover"
+	"github.com/svcproxy/svcproxy/internal/proctest"
 	"github.com/svcproxy/svcproxy/health"
 	"github.com/svcproxy/svcproxy/kernelmodes/iptables"
 	"github.com/svcproxy/svcproxy/lb"
@@ -488,7 +489,7 @@ func TestBinaryServesKubeProxyEndpoints(t *testing.T) {
 	cmd := exec.Command(bin, "--services", services, "--handover-socket=", "--mark=0",
 		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", metricsPort),
 		"--healthz-bind-address", fmt.Sprintf("127.0.0.1:%d", healthzPort))
-	var out syncBuffer
+	var out proctest.Output
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -588,20 +589,3 @@ func buildSvcproxy(t *testing.T) string {
 	return bin
 }
 
-// syncBuffer is a bytes buffer safe for a process's two output pipes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
