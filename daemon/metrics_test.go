@@ -27,8 +27,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/svcproxy/svcproxy/handover"
-	"github.com/svcproxy/svcproxy/internal/proctest"
 	"github.com/svcproxy/svcproxy/health"
+	"github.com/svcproxy/svcproxy/internal/proctest"
 	"github.com/svcproxy/svcproxy/kernelmodes/iptables"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
@@ -588,4 +588,3 @@ func buildSvcproxy(t *testing.T) string {
 	}
 	return bin
 }
-
