@@ -119,23 +119,23 @@ type Exec struct {
 	// PATH (whatever the node uses), "legacy" iptables-legacy-*, "nft"
 	// iptables-nft-*.
 	Variant string
-
-	spawned spawned // pids of the tools run, for WatchConfig.Own
 }
 
-// spawned remembers the pids of the last tool runs.
-type spawned struct {
+// spawned remembers the pids of this process's last tool runs, whichever
+// Exec ran them.
+var spawned struct {
 	mu   sync.Mutex
 	pids [64]uint32
 	next int
 }
 
-// Spawned reports whether pid is one of the last 64 tools e ran: a
-// ruleset change it made is svcproxy's own (WatchConfig.Own).
-func (e *Exec) Spawned(pid uint32) bool {
-	e.spawned.mu.Lock()
-	defer e.spawned.mu.Unlock()
-	for _, p := range e.spawned.pids {
+// Spawned reports whether pid is one of the last 64 tools this process ran
+// through an Exec: a ruleset change it made is svcproxy's own
+// (WatchConfig.Own).
+func Spawned(pid uint32) bool {
+	spawned.mu.Lock()
+	defer spawned.mu.Unlock()
+	for _, p := range spawned.pids {
 		if p == pid && p != 0 {
 			return true
 		}
@@ -175,10 +175,10 @@ func (e *Exec) run(ctx context.Context, stdin []byte, name string, args ...strin
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Start()
 	if err == nil {
-		e.spawned.mu.Lock()
-		e.spawned.pids[e.spawned.next] = uint32(cmd.Process.Pid)
-		e.spawned.next = (e.spawned.next + 1) % len(e.spawned.pids)
-		e.spawned.mu.Unlock()
+		spawned.mu.Lock()
+		spawned.pids[spawned.next] = uint32(cmd.Process.Pid)
+		spawned.next = (spawned.next + 1) % len(spawned.pids)
+		spawned.mu.Unlock()
 		err = cmd.Wait()
 	}
 	if err != nil {

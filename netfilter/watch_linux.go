@@ -146,10 +146,23 @@ func (w *watch) message(typ uint16, body []byte) {
 		return
 	}
 	name, ok := attrString(attrs, 1)
-	if !ok {
+	if !ok || !w.watched(family, name) {
 		return
 	}
-	w.touched = w.watched(family, name)
+	if w.cfg.Chains == nil {
+		w.touched = true
+		return
+	}
+	switch typ & 0xff {
+	case unix.NFT_MSG_DELTABLE:
+		w.touched = true
+	case unix.NFT_MSG_NEWRULE, unix.NFT_MSG_DELRULE:
+		chain, ok := attrString(attrs, unix.NFTA_RULE_CHAIN)
+		w.touched = ok && w.cfg.Chains(chain)
+	case unix.NFT_MSG_NEWCHAIN, unix.NFT_MSG_DELCHAIN:
+		chain, ok := attrString(attrs, unix.NFTA_CHAIN_NAME)
+		w.touched = ok && w.cfg.Chains(chain)
+	}
 }
 
 func (w *watch) watched(nfproto byte, name string) bool {

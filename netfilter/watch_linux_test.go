@@ -3,6 +3,7 @@ package netfilter
 import (
 	"context"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 )
@@ -47,12 +48,22 @@ func TestPrivilegedWatchRuleset(t *testing.T) {
 		{"the other family's nat", func() error {
 			return run(ns, "ip6tables-nft", "-t", "nat", "-A", "PREROUTING", "-j", "ACCEPT")
 		}, false},
+		{"a chain that is not ours", func() error {
+			return run(ns, "iptables-nft", "-t", "nat", "-N", "CNI-HOSTPORT-DNAT")
+		}, false},
+		{"a rule in a chain that is not ours", func() error {
+			return run(ns, "iptables-nft", "-t", "nat", "-A", "CNI-HOSTPORT-DNAT", "-j", "RETURN")
+		}, false},
+		{"a rule in a built-in chain", func() error {
+			return run(ns, "iptables-nft", "-t", "nat", "-I", "OUTPUT", "-j", "CNI-HOSTPORT-DNAT")
+		}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			got := make(chan struct{}, 16)
-			cfg := WatchConfig{NetNS: ns, Own: e.Spawned, Tables: []Table{{IPv4, "nat"}, {IPv4, "filter"}}}
+			cfg := WatchConfig{NetNS: ns, Own: Spawned, Tables: []Table{{IPv4, "nat"}, {IPv4, "filter"}},
+				Chains: func(c string) bool { return strings.HasPrefix(c, "SVCPROXY-") || c == "PREROUTING" || c == "OUTPUT" }}
 			if err := WatchRuleset(ctx, cfg, func() { got <- struct{}{} }); err != nil {
 				t.Fatal(err)
 			}
