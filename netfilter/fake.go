@@ -36,7 +36,7 @@ type Fake struct {
 
 // Call is one Executor call the Fake received.
 type Call struct {
-	Op     string // "iptables-restore", "iptables-save", "iptables-version", "ipset-restore", "ipset-list", "ipset-names", "ipset-destroy", "conntrack-delete"
+	Op     string // "iptables-restore", "iptables-save", "iptables-version", "ipset-restore", "ipset-save", "ipset-list", "ipset-names", "ipset-destroy", "conntrack-delete"
 	Family Family // iptables calls
 	Data   string // restore input, or the table or set name
 }
@@ -213,6 +213,18 @@ func (f *Fake) IPSetList(ctx context.Context, name string) ([]string, error) {
 	return s.sortedMembers(), nil
 }
 
+// IPSetSave implements Executor: the sets as Dump shows them.
+func (f *Fake) IPSetSave(ctx context.Context) ([]byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.record(Call{Op: "ipset-save"}); err != nil {
+		return nil, err
+	}
+	var b strings.Builder
+	f.saveSets(&b)
+	return []byte(b.String()), nil
+}
+
 // IPSetNames implements Executor.
 func (f *Fake) IPSetNames(ctx context.Context) ([]string, error) {
 	f.mu.Lock()
@@ -283,6 +295,12 @@ func (f *Fake) Dump() string {
 			tables[name].save(&b)
 		}
 	}
+	f.saveSets(&b)
+	return b.String()
+}
+
+// saveSets writes the sets as `ipset save` does. Callers hold f.mu.
+func (f *Fake) saveSets(b *strings.Builder) {
 	names := make([]string, 0, len(f.sets))
 	for n := range f.sets {
 		names = append(names, n)
@@ -292,13 +310,12 @@ func (f *Fake) Dump() string {
 		s := f.sets[n]
 		switch s.typ {
 		case typePort:
-			fmt.Fprintf(&b, "create %s %s range %d-%d\n", n, s.typ, s.lo, s.hi)
+			fmt.Fprintf(b, "create %s %s range %d-%d\n", n, s.typ, s.lo, s.hi)
 		default:
-			fmt.Fprintf(&b, "create %s %s family %s maxelem %d\n", n, s.typ, s.family, s.maxelem)
+			fmt.Fprintf(b, "create %s %s family %s maxelem %d\n", n, s.typ, s.family, s.maxelem)
 		}
 		for _, m := range s.sortedMembers() {
-			fmt.Fprintf(&b, "add %s %s\n", n, m)
+			fmt.Fprintf(b, "add %s %s\n", n, m)
 		}
 	}
-	return b.String()
 }

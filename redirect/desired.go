@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
@@ -21,13 +20,7 @@ const (
 	chainReject    = "SVCPROXY-REJECT"
 )
 
-type chainKey struct{ table, chain string }
-
-// ourChains are the chains a sync writes, in the order it declares them.
-var ourChains = []chainKey{
-	{"nat", chainServices}, {"nat", chainUDP}, {"nat", chainNodePorts}, {"nat", chainNPUDP},
-	{"filter", chainReject},
-}
+type chainKey = netfilter.ChainKey
 
 // jump is a rule "-j to" at the top of a builtin chain.
 type jump struct{ table, from, to string }
@@ -51,7 +44,7 @@ type udpRedirect struct {
 // desired is everything one Apply should leave in the kernel.
 type desired struct {
 	members map[member]struct{}
-	// rules holds, per family, the rules of each of ourChains.
+	// rules holds, per family, the rules of each of its chains.
 	rules [2]map[chainKey][]string
 }
 
@@ -176,7 +169,7 @@ func unspecified(f netfilter.Family) netip.Addr {
 	return netip.IPv4Unspecified()
 }
 
-// chainRules renders the rules of each of ourChains for one family, in
+// chainRules renders the rules of each chain for one family, in
 // iptables-save's canonical form.
 func (r *Redirector) chainRules(fam netfilter.Family, tcpPort uint16, udp, npUDP []udpRedirect) map[chainKey][]string {
 	mark := fmt.Sprintf("-m mark --mark %#x/%#x -j RETURN", r.cfg.Mark, r.cfg.Mark)
@@ -191,18 +184,18 @@ func (r *Redirector) chainRules(fam netfilter.Family, tcpPort uint16, udp, npUDP
 		unreachable = "icmp6-port-unreachable"
 	}
 	rules := map[chainKey][]string{
-		{"nat", chainServices}: {
+		netfilter.Nat(chainServices): {
 			mark,
 			"-p tcp -m set --match-set " + svc + " dst,dst -j REDIRECT --to-ports " + to,
 			"-p udp -m set --match-set " + svc + " dst,dst -j " + chainUDP,
 			"-m set --match-set " + reject + " dst,dst -j RETURN",
 			local + " -j " + chainNodePorts,
 		},
-		{"nat", chainNodePorts}: {
+		netfilter.Nat(chainNodePorts): {
 			"-p tcp -m set --match-set " + setDefs[setNPTCP].name + " dst -j REDIRECT --to-ports " + to,
 			"-p udp -m set --match-set " + setDefs[setNPUDP].name + " dst -j " + chainNPUDP,
 		},
-		{"filter", chainReject}: {
+		netfilter.Filter(chainReject): {
 			mark,
 			"-m conntrack --ctstate DNAT -j RETURN",
 			"-p tcp -m set --match-set " + reject + " dst,dst -j REJECT --reject-with tcp-reset",
@@ -222,12 +215,12 @@ func (r *Redirector) chainRules(fam netfilter.Family, tcpPort uint16, udp, npUDP
 		u = append(u, fmt.Sprintf("-d %v -p udp -m udp --dport %d -j REDIRECT --to-ports %d",
 			netip.PrefixFrom(x.dst, x.dst.BitLen()), x.port, x.to))
 	}
-	rules[chainKey{"nat", chainUDP}] = u
+	rules[netfilter.Nat(chainUDP)] = u
 	var n []string
 	for _, x := range sortUDP(npUDP) {
 		n = append(n, fmt.Sprintf("-p udp -m udp --dport %d -j REDIRECT --to-ports %d", x.port, x.to))
 	}
-	rules[chainKey{"nat", chainNPUDP}] = n
+	rules[netfilter.Nat(chainNPUDP)] = n
 	// Canonicalise through the parser, so what we compare with
 	// iptables-save output is what it prints.
 	for k, rs := range rules {
@@ -241,49 +234,3 @@ func (r *Redirector) chainRules(fam netfilter.Family, tcpPort uint16, udp, npUDP
 	return rules
 }
 
-// ruleScript renders the iptables-restore input that declares (and so
-// flushes) each of ourChains and fills it. extra, when set, adds lines to a
-// table after the declarations (deletions, jumps) and tail after the rules
-// (chain removals).
-func ruleScript(rules map[chainKey][]string, extra, tail map[string][]string) []byte {
-	var b strings.Builder
-	for _, tbl := range []string{"nat", "filter"} {
-		fmt.Fprintf(&b, "*%s\n", tbl)
-		for _, k := range ourChains {
-			if k.table == tbl {
-				fmt.Fprintf(&b, ":%s - [0:0]\n", k.chain)
-			}
-		}
-		for _, line := range extra[tbl] {
-			b.WriteString(line)
-			b.WriteByte('\n')
-		}
-		for _, k := range ourChains {
-			if k.table != tbl {
-				continue
-			}
-			for _, rule := range rules[k] {
-				fmt.Fprintf(&b, "-A %s %s\n", k.chain, rule)
-			}
-		}
-		for _, line := range tail[tbl] {
-			b.WriteString(line)
-			b.WriteByte('\n')
-		}
-		b.WriteString("COMMIT\n")
-	}
-	return []byte(b.String())
-}
-
-func sameRules(a, b map[chainKey][]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, x := range a {
-		y, ok := b[k]
-		if !ok || !slices.Equal(x, y) {
-			return false
-		}
-	}
-	return true
-}
