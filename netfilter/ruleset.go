@@ -221,7 +221,9 @@ func newScript() *script {
 	return &script{decl: map[string][]string{}, del: map[string][]string{}, add: map[string][]string{}, drop: map[string][]string{}}
 }
 
-func (s *script) declare(k ChainKey) { s.decl[k.Table] = append(s.decl[k.Table], ":"+k.Chain+" - [0:0]") }
+func (s *script) declare(k ChainKey) {
+	s.decl[k.Table] = append(s.decl[k.Table], ":"+k.Chain+" - [0:0]")
+}
 
 // fill declares chain k and appends rules to it.
 func (s *script) fill(k ChainKey, rules []string) {

@@ -233,4 +233,3 @@ func (r *Redirector) chainRules(fam netfilter.Family, tcpPort uint16, udp, npUDP
 	}
 	return rules
 }
-

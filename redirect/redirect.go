@@ -67,7 +67,7 @@ type Redirector struct {
 	npRestricted [2]bool
 	npAddrs      [2][]netip.Prefix
 
-	rec          *netfilter.Reconciler
+	rec *netfilter.Reconciler
 
 	mu sync.Mutex
 	// cur is what the last successful sync wrote; nil when this process
