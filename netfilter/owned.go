@@ -28,7 +28,6 @@ type Jump struct {
 	Spec   string // the rule as iptables-save printed it: what -D takes
 	Target string // the owned chain it jumps to
 	Rule   string // the rule in canonical form
-	Plain  bool   // the rule is just "-j Target", without matches
 }
 
 // ReadOwned parses iptables-save output of tableName for family and returns the
@@ -57,7 +56,7 @@ func ReadOwned(family Family, tableName string, save []byte, prefix string) (*Ow
 		}
 		for _, x := range c.rules {
 			if strings.HasPrefix(x.target, prefix) {
-				o.Jumps = append(o.Jumps, Jump{Chain: name, Spec: x.text, Target: x.target, Rule: x.String(), Plain: x.String() == "-j "+x.target})
+				o.Jumps = append(o.Jumps, Jump{Chain: name, Spec: x.text, Target: x.target, Rule: x.String()})
 			}
 		}
 	}

@@ -271,3 +271,38 @@ func Nat(chain string) ChainKey { return ChainKey{Table: "nat", Chain: chain} }
 
 // Filter names chain in the filter table.
 func Filter(chain string) ChainKey { return ChainKey{Table: "filter", Chain: chain} }
+
+// AllChains returns every chain of family f with all its rules: the Parts'
+// chains, and Chains with the Parts' rules (sorted) before their own.
+func (rs *Ruleset) AllChains(f Family) map[ChainKey][]string {
+	all, _ := rs.chains(f)
+	return all
+}
+
+// MemberNames keeps the ipset form of a translator's members across syncs,
+// so an Apply formats only the members that are new.
+type MemberNames[M interface {
+	comparable
+	String() string
+}] struct{ names map[M]string }
+
+// Of returns m.String(), formatted once.
+func (n *MemberNames[M]) Of(m M) string {
+	s, ok := n.names[m]
+	if !ok {
+		if n.names == nil {
+			n.names = map[M]string{}
+		}
+		s = m.String()
+		n.names[m] = s
+	}
+	return s
+}
+
+// Keep forgets the members long gone when the cache holds far more than
+// the live members.
+func (n *MemberNames[M]) Keep(live int) {
+	if len(n.names) > 2*live+1024 {
+		n.names = nil
+	}
+}

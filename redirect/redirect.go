@@ -74,7 +74,7 @@ type Redirector struct {
 	// wrote nothing yet or a sync failed (the next Apply is a full one).
 	cur   *desired
 	spare map[member]struct{} // an emptied members map for the next compute
-	names map[member]string   // members as ipset prints them, kept across Applies
+	names netfilter.MemberNames[member]
 }
 
 // New validates cfg and detects the iptables backend.
@@ -216,20 +216,10 @@ func (r *Redirector) ruleset(want *desired) *netfilter.Ruleset {
 		sets[id] = map[string]struct{}{}
 		rs.Sets[d.name] = &netfilter.Set{Type: d.typ, Family: d.family, MaxElem: d.maxElem, Members: sets[id]}
 	}
-	if len(r.names) > 2*len(want.members)+1024 {
-		r.names = nil // drop the names of members long gone
-	}
-	if r.names == nil {
-		r.names = make(map[member]string, len(want.members))
-	}
+	r.names.Keep(len(want.members))
 	for m := range want.members {
-		name, ok := r.names[m]
-		if !ok {
-			name = m.String()
-			r.names[m] = name
-		}
 		if s := sets[m.set]; s != nil {
-			s[name] = struct{}{}
+			s[r.names.Of(m)] = struct{}{}
 		}
 	}
 	return rs

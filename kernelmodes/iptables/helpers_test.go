@@ -256,3 +256,8 @@ func scaleService(i int) lb.Service {
 		Endpoints:  e,
 	}
 }
+
+// desiredChains is every chain st needs in family fam, with its rules.
+func (m *Mode) desiredChains(st *state, fam netfilter.Family) map[netfilter.ChainKey][]string {
+	return m.ruleset(st).AllChains(fam)
+}

@@ -729,6 +729,9 @@ func (s *fSet) canon(m string) (string, error) {
 		if !ok {
 			proto, port = "tcp", x
 		}
+		if name, ok := map[string]string{"6": "tcp", "17": "udp", "132": "sctp"}[proto]; ok {
+			proto = name // ipset takes numbers too and prints names
+		}
 		if proto != "tcp" && proto != "udp" && proto != "sctp" {
 			return "", fmt.Errorf("unknown protocol %q", proto)
 		}

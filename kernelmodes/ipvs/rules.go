@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/netip"
 	"strconv"
-	"strings"
 
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
@@ -23,23 +22,13 @@ const (
 	chainFilter      = "SVCPROXY-IPVS-FILTER"
 )
 
-type chainKey struct{ table, chain string }
-
-// ourChains are the chains a sync writes, in the order it declares them.
-var ourChains = []chainKey{
-	{"nat", chainServices}, {"nat", chainNodePorts}, {"nat", chainMarkMasq}, {"nat", chainPostrouting},
-	{"filter", chainFilter},
-}
-
-// jump is a rule "-j to" at the top of a builtin chain.
-type jump struct{ table, from, to string }
-
-var ourJumps = []jump{
-	{"nat", "PREROUTING", chainServices},
-	{"nat", "OUTPUT", chainServices},
-	{"nat", "POSTROUTING", chainPostrouting},
-	{"filter", "INPUT", chainFilter},
-	{"filter", "OUTPUT", chainFilter},
+// ourJumps are the rules "-j To" at the top of builtin chains.
+var ourJumps = []netfilter.Entry{
+	{Table: "nat", From: "PREROUTING", To: chainServices},
+	{Table: "nat", From: "OUTPUT", To: chainServices},
+	{Table: "nat", From: "POSTROUTING", To: chainPostrouting},
+	{Table: "filter", From: "INPUT", To: chainFilter},
+	{Table: "filter", From: "OUTPUT", To: chainFilter},
 }
 
 // setID names one of the sets.
@@ -75,10 +64,10 @@ const (
 )
 
 const (
-	typeIP       = "hash:ip"
-	typeIPPort   = "hash:ip,port"
-	typeIPPortIP = "hash:ip,port,ip"
-	typePort     = "bitmap:port"
+	typeIP       = netfilter.SetHashIP
+	typeIPPort   = netfilter.SetIPPort
+	typeIPPortIP = netfilter.SetIPPortIP
+	typePort     = netfilter.SetPort
 )
 
 type setDef struct {
@@ -120,33 +109,6 @@ func famSet(id setID, f Family) setID {
 	return id
 }
 
-func inetName(f Family) string {
-	if f == IPv6 {
-		return "inet6"
-	}
-	return "inet"
-}
-
-// createLine is the ipset restore line creating set d under name.
-func (d setDef) createLine(name string, members int) string {
-	if d.typ == typePort {
-		return fmt.Sprintf("create %s %s range 0-65535", name, d.typ)
-	}
-	return fmt.Sprintf("create %s %s family %s hashsize %d maxelem %d", name, d.typ, inetName(d.family), hashSize(members), maxElem(members))
-}
-
-func hashSize(n int) int {
-	h := 1024
-	for h < n && h < 1<<20 {
-		h *= 2
-	}
-	return h
-}
-
-func maxElem(n int) int { return max(65536, 2*n) }
-
-func tmpName(name string) string { return name + "-t" }
-
 // member is one element of one set. It holds no pointers worth scanning
 // beyond the netip.Addr zone handles, which are shared.
 type member struct {
@@ -183,8 +145,30 @@ func (m *Mode) wantedSets() []setID {
 	return ids
 }
 
-// chainRules renders the rules of each of ourChains for one family.
-func (m *Mode) chainRules(fam Family) map[chainKey][]string {
+// ruleset is the rules and sets for want's members.
+func (m *Mode) ruleset(want *desired) *netfilter.Ruleset {
+	rs := netfilter.NewRuleset(m.families...)
+	for _, fam := range m.families {
+		rs.Chains[fam] = m.chainRules(fam)
+		rs.Entries[fam] = ourJumps
+	}
+	sets := [numSets]map[string]struct{}{}
+	for _, id := range m.wantedSets() {
+		d := setDefs[id]
+		sets[id] = map[string]struct{}{}
+		rs.Sets[d.name] = &netfilter.Set{Type: d.typ, Family: d.family, Members: sets[id]}
+	}
+	m.names.Keep(len(want.members))
+	for mem := range want.members {
+		if s := sets[mem.set]; s != nil {
+			s[m.names.Of(mem)] = struct{}{}
+		}
+	}
+	return rs
+}
+
+// chainRules renders the rules of each of the chains for one family.
+func (m *Mode) chainRules(fam Family) map[netfilter.ChainKey][]string {
 	set := func(id setID) string { return setDefs[famSet(id, fam)].name }
 	mark := fmt.Sprintf("%#x", m.cfg.Mark)
 	random := ""
@@ -196,29 +180,29 @@ func (m *Mode) chainRules(fam Family) map[chainKey][]string {
 		unreachable = "icmp6-port-unreachable"
 	}
 	isNew := "-m conntrack --ctstate NEW"
-	return map[chainKey][]string{
-		{"nat", chainServices}: {
+	return map[netfilter.ChainKey][]string{
+		netfilter.Nat(chainServices): {
 			"-m set --match-set " + set(setMasq4) + " dst,dst -j " + chainMarkMasq,
 			// A VIP frontend is never a NodePort.
 			"-m set --match-set " + set(setVS4) + " dst,dst -j RETURN",
 			"-m set --match-set " + set(setNodeIPs4) + " dst -j " + chainNodePorts,
 		},
-		{"nat", chainNodePorts}: {
+		netfilter.Nat(chainNodePorts): {
 			"-p tcp -m set --match-set " + setDefs[setNPMasqTCP].name + " dst -j " + chainMarkMasq,
 			"-p udp -m set --match-set " + setDefs[setNPMasqUDP].name + " dst -j " + chainMarkMasq,
 			"-p sctp -m set --match-set " + set(setNPMasqSCTP4) + " dst,dst -j " + chainMarkMasq,
 		},
-		{"nat", chainMarkMasq}: {
+		netfilter.Nat(chainMarkMasq): {
 			"-j MARK --or-mark " + mark,
 		},
-		{"nat", chainPostrouting}: {
+		netfilter.Nat(chainPostrouting): {
 			// Hairpin: an endpoint reaching itself through its Service.
 			"-m set --match-set " + set(setLoop4) + " dst,dst,src -j MASQUERADE" + random,
 			"-m mark ! --mark " + mark + "/" + mark + " -j RETURN",
 			"-j MARK --xor-mark " + mark,
 			"-j MASQUERADE" + random,
 		},
-		{"filter", chainFilter}: {
+		netfilter.Filter(chainFilter): {
 			"-p tcp " + isNew + " -m set --match-set " + set(setReject4) + " dst,dst -j REJECT --reject-with tcp-reset",
 			"-p udp " + isNew + " -m set --match-set " + set(setReject4) + " dst,dst -j REJECT --reject-with " + unreachable,
 			"-p sctp " + isNew + " -m set --match-set " + set(setReject4) + " dst,dst -j REJECT --reject-with " + unreachable,
@@ -232,126 +216,4 @@ func (m *Mode) chainRules(fam Family) map[chainKey][]string {
 			"-p sctp " + isNew + " -m set --match-set " + set(setVIPs4) + " dst -m set ! --match-set " + set(setVS4) + " dst,dst -j REJECT --reject-with " + unreachable,
 		},
 	}
-}
-
-// ruleScript renders the iptables-restore input that declares (and so
-// flushes) each of ourChains and fills it. extra adds lines to a table after
-// the declarations (deletions, jumps), tail after the rules (chain removals).
-func ruleScript(rules map[chainKey][]string, extra, tail map[string][]string) []byte {
-	var b strings.Builder
-	for _, tbl := range []string{"nat", "filter"} {
-		fmt.Fprintf(&b, "*%s\n", tbl)
-		for _, k := range ourChains {
-			if k.table == tbl {
-				fmt.Fprintf(&b, ":%s - [0:0]\n", k.chain)
-			}
-		}
-		for _, line := range extra[tbl] {
-			b.WriteString(line + "\n")
-		}
-		for _, k := range ourChains {
-			if k.table != tbl {
-				continue
-			}
-			for _, r := range rules[k] {
-				fmt.Fprintf(&b, "-A %s %s\n", k.chain, r)
-			}
-		}
-		for _, line := range tail[tbl] {
-			b.WriteString(line + "\n")
-		}
-		b.WriteString("COMMIT\n")
-	}
-	return []byte(b.String())
-}
-
-// savedRules is what iptables-save shows of svcproxy's IPVS chains in one
-// family: the rules of each SVCPROXY-IPVS-* chain and every rule elsewhere
-// that jumps into one.
-type savedRules struct {
-	chains map[chainKey][]string
-	jumps  []savedJump
-}
-
-type savedJump struct {
-	table, chain, spec, target string
-	plain                      bool // just "-j target"
-}
-
-// parseSave reads iptables-save output of one table.
-func parseSave(out []byte, into *savedRules) {
-	if into.chains == nil {
-		into.chains = map[chainKey][]string{}
-	}
-	tbl := ""
-	for line := range strings.Lines(string(out)) {
-		line = strings.TrimSpace(line)
-		switch {
-		case strings.HasPrefix(line, "*"):
-			tbl = line[1:]
-		case strings.HasPrefix(line, ":"):
-			name, _, _ := strings.Cut(line[1:], " ")
-			if strings.HasPrefix(name, chainPrefix) {
-				k := chainKey{tbl, name}
-				if _, ok := into.chains[k]; !ok {
-					into.chains[k] = []string{}
-				}
-			}
-		case strings.HasPrefix(line, "-A "):
-			chain, spec, _ := strings.Cut(line[3:], " ")
-			if strings.HasPrefix(chain, chainPrefix) {
-				k := chainKey{tbl, chain}
-				into.chains[k] = append(into.chains[k], spec)
-				continue
-			}
-			target := jumpTarget(spec)
-			if strings.HasPrefix(target, chainPrefix) {
-				into.jumps = append(into.jumps, savedJump{table: tbl, chain: chain, spec: spec, target: target, plain: spec == "-j "+target})
-			}
-		}
-	}
-}
-
-// jumpTarget returns the -j (or -g) target of a rule specification.
-func jumpTarget(spec string) string {
-	f := strings.Fields(spec)
-	for i := 0; i+1 < len(f); i++ {
-		if f[i] == "-j" || f[i] == "--jump" || f[i] == "-g" || f[i] == "--goto" {
-			return f[i+1]
-		}
-	}
-	return ""
-}
-
-// jumpPlan splits the jump rules found into our wanted jumps (kept, once
-// each) and the rest (to delete).
-func jumpPlan(found []savedJump) (keep map[jump]bool, del []savedJump) {
-	keep = map[jump]bool{}
-	for _, j := range found {
-		k := jump{j.table, j.chain, j.target}
-		if j.plain && isOurJump(k) && !keep[k] {
-			keep[k] = true
-			continue
-		}
-		del = append(del, j)
-	}
-	return keep, del
-}
-
-func isOurJump(j jump) bool {
-	for _, o := range ourJumps {
-		if o == j {
-			return true
-		}
-	}
-	return false
-}
-
-func isOurChain(k chainKey) bool {
-	for _, o := range ourChains {
-		if o == k {
-			return true
-		}
-	}
-	return false
 }
