@@ -75,6 +75,9 @@ type Redirector struct {
 	cur   *desired
 	spare map[member]struct{} // an emptied members map for the next compute
 	names netfilter.MemberNames[member]
+	// The sets' member maps of the last written Ruleset, and emptied ones
+	// of the one before (the Reconciler no longer holds them) for the next.
+	lastSets, spareSets [numSets]map[string]struct{}
 }
 
 // New validates cfg and detects the iptables backend.
@@ -181,8 +184,10 @@ func (r *Redirector) Apply(ctx context.Context, snap *lb.Snapshot, ports Ports, 
 	old := r.cur
 	if err != nil {
 		r.cur = nil
+		r.lastSets, r.spareSets = [numSets]map[string]struct{}{}, [numSets]map[string]struct{}{}
 	} else {
 		r.cur = want
+		r.recycleSets(rs)
 	}
 	// Reusing the old members map saves the garbage collector a
 	// 10,000-entry map per Apply; but not one sized for far more than
@@ -210,10 +215,13 @@ func (r *Redirector) ruleset(want *desired) *netfilter.Ruleset {
 			rs.Entries[fam] = append(rs.Entries[fam], netfilter.Entry{Table: j.table, From: j.from, To: j.to})
 		}
 	}
-	sets := [numSets]map[string]struct{}{}
+	sets := r.spareSets
+	r.spareSets = [numSets]map[string]struct{}{}
 	for _, id := range r.wantedSets() {
 		d := setDefs[id]
-		sets[id] = map[string]struct{}{}
+		if sets[id] == nil {
+			sets[id] = make(map[string]struct{}, len(r.lastSets[id]))
+		}
 		rs.Sets[d.name] = &netfilter.Set{Type: d.typ, Family: d.family, MaxElem: d.maxElem, Members: sets[id]}
 	}
 	r.names.Keep(len(want.members))
@@ -223,6 +231,23 @@ func (r *Redirector) ruleset(want *desired) *netfilter.Ruleset {
 		}
 	}
 	return rs
+}
+
+// recycleSets notes the member maps of rs, just written, and keeps the
+// ones of the Ruleset before it, emptied, for the next Apply (unless they
+// were sized for far more than now: a map never shrinks).
+func (r *Redirector) recycleSets(rs *netfilter.Ruleset) {
+	old := r.lastSets
+	for id := range numSets {
+		r.lastSets[id] = nil
+		if s := rs.Sets[setDefs[id].name]; s != nil {
+			r.lastSets[id] = s.Members
+		}
+		if o := old[id]; o != nil && len(o) <= 2*len(r.lastSets[id])+1024 {
+			clear(o)
+			r.spareSets[id] = o
+		}
+	}
 }
 
 // Cleanup removes every rule, chain and set svcproxy installs, found by name
