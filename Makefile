@@ -101,11 +101,12 @@ fuzz:
 	$(GO) test -run=x -fuzz=FuzzParse -fuzztime=$(FUZZEXECS)x ./config
 	$(GO) test -run=x -fuzz=FuzzApply -fuzztime=$(FUZZEXECS)x ./redirect
 	$(GO) test -run=x -fuzz=FuzzApply -fuzztime=$(FUZZEXECS)x ./kernelmodes/iptables
+	$(GO) test -run=x -fuzz=FuzzWatchMessages -fuzztime=$(FUZZEXECS)x ./netfilter
 
 # What each command needs, as program (or absolute path):Debian package.
 RUN_TOOLS  := ip:iproute2 iptables:iptables iptables-restore:iptables ipset:ipset
 TEST_TOOLS := $(RUN_TOOLS) ping:iputils-ping conntrack:conntrack dig:dnsutils dnsmasq:dnsmasq-base \
-	unshare:util-linux mount:mount qemu-system-x86_64:qemu-system-x86
+	unshare:util-linux mount:mount qemu-system-x86_64:qemu-system-x86 nft:nftables
 BENCH_TOOLS := $(TEST_TOOLS) wrk:wrk iperf3:iperf3 haproxy:haproxy nginx:nginx \
 	/usr/lib/nginx/modules/ngx_stream_module.so:libnginx-mod-stream
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/ipvstest"
 )
 
 const header = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
@@ -344,7 +345,7 @@ func TestSchedulersAgreeWithTheIPVSMode(t *testing.T) {
 		if err := c.Validate(); err != nil {
 			t.Errorf("scheduler %s: %v", s, err)
 		}
-		if _, err := ipvs.New(ipvs.NewFakes(nil).Config(ipvs.Config{Scheduler: s})); err != nil {
+		if _, err := ipvs.New(ipvstest.NewFakes(nil).Config(ipvs.Config{Scheduler: s})); err != nil {
 			t.Errorf("scheduler %s: the ipvs mode refuses it: %v", s, err)
 		}
 	}

@@ -83,6 +83,14 @@ type Config struct {
 	// either way. Zero: 30s.
 	UDPIdleTimeout time.Duration
 
+	// UDPReceiveBuffer sets the receive buffer (SO_RCVBUF) of UDP frontend
+	// sockets and of each flow's backend socket, in bytes; 0 leaves the
+	// kernel's default (net.core.rmem_default). Past net.core.rmem_max it
+	// takes CAP_NET_ADMIN (SO_RCVBUFFORCE); without it the kernel caps the
+	// size there. Datagrams that find the buffer full are dropped and
+	// counted (svcproxy_forwarder_udp_receive_drops_total).
+	UDPReceiveBuffer int
+
 	// MaxUDPFlows caps open UDP flows; datagrams that would open more are
 	// dropped and counted. Zero: 65536. Negative: unlimited.
 	MaxUDPFlows int64
@@ -142,6 +150,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.UDPIdleTimeout < 0 {
 		return c, fmt.Errorf("udpIdleTimeout: must be positive, got %v", c.UDPIdleTimeout)
+	}
+	if c.UDPReceiveBuffer < 0 {
+		return c, fmt.Errorf("udpReceiveBuffer: must not be negative, got %d", c.UDPReceiveBuffer)
 	}
 	if c.MaxUDPFlows == 0 {
 		c.MaxUDPFlows = 65536

@@ -28,10 +28,11 @@ const (
 	reasonIdle
 	reasonDrain
 	reasonShutdown
+	reasonFirstByte // the backend sent nothing within the Service's FirstByteTimeout
 )
 
 // closeReasons are the connection-log and metric names of the reasons.
-var closeReasons = [...]string{"", "client_eof", "backend_eof", "client_reset", "backend_reset", "idle_timeout", "drain", "shutdown"}
+var closeReasons = [...]string{"", "client_eof", "backend_eof", "client_reset", "backend_reset", "idle_timeout", "drain", "shutdown", "first_byte_timeout"}
 
 // clientWatchDelay is how long a backend dial may take before the forwarder
 // starts watching the client, so it can give up if the client leaves.
@@ -59,6 +60,7 @@ type conn struct {
 
 	in, out         *splicer     // client → backend, backend → client
 	lastIn, lastOut atomic.Int64 // unix nanoseconds of the last bytes moved
+	firstIn         atomic.Int64 // unix nanoseconds the client's first bytes reached the backend
 	bytesIn         int64        // client → backend; written by the serving goroutine
 	bytesOut        int64        // backend → client; written by the copy goroutine
 	running         atomic.Int32 // copy goroutines still running
@@ -235,6 +237,21 @@ func (f *Forwarder) unadmit(pool *lb.Pool) {
 	f.active.Add(-1)
 }
 
+// logRefused counts and logs a client reset as soon as accepted because
+// the process was out of descriptors.
+func (f *Forwarder) logRefused(client, frontend netip.AddrPort) {
+	f.m.connFDLimit.Inc()
+	rec := connlog.Record{Start: time.Now(), ID: f.nextID.Add(1), Protocol: "TCP", Failed: true, CloseReason: resultFDLimit,
+		Client:   netip.AddrPortFrom(client.Addr().Unmap(), client.Port()),
+		Frontend: netip.AddrPortFrom(frontend.Addr().Unmap(), frontend.Port())}
+	f.cfg.ConnLog.Log(&rec)
+	now, last := time.Now().UnixNano(), f.refusedLogged.Load()
+	if (last == 0 || now-last > int64(10*time.Second)) && f.refusedLogged.CompareAndSwap(last, now) {
+		f.log.Warn("out of file descriptors: refusing new connections at once (the spare descriptor resets them)",
+			zap.Stringer("frontend", rec.Frontend))
+	}
+}
+
 // reject resets the client connection: a prompt RST, never a hang.
 func (c *conn) reject(why string) {
 	_ = c.client.SetLinger(0)
@@ -278,11 +295,20 @@ func (c *conn) connect(clientIP netip.Addr, now time.Time) (up *net.TCPConn, b *
 		if err == nil {
 			f.m.dialOK.Inc()
 			f.m.ConnectLatency.Observe(lat.Seconds())
-			b.ReportSuccess()
+			if c.pool.Service.FirstByteTimeout == 0 { // else the backend's first bytes are its success
+				b.ReportSuccess()
+			}
 			return nc.(*net.TCPConn), b, false
 		}
 		if ctx.Err() != nil { // the client went away; not the backend's fault
 			return nil, nil, true
+		}
+		if isLocalDialError(err) {
+			// This host is out of descriptors or ports: every backend
+			// would fail alike and none is to blame. The client is reset.
+			f.m.dialError.Inc()
+			f.log.Debug("cannot open a backend connection", zap.Stringer("backend", b.Addr), zap.Error(err))
+			break
 		}
 		switch {
 		case isRefused(err):
@@ -326,6 +352,7 @@ const (
 	endEOF copyEnd = iota
 	endIdle
 	endError
+	endFirstByte // the backend sent nothing within the Service's FirstByteTimeout
 )
 
 // copy moves bytes from src to dst until EOF, an error or idleness, a
@@ -341,21 +368,48 @@ func (c *conn) copy(s *splicer, dst, src *net.TCPConn, self, other *atomic.Int64
 	if idle > 0 {
 		_ = src.SetReadDeadline(time.Now().Add(idle))
 	}
+	// The first-byte timeout: the client-to-backend copy starts it with
+	// the first bytes it delivers by moving the backend socket's read
+	// deadline, which the backend-to-client copy then sees here.
+	firstByte := c.pool.Service.FirstByteTimeout
+	fromBackend := src == c.upstream
 	for {
 		n, err := s.chunk()
 		if n > 0 {
+			first := *total == 0
 			*total += int64(n)
-			self.Store(time.Now().UnixNano())
+			now := time.Now()
+			self.Store(now.UnixNano())
+			if first && firstByte > 0 {
+				if fromBackend {
+					c.backend.ReportSuccess()
+				} else if c.firstIn.CompareAndSwap(0, now.UnixNano()) {
+					_ = c.upstream.SetReadDeadline(now.Add(firstByte))
+				}
+			}
 		}
 		switch {
 		case err == nil && n == 0:
 			return endEOF
 		case err == nil:
 			continue
-		case idle > 0 && errors.Is(err, os.ErrDeadlineExceeded) && c.reason.Load() == uint32(reasonNone):
-			until := time.Unix(0, max(self.Load(), other.Load())).Add(idle)
-			if !time.Now().Before(until) {
-				return endIdle
+		case (idle > 0 || firstByte > 0) && errors.Is(err, os.ErrDeadlineExceeded) && c.reason.Load() == uint32(reasonNone):
+			now := time.Now()
+			var until time.Time
+			if first := c.firstIn.Load(); fromBackend && firstByte > 0 && *total == 0 && first != 0 {
+				until = time.Unix(0, first).Add(firstByte)
+				if !now.Before(until) {
+					return endFirstByte
+				}
+			}
+			if idle > 0 {
+				idleUntil := time.Unix(0, max(self.Load(), other.Load())).Add(idle)
+				if !now.Before(idleUntil) {
+					return endIdle
+				}
+				if until.IsZero() || idleUntil.Before(until) {
+					until = idleUntil
+				}
 			}
 			_ = src.SetReadDeadline(until)
 		default:
@@ -378,6 +432,14 @@ func (c *conn) ended(ev copyEnd, fromClient bool) {
 		}
 	case endIdle:
 		c.setReason(reasonIdle)
+		_ = c.client.Close()
+		_ = c.upstream.Close()
+	case endFirstByte:
+		if c.setReason(reasonFirstByte) {
+			c.backend.ReportFailure(time.Now())
+			_ = c.client.SetLinger(0)
+			_ = c.upstream.SetLinger(0)
+		}
 		_ = c.client.Close()
 		_ = c.upstream.Close()
 	case endError:
@@ -428,6 +490,7 @@ func (c *conn) release() {
 	c.f, c.e, c.client, c.upstream, c.pool, c.backend, c.dialCancel = nil, nil, nil, nil, nil, nil, nil
 	c.reason.Store(uint32(reasonNone))
 	c.draining.Store(false)
+	c.firstIn.Store(0)
 	c.bytesIn, c.bytesOut = 0, 0
 	connPool.Put(c)
 }

@@ -80,7 +80,8 @@
 //     UDPIdleTimeout instead of ending at once.
 //   - Windows errors (WSAECONNREFUSED, WSAECONNRESET, WSAEMFILE,
 //     WSAENOBUFS, ...) are mapped for retry on refusal and accept backoff;
-//     leak checks in the tests count goroutines only (no /proc/self/fd).
+//     there is no spare descriptor to refuse queued clients with when out
+//     of handles (spare_unix.go), so accept only backs off; leak checks in the tests count goroutines only (no /proc/self/fd).
 //
 // Only Linux runs the tests; internal/hygiene checks that the package and
 // its tests build for windows and darwin.

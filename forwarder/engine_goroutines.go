@@ -119,9 +119,10 @@ func (g *goListeners) files() ([]*os.File, error) {
 }
 
 // acceptLoop accepts until ln closes. On EMFILE and its kin it first
-// closes idle pooled splice pipes and retries, then backs off (5ms doubling
-// to 1s) instead of spinning on a connection it cannot take: open
-// connections keep flowing meanwhile.
+// closes idle pooled splice pipes and retries, then refuses the queued
+// clients with the spare descriptor (a reset, at once), and only when even
+// that fails backs off (5ms doubling to 1s) instead of spinning on a
+// connection it cannot take: open connections keep flowing meanwhile.
 func (e *goEngine) acceptLoop(ln *net.TCPListener, redirect bool, group *sync.WaitGroup) {
 	defer e.accepts.Done()
 	defer group.Done()
@@ -138,6 +139,10 @@ func (e *goEngine) acceptLoop(ln *net.TCPListener, redirect bool, group *sync.Wa
 				f.m.acceptFDLimit.Inc()
 				if shedPipes() > 0 { // idle splice pipes hold descriptors: retry with theirs
 					continue
+				}
+				local := ln.Addr().(*net.TCPAddr).AddrPort()
+				if refuseQueuedTCP(ln, func(client netip.AddrPort) { f.logRefused(client, local) }) == nil {
+					continue // one queued client refused at once: the next may be too
 				}
 				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 				if now := time.Now(); now.Sub(lastLog) > 10*time.Second {

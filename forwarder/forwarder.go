@@ -41,9 +41,12 @@ type Forwarder struct {
 	closed    bool
 	unserved  map[lb.ServicePortName]bool // SCTP Service ports already warned about
 
-	nextID   atomic.Uint64
-	active   atomic.Int64
-	handlers sync.WaitGroup // open connections and UDP goroutines
+	nextID atomic.Uint64
+	// refusedLogged is when (Unix ns) a refusal for lack of
+	// descriptors was last logged: at most one line per 10 s.
+	refusedLogged atomic.Int64
+	active        atomic.Int64
+	handlers      sync.WaitGroup // open connections and UDP goroutines
 }
 
 type listenKey struct {
@@ -94,6 +97,9 @@ func New(cfg Config) (*Forwarder, error) {
 		claims:    map[claimKey]*os.File{},
 		inherited: maps.Clone(cfg.Inherited),
 	}
+	holdSpare()
+	readDrops := f.readDrops
+	f.m.refreshDrops.Store(&readDrops)
 	f.dialer.KeepAliveConfig = keepAliveConfig(cfg.KeepAlive)
 	if cfg.Mark > 0 {
 		f.dialer.Control = markControl(cfg.Mark)

@@ -38,9 +38,10 @@ type testBackend struct {
 type backendMode int
 
 const (
-	modeName backendMode = iota // write "name\n", then echo until EOF
-	modeEcho                    // echo until EOF, then close
-	modeSink                    // read until EOF, then close
+	modeName         backendMode = iota // write "name\n", then echo until EOF
+	modeEcho                            // echo until EOF, then close
+	modeSink                            // read until EOF, then close
+	modeNameThenSink                    // write name and a newline, then read until EOF
 )
 
 func startBackend(t testing.TB, name string, mode backendMode) *testBackend {
@@ -80,6 +81,11 @@ func startBackend(t testing.TB, name string, mode backendMode) *testBackend {
 				case modeEcho:
 					_, _ = io.Copy(c, c)
 				case modeSink:
+					_, _ = io.Copy(io.Discard, c)
+				case modeNameThenSink:
+					if _, err := io.WriteString(c, name+"\n"); err != nil {
+						return
+					}
 					_, _ = io.Copy(io.Discard, c)
 				}
 			}()

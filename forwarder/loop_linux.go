@@ -378,6 +378,8 @@ func (w *worker) fire() {
 			t.c.drainCheck()
 		case timerKeepalive:
 			t.c.keepalive()
+		case timerFirstByte:
+			t.c.firstByteTimedOut()
 		case timerAccept:
 			t.ln.paused = false
 			w.accept(t.ln)
@@ -583,8 +585,15 @@ func (w *worker) accept(ln *loopListener) {
 			if shedPipes() > 0 { // idle splice pipes hold descriptors: retry with theirs
 				continue
 			}
-			w.pauseAccept(ln, err)
-			return
+			switch err := refuseWithSpare(func() (int, error) { return accept4(ln.fd, &w.rsa) }, w.refusedLog(ln)); err {
+			case nil: // one queued client refused: the next may be too
+				continue
+			case unix.EAGAIN:
+				return
+			default:
+				w.pauseAccept(ln, err)
+				return
+			}
 		default:
 			w.f.m.acceptOther.Inc()
 			if err != unix.ECONNABORTED {
@@ -630,6 +639,20 @@ func (w *worker) acceptAgain() {
 	for _, ln := range lns {
 		ln.queued = false
 		w.accept(ln)
+	}
+}
+
+// refusedLog returns what refuseWithSpare runs for a client accepted only to
+// be reset for lack of descriptors.
+func (w *worker) refusedLog(ln *loopListener) func(fd int) {
+	return func(fd int) {
+		dst := ln.local
+		if ln.redirect {
+			if od, err := getOriginalDst(fd); err == nil {
+				dst = od
+			}
+		}
+		w.f.logRefused(rawAddrPort(&w.rsa), dst)
 	}
 }
 

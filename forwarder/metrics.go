@@ -1,6 +1,8 @@
 package forwarder
 
 import (
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -16,6 +18,7 @@ type Metrics struct {
 	Closes          *prometheus.CounterVec // by reason
 	AcceptErrors    *prometheus.CounterVec // by reason
 	Datagrams       *prometheus.CounterVec // UDP, by direction
+	UDPDrops        *prometheus.CounterVec // UDP datagrams the kernel dropped at svcproxy's sockets, by socket
 	Listeners       prometheus.Gauge
 	ListenErrors    prometheus.Counter
 	Draining        prometheus.Gauge
@@ -24,6 +27,7 @@ type Metrics struct {
 
 	// Children resolved once, so the hot path does no label lookups.
 	connOK, connNoService, connNoEndpoints, connDialFailed, connLimit, connClientGone prometheus.Counter
+	connFDLimit                                                                       prometheus.Counter
 	activeTCP                                                                         prometheus.Gauge
 	dialOK, dialRefused, dialTimeout, dialError                                       prometheus.Counter
 	bytesIn, bytesOut                                                                 prometheus.Counter
@@ -32,6 +36,25 @@ type Metrics struct {
 	udpFlowsOK, udpNoService, udpNoEndpoints, udpDialFailed, udpLimit                 prometheus.Counter
 	activeUDP                                                                         prometheus.Gauge
 	udpIn, udpOut                                                                     prometheus.Counter
+	udpDropsFrontend, udpDropsReply                                                   prometheus.Counter
+
+	// refreshDrops, set by the forwarder, reads its sockets' drop counts
+	// into UDPDrops; run when the metrics are scraped.
+	refreshDrops atomic.Pointer[func()]
+}
+
+// dropsCollector collects UDPDrops after bringing it up to date: the kernel
+// keeps the counts per socket, and they are read when asked for rather
+// than on the datagram path.
+type dropsCollector struct{ m *Metrics }
+
+func (c dropsCollector) Describe(ch chan<- *prometheus.Desc) { c.m.UDPDrops.Describe(ch) }
+
+func (c dropsCollector) Collect(ch chan<- prometheus.Metric) {
+	if fn := c.m.refreshDrops.Load(); fn != nil {
+		(*fn)()
+	}
+	c.m.UDPDrops.Collect(ch)
 }
 
 // Results of a connection, for the connections_total metric.
@@ -42,6 +65,7 @@ const (
 	resultDialFailed  = "dial_failed"
 	resultLimit       = "limit"
 	resultClientGone  = "client_gone"
+	resultFDLimit     = "fd_limit"
 )
 
 // NewMetrics creates the forwarder's metrics and registers them with reg
@@ -50,7 +74,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	const ns, sub = "svcproxy", "forwarder"
 	m := &Metrics{
 		Connections: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "connections_total",
-			Help: "Accepted connections (UDP: flows) by protocol and result (ok, no_service, no_endpoints, dial_failed, limit, client_gone)."}, []string{"protocol", "result"}),
+			Help: "Accepted connections (UDP: flows) by protocol and result (ok, no_service, no_endpoints, dial_failed, limit, client_gone; fd_limit: refused at once because the process was out of descriptors)."}, []string{"protocol", "result"}),
 		Active: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "active_connections",
 			Help: "Connections currently forwarded."}, []string{"protocol"}),
 		DialAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "dial_attempts_total",
@@ -65,9 +89,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Closes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "closes_total",
 			Help: "Forwarded connections ended, by reason."}, []string{"reason"}),
 		AcceptErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "accept_errors_total",
-			Help: "accept(2) failures by reason (fd_limit: out of descriptors for the connection or for its backend socket, accepting backs off)."}, []string{"reason"}),
+			Help: "accept(2) failures by reason (fd_limit: out of descriptors or memory for the connection; the queued client is reset with a descriptor held in reserve, or accepting backs off when even that fails)."}, []string{"reason"}),
 		Datagrams: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "datagrams_total",
 			Help: "UDP datagrams forwarded, direction in (client to backend) or out (backend to client)."}, []string{"direction"}),
+		UDPDrops: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "udp_receive_drops_total",
+			Help: "UDP datagrams the kernel dropped because a socket's receive buffer was full, by socket: frontend (from clients) or reply (from backends). See --udp-receive-buffer."}, []string{"socket"}),
 		Listeners: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "listeners",
 			Help: "Listening sockets open."}),
 		ListenErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "listen_errors_total",
@@ -85,6 +111,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.connDialFailed = m.Connections.WithLabelValues("TCP", resultDialFailed)
 	m.connLimit = m.Connections.WithLabelValues("TCP", resultLimit)
 	m.connClientGone = m.Connections.WithLabelValues("TCP", resultClientGone)
+	m.connFDLimit = m.Connections.WithLabelValues("TCP", resultFDLimit)
 	m.activeTCP = m.Active.WithLabelValues("TCP")
 	m.udpFlowsOK = m.Connections.WithLabelValues("UDP", resultOK)
 	m.udpNoService = m.Connections.WithLabelValues("UDP", resultNoService)
@@ -94,6 +121,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.activeUDP = m.Active.WithLabelValues("UDP")
 	m.udpIn = m.Datagrams.WithLabelValues("in")
 	m.udpOut = m.Datagrams.WithLabelValues("out")
+	m.udpDropsFrontend = m.UDPDrops.WithLabelValues("frontend")
+	m.udpDropsReply = m.UDPDrops.WithLabelValues("reply")
 	m.dialOK = m.DialAttempts.WithLabelValues("ok")
 	m.dialRefused = m.DialAttempts.WithLabelValues("refused")
 	m.dialTimeout = m.DialAttempts.WithLabelValues("timeout")
@@ -110,7 +139,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Connections, m.Active, m.DialAttempts, m.DialRetries, m.ConnectLatency, m.Bytes, m.Datagrams,
-			m.Closes, m.AcceptErrors, m.Listeners, m.ListenErrors, m.Draining, m.SnapshotVersion, m.LastApply)
+			m.Closes, m.AcceptErrors, m.Listeners, m.ListenErrors, m.Draining, m.SnapshotVersion, m.LastApply, dropsCollector{m})
 	}
 	return m
 }

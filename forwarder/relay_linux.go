@@ -99,6 +99,8 @@ type relay struct {
 	last     int64 // monotime bytes last moved
 
 	dialT, idleT, drainT, keepT timer
+	firstT                      timer // the Service's FirstByteTimeout, from the client's first bytes delivered
+	answered                    bool  // the backend has sent something (or ended its side)
 
 	rec connlog.Record
 }
@@ -116,6 +118,7 @@ func (w *worker) newRelay() *relay {
 		r.idleT = timer{idx: -1, kind: timerIdle, c: r}
 		r.drainT = timer{idx: -1, kind: timerDrain, c: r}
 		r.keepT = timer{idx: -1, kind: timerKeepalive, c: r}
+		r.firstT = timer{idx: -1, kind: timerFirstByte, c: r}
 	}
 	r.idx = len(w.relays)
 	w.relays = append(w.relays, r)
@@ -210,17 +213,12 @@ func (r *relay) dial(now time.Time) {
 			if isLocalDialError(err) {
 				// This host is out of descriptors or ports: every backend
 				// would fail alike, and none of them is to blame. The
-				// client is reset, and accepting pauses as when accept
-				// itself finds no descriptor, rather than accepting and
-				// resetting every client that comes meanwhile.
+				// client is reset at once, as the next ones will be
+				// (by this path, or by accept's spare descriptor), so
+				// none waits in the accept queue for a slot.
 				f.m.dialError.Inc()
 				r.noteAttempt(err)
-				if isFDLimit(err) && r.ln != nil && !r.ln.paused {
-					f.m.acceptFDLimit.Inc()
-					w.pauseAccept(r.ln, err)
-				} else {
-					w.log.Debug("cannot open a backend connection", zap.Stringer("backend", b.Addr), zap.Error(err))
-				}
+				w.log.Debug("cannot open a backend connection", zap.Stringer("backend", b.Addr), zap.Error(err))
 				break
 			}
 			r.attemptFailed(err, false)
@@ -330,7 +328,9 @@ func (r *relay) connected() {
 	lat := time.Duration(monotime() - r.dialFrom)
 	f.m.dialOK.Inc()
 	f.m.ConnectLatency.Observe(lat.Seconds())
-	b.ReportSuccess()
+	if r.pool.Service.FirstByteTimeout == 0 { // else the backend's first bytes are its success
+		b.ReportSuccess()
+	}
 	r.noteAttempt(nil)
 	f.m.connOK.Inc()
 	r.rec.Backend = b.Addr
@@ -381,7 +381,44 @@ func (r *relay) pump() {
 	}
 	if r.in.done && r.out.done {
 		r.finish()
+		return
 	}
+	if !r.answered && r.pool.Service.FirstByteTimeout > 0 {
+		r.firstByte()
+	}
+}
+
+// firstByte arms the first-byte timer once the client's first bytes have
+// reached the backend, and ends it for good once the backend has sent
+// something or ended its side.
+func (r *relay) firstByte() {
+	out := &r.out
+	if out.bytes > 0 || out.eof || (out.p != nil && out.p.data > 0) || (out.buf != nil && out.off < out.n) {
+		r.answered = true
+		r.w.timers.stop(&r.firstT)
+		r.backend.ReportSuccess()
+		return
+	}
+	if r.in.bytes > 0 && !r.firstT.armed() {
+		r.w.timers.set(&r.firstT, r.w.now+int64(r.pool.Service.FirstByteTimeout))
+	}
+}
+
+// firstByteTimedOut fails a connection whose backend sent nothing within
+// the Service's FirstByteTimeout of receiving the client's first bytes:
+// the backend is charged a failure (passive health), both sides are reset.
+func (r *relay) firstByteTimedOut() {
+	if r.state != relayOpen || r.answered {
+		return
+	}
+	r.firstByte() // bytes may have come with no event yet handled
+	if r.answered {
+		return
+	}
+	r.backend.ReportFailure(time.Now())
+	linger0(r.client.fd)
+	linger0(r.up.fd)
+	r.kill(reasonFirstByte)
 }
 
 // flow moves h's bytes from src to dst until one of them would block. It
@@ -658,6 +695,7 @@ func (r *relay) finish() {
 	w.timers.stop(&r.idleT)
 	w.timers.stop(&r.drainT)
 	w.timers.stop(&r.keepT)
+	w.timers.stop(&r.firstT)
 	w.closeFD(r.client.fd)
 	w.closeFD(r.up.fd)
 	for _, h := range []*half{&r.in, &r.out} {
@@ -710,7 +748,7 @@ func (r *relay) release() {
 	w.relays[last] = nil
 	w.relays = w.relays[:last]
 	w.timers.stop(&r.dialT)
-	*r = relay{w: w, dialT: r.dialT, idleT: r.idleT, drainT: r.drainT, keepT: r.keepT, idx: -1}
+	*r = relay{w: w, dialT: r.dialT, idleT: r.idleT, drainT: r.drainT, keepT: r.keepT, firstT: r.firstT, idx: -1}
 	if len(w.free) < maxFreeRelays { // past a spike, the rest is garbage to return
 		w.free = append(w.free, r)
 	}

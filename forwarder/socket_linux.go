@@ -239,12 +239,6 @@ func peerGone(fd int) bool {
 	return n == 0 || err != nil
 }
 
-// isLocalDialError reports whether a failure to start a connect was this
-// host's (out of descriptors or memory), not the backend's.
-func isLocalDialError(err error) bool {
-	return isFDLimit(err) || err == unix.EADDRNOTAVAIL
-}
-
 // System calls of the event loop's hot path, made raw: every one of them is
 // on a non-blocking descriptor (or an epoll_wait with a zero timeout) and
 // returns at once, so there is nothing to gain from telling the scheduler

@@ -36,6 +36,13 @@ func isFDLimit(err error) bool {
 	return errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) || errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.ENOMEM)
 }
 
+// isLocalDialError reports whether a failure to open or start a backend
+// connection was this host's (out of descriptors, buffers, memory or local
+// ports), not the backend's: it is never held against the backend.
+func isLocalDialError(err error) bool {
+	return isFDLimit(err) || errors.Is(err, unix.EADDRNOTAVAIL)
+}
+
 // isRefused reports whether a dial error is a refusal or reset by the backend.
 func isRefused(err error) bool {
 	return errors.Is(err, unix.ECONNREFUSED) || errors.Is(err, unix.ECONNRESET) || errors.Is(err, unix.EHOSTUNREACH) || errors.Is(err, unix.ENETUNREACH)

@@ -72,6 +72,13 @@ func isFDLimit(err error) bool {
 	return errors.Is(err, windows.WSAEMFILE) || errors.Is(err, windows.WSAENOBUFS)
 }
 
+// isLocalDialError reports whether a failure to open or start a backend
+// connection was this host's (out of socket handles, buffers or local
+// ports), not the backend's: it is never held against the backend.
+func isLocalDialError(err error) bool {
+	return isFDLimit(err) || errors.Is(err, windows.WSAEADDRNOTAVAIL)
+}
+
 // isRefused reports whether a dial error is a refusal or reset by the backend.
 func isRefused(err error) bool {
 	return errors.Is(err, windows.WSAECONNREFUSED) || errors.Is(err, windows.WSAECONNRESET) ||

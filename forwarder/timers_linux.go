@@ -26,6 +26,7 @@ const (
 	timerDrain
 	timerAccept
 	timerKeepalive
+	timerFirstByte
 )
 
 func (t *timer) armed() bool { return t.idx >= 0 }

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
@@ -59,6 +60,50 @@ type udpFrontend struct {
 	mu    sync.Mutex // guards flows and writes to batch
 	flows map[netip.AddrPort]*udpFlow
 	done  chan struct{}
+	drops dropMeter
+}
+
+// dropMeter turns a socket's drop count (the kernel's, cumulative) into
+// increments of a counter.
+type dropMeter struct {
+	mu   sync.Mutex
+	seen uint32
+}
+
+// read adds what the socket behind raw dropped since the last read to c.
+func (d *dropMeter) read(raw syscall.RawConn, c prometheus.Counter) {
+	n, ok := socketDrops(raw)
+	if !ok {
+		return
+	}
+	d.mu.Lock()
+	delta := n - d.seen // wraps correctly past 2^32
+	d.seen = n
+	d.mu.Unlock()
+	if delta > 0 {
+		c.Add(float64(delta))
+	}
+}
+
+// readDrops brings svcproxy_forwarder_udp_receive_drops_total up to date
+// from every UDP socket open.
+func (f *Forwarder) readDrops() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, fe := range f.udp {
+		fe.readDrops()
+		fe.mu.Lock()
+		for _, fl := range fe.flows {
+			fl.drops.read(fl.raw, f.m.udpDropsReply)
+		}
+		fe.mu.Unlock()
+	}
+}
+
+func (fe *udpFrontend) readDrops() {
+	if raw, err := fe.conn.SyscallConn(); err == nil {
+		fe.drops.read(raw, fe.f.m.udpDropsFrontend)
+	}
 }
 
 // batchConn is what ipv4.PacketConn and ipv6.PacketConn share.
@@ -82,6 +127,7 @@ type udpFlow struct {
 	bytesIn  atomic.Int64
 	bytesOut atomic.Int64
 	reason   atomic.Uint32
+	drops    dropMeter
 }
 
 // udpFrontendAddrs lists the UDP frontends of snap: fixed ones, and NodePorts
@@ -194,6 +240,12 @@ func (f *Forwarder) openUDP(k lb.Frontend) (*udpFrontend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening UDP socket for %v: %w", k, err)
 	}
+	if n := f.cfg.UDPReceiveBuffer; n > 0 {
+		if err := setReceiveBuffer(pc, n); err != nil {
+			pc.Close()
+			return nil, fmt.Errorf("setting the receive buffer of UDP socket for %v: %w", k, err)
+		}
+	}
 	fe := &udpFrontend{f: f, frontend: k, conn: pc, v6: v6, flows: map[netip.AddrPort]*udpFlow{}, done: make(chan struct{}),
 		port: pc.LocalAddr().(*net.UDPAddr).AddrPort().Port()}
 	if fe.batch, err = newBatchConn(pc, k, v6); err != nil {
@@ -208,6 +260,7 @@ func (f *Forwarder) openUDP(k lb.Frontend) (*udpFrontend, error) {
 
 // close stops the frontend socket and ends its flows.
 func (fe *udpFrontend) close() {
+	fe.readDrops()
 	fe.conn.Close()
 	<-fe.done
 	fe.mu.Lock()
@@ -351,6 +404,9 @@ func (fe *udpFrontend) flow(client netip.AddrPort, local netip.Addr, now time.Ti
 			rec.NAttempts++
 		}
 		if err != nil {
+			if isLocalDialError(err) { // this host's shortage, not the backend's: every one would fail
+				break
+			}
 			b.ReportFailure(now)
 			continue
 		}
@@ -383,7 +439,14 @@ func (f *Forwarder) dialUDP(b *lb.Backend) (*net.UDPConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return c.(*net.UDPConn), nil
+	uc := c.(*net.UDPConn)
+	if n := f.cfg.UDPReceiveBuffer; n > 0 {
+		if err := setReceiveBuffer(uc, n); err != nil {
+			uc.Close()
+			return nil, fmt.Errorf("setting a UDP flow's receive buffer: %w", err)
+		}
+	}
+	return uc, nil
 }
 
 // replyLoop carries the backend's replies to the client until the flow
@@ -472,12 +535,14 @@ func (fl *udpFlow) refused(now time.Time) {
 // end closes the flow's backend socket; replyLoop then finishes it.
 func (fl *udpFlow) end(r closeReason) {
 	fl.reason.CompareAndSwap(uint32(reasonNone), uint32(r))
+	fl.drops.read(fl.raw, fl.fe.f.m.udpDropsReply)
 	_ = fl.upstream.Close()
 }
 
 // finish removes the flow and logs it. Only replyLoop calls it.
 func (fl *udpFlow) finish(rec connlog.Record) {
 	fe, f := fl.fe, fl.fe.f
+	fl.drops.read(fl.raw, f.m.udpDropsReply)
 	_ = fl.upstream.Close()
 	fe.mu.Lock()
 	if fe.flows[fl.client] == fl {

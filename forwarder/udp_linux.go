@@ -1,7 +1,9 @@
 package forwarder
 
 import (
+	"net"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -56,4 +58,40 @@ func (b *replyBatch) readFn(fd uintptr) bool {
 		b.count++
 	}
 	return true
+}
+
+// socketDrops returns how many datagrams the kernel has dropped at the
+// socket for want of receive-buffer room (sk_drops, read with SO_MEMINFO:
+// the count SO_RXQ_OVFL would attach to the next datagram, available
+// without waiting for one).
+func socketDrops(raw syscall.RawConn) (uint32, bool) {
+	const skMeminfoDrops = 8 // SK_MEMINFO_DROPS, linux/sock_diag.h (since 4.7)
+	var info [skMeminfoDrops + 1]uint32
+	var err error
+	l := uint32(unsafe.Sizeof(info))
+	cerr := raw.Control(func(fd uintptr) {
+		err = getsockopt(int(fd), unix.SOL_SOCKET, unix.SO_MEMINFO, unsafe.Pointer(&info), &l)
+	})
+	if cerr != nil || err != nil || l < uint32(unsafe.Sizeof(info)) {
+		return 0, false
+	}
+	return info[skMeminfoDrops], true
+}
+
+// setReceiveBuffer sets pc's receive buffer to n bytes: SO_RCVBUFFORCE,
+// which may exceed net.core.rmem_max (CAP_NET_ADMIN), else SO_RCVBUF,
+// which the kernel caps there.
+func setReceiveBuffer(pc *net.UDPConn, n int) error {
+	raw, err := pc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, n) }); err != nil {
+		return err
+	}
+	if serr == nil {
+		return nil
+	}
+	return pc.SetReadBuffer(n)
 }

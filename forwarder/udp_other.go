@@ -2,6 +2,11 @@
 
 package forwarder
 
+import (
+	"net"
+	"syscall"
+)
+
 // replyBatch reads the datagrams a flow's backend has sent, one per read
 // (there is no recvmmsg here), into a buffer borrowed from datagramPool
 // only once the socket is readable.
@@ -34,3 +39,9 @@ func (b *replyBatch) read() (int, error) {
 	b.bufs[0], b.sizes[0] = bp, n
 	return 1, nil
 }
+
+// socketDrops is unknown here: there is no per-socket drop count to read.
+func socketDrops(syscall.RawConn) (uint32, bool) { return 0, false }
+
+// setReceiveBuffer sets pc's receive buffer (SO_RCVBUF) to n bytes.
+func setReceiveBuffer(pc *net.UDPConn, n int) error { return pc.SetReadBuffer(n) }

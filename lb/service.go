@@ -147,6 +147,15 @@ type Service struct {
 
 	Algorithm Algorithm
 
+	// FirstByteTimeout > 0 fails a userspace TCP connection whose backend
+	// has sent nothing this long after the client's first bytes reached
+	// it: the client is reset and the backend charged a failure, so passive
+	// health stops sending it new connections. Only for protocols where the
+	// client speaks first and the server answers promptly (HTTP, gRPC, DNS
+	// over TCP): it breaks server-speaks-first protocols (SMTP, MySQL) and
+	// long polls. The kernel modes ignore it.
+	FirstByteTimeout time.Duration
+
 	Endpoints []Endpoint
 }
 
@@ -202,6 +211,9 @@ func (s *Service) Validate() error {
 	}
 	if s.ExternalTrafficPolicy > PolicyLocal {
 		bad("externalTrafficPolicy", "unknown policy %d", s.ExternalTrafficPolicy)
+	}
+	if s.FirstByteTimeout < 0 {
+		bad("firstByteTimeout", "must not be negative")
 	}
 	if s.Algorithm > Maglev {
 		bad("algorithm", "unknown algorithm %d", s.Algorithm)

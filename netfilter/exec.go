@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/svcproxy/svcproxy/lb"
 )
@@ -121,6 +122,28 @@ type Exec struct {
 	// PATH (whatever the node uses), "legacy" iptables-legacy-*, "nft"
 	// iptables-nft-*.
 	Variant string
+
+	spawned spawned // pids of the tools run, for WatchConfig.Own
+}
+
+// spawned remembers the pids of the last tool runs.
+type spawned struct {
+	mu   sync.Mutex
+	pids [64]uint32
+	next int
+}
+
+// Spawned reports whether pid is one of the last 64 tools e ran: a
+// ruleset change it made is svcproxy's own (WatchConfig.Own).
+func (e *Exec) Spawned(pid uint32) bool {
+	e.spawned.mu.Lock()
+	defer e.spawned.mu.Unlock()
+	for _, p := range e.spawned.pids {
+		if p == pid && p != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // NewExec returns the real Executor, running the tools inside the named
@@ -153,7 +176,15 @@ func (e *Exec) run(ctx context.Context, stdin []byte, name string, args ...strin
 	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
+	err := cmd.Start()
+	if err == nil {
+		e.spawned.mu.Lock()
+		e.spawned.pids[e.spawned.next] = uint32(cmd.Process.Pid)
+		e.spawned.next = (e.spawned.next + 1) % len(e.spawned.pids)
+		e.spawned.mu.Unlock()
+		err = cmd.Wait()
+	}
+	if err != nil {
 		msg := strings.TrimSpace(stderr.String())
 		if len(msg) > 1000 {
 			msg = msg[:1000] + "..."

@@ -36,7 +36,7 @@ type Fake struct {
 
 // Call is one Executor call the Fake received.
 type Call struct {
-	Op     string // "iptables-restore", "iptables-save", "iptables-version", "ipset-restore", "ipset-save", "ipset-list", "ipset-names", "ipset-destroy", "conntrack-delete"
+	Op     string // "iptables-restore", "iptables-save", "iptables-version", "ipset-restore", "ipset-list", "ipset-names", "ipset-save", "ipset-destroy", "conntrack-delete"
 	Family Family // iptables calls
 	Data   string // restore input, or the table or set name
 }
@@ -299,7 +299,7 @@ func (f *Fake) Dump() string {
 	return b.String()
 }
 
-// saveSets writes the sets as `ipset save` does. Callers hold f.mu.
+// saveSets writes every set as ipset save would. Callers hold f.mu.
 func (f *Fake) saveSets(b *strings.Builder) {
 	names := make([]string, 0, len(f.sets))
 	for n := range f.sets {

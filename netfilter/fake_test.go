@@ -16,6 +16,9 @@ type kernelCase struct {
 	family Family // for rules
 	rules  string // iptables-restore input
 	ok     bool   // whether the tools accept the input
+	// ipsetFirst is ipset restore input applied (and required to succeed)
+	// before rules.
+	ipsetFirst string
 }
 
 // base is applied before every case: a set and a chain to refer to.
@@ -92,6 +95,15 @@ var kernelCases = []kernelCase{
 	{name: "hash:ip,port,ip with sctp", ipset: "add svcproxy-h 10.244.0.3,sctp:3868,10.244.0.3\nadd svcproxy-h 10.244.0.4,132:3868,10.244.0.4\nadd svcproxy-t 10.96.0.3,sctp:3868\n", ok: true},
 	{name: "hash:ip,port,ip without the third element", ipset: "add svcproxy-h 10.244.0.1,tcp:8080\n"},
 	{name: "hash:ip,port,ip with a net", ipset: "add svcproxy-h 10.244.0.1,tcp:8080,10.244.0.0/24\n"},
+
+	// What the IPVS mode writes: hash:ip sets of VIPs and node IPs.
+	{name: "hash:ip members", ipset: "create svcproxy-i hash:ip family inet hashsize 1024 maxelem 65536\nadd svcproxy-i 10.96.0.1\nadd svcproxy-i 10.96.1.0/30\n" +
+		"create svcproxy-i6 hash:ip family inet6\nadd svcproxy-i6 fd00::1\n", ok: true},
+	{name: "hash:ip default family", ipset: "create svcproxy-i hash:ip\nadd svcproxy-i 2001:db8::1\n"},
+	{name: "hash:ip IPv6 prefix", ipset: "create svcproxy-i6 hash:ip family inet6\nadd svcproxy-i6 fd00::/126\n"},
+	{name: "hash:ip more than maxelem", ipset: "create svcproxy-i hash:ip family inet\nadd svcproxy-i 10.0.0.0/8\n"},
+	{name: "hash:ip rule", rules: "*filter\n:SVCPROXY-X - [0:0]\n-A SVCPROXY-X -p tcp -m conntrack --ctstate NEW -m set --match-set svcproxy-i dst -m set ! --match-set svcproxy-t dst,dst -j REJECT --reject-with tcp-reset\nCOMMIT\n",
+		ipsetFirst: "create svcproxy-i hash:ip family inet\n", ok: true},
 }
 
 // canonicalCases are rules as svcproxy writes them; the Fake's canonical
@@ -144,6 +156,11 @@ func runKernelCase(t *testing.T, e Executor, tc kernelCase) bool {
 		}
 		if err := e.IPTablesRestore(ctx, fam, []byte(base)); err != nil {
 			t.Fatalf("base %v rules: %v", fam, err)
+		}
+	}
+	if tc.ipsetFirst != "" {
+		if err := e.IPSetRestore(ctx, []byte(tc.ipsetFirst)); err != nil {
+			t.Fatalf("sets before the case: %v", err)
 		}
 	}
 	var err error

@@ -11,6 +11,7 @@ import (
 
 // The ipset types the Fake models.
 const (
+	SetIP       = "hash:ip"
 	SetIPPort   = "hash:ip,port"
 	SetIPPortIP = "hash:ip,port,ip"
 	SetNet      = "hash:net"
@@ -19,6 +20,7 @@ const (
 
 // aliases kept short inside the package.
 const (
+	typeIP       = SetIP
 	typeIPPort   = SetIPPort
 	typeIPPortIP = SetIPPortIP
 	typeNet      = SetNet
@@ -49,7 +51,7 @@ func parseCreate(args []string) (*ipset, error) {
 	}
 	s := &ipset{typ: args[0], maxelem: 65536, members: map[string]struct{}{}}
 	switch s.typ {
-	case typeIPPort, typeIPPortIP, typeNet:
+	case typeIP, typeIPPort, typeIPPortIP, typeNet:
 		s.family = "inet"
 	case typePort:
 		s.lo = -1
@@ -121,6 +123,8 @@ func (s *ipset) canon(m string) ([]string, error) {
 			out = append(out, strconv.Itoa(p))
 		}
 		return out, nil
+	case typeIP:
+		return s.canonIP(m)
 	case typeNet:
 		p, err := parsePrefix(m)
 		if err != nil {
@@ -176,6 +180,33 @@ func (s *ipset) canon(m string) ([]string, error) {
 		return nil, fmt.Errorf("bad port in %q", m)
 	}
 	return []string{ip.String() + "," + proto + ":" + strconv.Itoa(int(n)) + third}, nil
+}
+
+// canonIP returns the addresses m stands for in a hash:ip set: one plain
+// address, or (IPv4 only, as ipset) every address of a prefix.
+func (s *ipset) canonIP(m string) ([]string, error) {
+	if !strings.Contains(m, "/") {
+		a, err := netip.ParseAddr(m)
+		if err != nil || a.Zone() != "" {
+			return nil, fmt.Errorf("bad ip %q", m)
+		}
+		if a.Is4() != (s.family == "inet") {
+			return nil, fmt.Errorf("%s is not of family %s", a, s.family)
+		}
+		return []string{a.String()}, nil
+	}
+	p, err := parsePrefix(m)
+	if err != nil || !p.Addr().Is4() || s.family != "inet" {
+		return nil, fmt.Errorf("plain IP address must be supplied: %q", m)
+	}
+	if n := 1 << (32 - p.Bits()); n > s.maxelem {
+		return nil, fmt.Errorf("%s has %d addresses: more than the set's maxelem %d", m, n, s.maxelem)
+	}
+	var out []string
+	for a := p.Addr(); p.Contains(a); a = a.Next() {
+		out = append(out, a.String())
+	}
+	return out, nil
 }
 
 // protoNumbers are the protocols a hash:ip,port member may name by number.

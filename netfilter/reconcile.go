@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -414,11 +413,7 @@ func (r *Reconciler) readSets(ctx context.Context) (map[string]*foundSet, error)
 // canonMember is m as `ipset save` prints it for a set of s's type.
 func canonMember(s *foundSet, m string) []string {
 	switch s.typ {
-	case SetHashIP:
-		if a, err := netip.ParseAddr(m); err == nil {
-			return []string{a.String()}
-		}
-	case SetIPPort, SetIPPortIP, SetNet, SetPort:
+	case SetIP, SetIPPort, SetIPPortIP, SetNet, SetPort:
 		if c, err := CanonicalMembers(s.typ, s.family, m); err == nil {
 			return c
 		}

@@ -30,16 +30,13 @@ func (e Entry) spec() string {
 
 // Set is one ipset a Ruleset wants.
 type Set struct {
-	Type   string // one of the Set* types, or "hash:ip"
+	Type   string // one of the Set* types
 	Family Family // of the hash types; bitmap:port ignores it
 	// MaxElem caps a hash set. Zero: twice the members, at least 65536.
 	MaxElem int
 	// Members in `ipset save`'s form, besides those Parts add.
 	Members map[string]struct{}
 }
-
-// SetHashIP is ipset's hash:ip type (the Fake does not model it).
-const SetHashIP = "hash:ip"
 
 // Part is a piece of a Ruleset that changes on its own (one Service): its
 // own chains, its rules in the Ruleset's shared chains and its set members.

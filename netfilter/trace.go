@@ -138,10 +138,16 @@ type tracer struct {
 func (f *Fake) Trace(p Packet) Verdict {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.trace(p, &tracer{
+	return f.trace(p, f.oneWay())
+}
+
+// oneWay is the tracer of Trace and TraceChain: one path, drawn from the
+// Fake's random source, -m recent lists updated. Callers hold f.mu.
+func (f *Fake) oneWay() *tracer {
+	return &tracer{
 		choose: func(prob uint32) bool { return f.rng.Uint32()&0x7fffffff < prob },
 		commit: true,
-	})
+	}
 }
 
 // TraceAll follows p through every path -m statistic allows and returns each
@@ -205,13 +211,19 @@ func (f *Fake) TraceAll(p Packet) []Outcome {
 	return out
 }
 
-func (f *Fake) trace(p Packet, tr *tracer) Verdict {
+// newTraced is p as the tables first see it.
+func newTraced(p Packet) *traced {
 	p.Dst = netip.AddrPortFrom(p.Dst.Addr().Unmap(), p.Dst.Port())
 	p.Src = netip.AddrPortFrom(p.Src.Addr().Unmap(), p.Src.Port())
 	t := &traced{Packet: p}
 	if !p.Dst.Addr().Is4() {
 		t.family = IPv6
 	}
+	return t
+}
+
+func (f *Fake) trace(p Packet, tr *tracer) Verdict {
+	t := newTraced(p)
 	tables := f.tables[t.family]
 	natChain := "PREROUTING"
 	if p.Hook == Output {
@@ -256,6 +268,25 @@ func (f *Fake) trace(p Packet, tr *tracer) Verdict {
 		}
 	}
 	return verdict
+}
+
+// TraceChain walks one chain of p's family for p, as Trace does at that
+// point of the path, for a tracer that puts something of its own between
+// the hooks (the IPVS mode's: IPVS takes packets after filter INPUT or nat
+// OUTPUT). It returns the verdict of the rule that decided (decided is
+// false when the chain ran out or RETURNed) and p's mark after the MARK
+// rules it passed, to carry into the next chain. -m statistic and -m recent
+// behave as in Trace.
+func (f *Fake) TraceChain(p Packet, tableName, chainName string) (v Verdict, mark uint32, decided bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t := newTraced(p)
+	tbl := f.tables[t.family][tableName]
+	if tbl == nil {
+		return Verdict{Action: Accept}, p.Mark, false
+	}
+	v, decided = f.walk(tbl, chainName, t, f.oneWay(), 0)
+	return v, t.Mark, decided
 }
 
 // redirectAddr is where REDIRECT sends a packet: loopback for locally sent
@@ -479,6 +510,9 @@ func (f *Fake) setMatches(m setMatch, p *traced) bool {
 		}
 		port := int(pick(0).Port())
 		_, ok := s.members[strconv.Itoa(port)]
+		return ok
+	case typeIP:
+		_, ok := s.members[pick(0).Addr().String()]
 		return ok
 	case typeNet:
 		a := pick(0).Addr()

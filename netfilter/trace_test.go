@@ -193,3 +193,59 @@ COMMIT
 		}
 	}
 }
+
+// TestTraceChain walks single chains, as the IPVS mode's tracer does around
+// IPVS: the mark a nat chain sets is carried into the next chain by the
+// caller, hash:ip sets match the destination address, and a chain that runs
+// out decides nothing.
+func TestTraceChain(t *testing.T) {
+	f := NewFake()
+	ctx := context.Background()
+	if err := f.IPSetRestore(ctx, []byte("create vips hash:ip family inet\nadd vips 10.96.0.1\n")); err != nil {
+		t.Fatal(err)
+	}
+	rules := "*nat\n:MARKVIP - [0:0]\n-A PREROUTING -j MARKVIP\n-A MARKVIP -m set --match-set vips dst -j MARK --or-mark 0x4000\n" +
+		":POST - [0:0]\n-A POSTROUTING -j POST\n-A POST -m mark ! --mark 0x4000/0x4000 -j RETURN\n-A POST -j MASQUERADE\nCOMMIT\n" +
+		"*filter\n-A INPUT -p tcp -m set --match-set vips dst -m tcp --dport 81 -j REJECT --reject-with tcp-reset\nCOMMIT\n"
+	if err := f.IPTablesRestore(ctx, IPv4, []byte(rules)); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		dst      string
+		wantMark uint32
+		reject   bool
+		masq     bool
+	}{
+		{"10.96.0.1:80", 0x4000, false, true},
+		{"10.96.0.1:81", 0x4000, true, true},
+		{"10.96.0.2:81", 0, false, false},
+	} {
+		p := pkt(lb.TCP, tc.dst, Prerouting)
+		v, mark, decided := f.TraceChain(p, "nat", "PREROUTING")
+		if decided || mark != tc.wantMark {
+			t.Errorf("%s nat PREROUTING: %v decided %v mark %#x, want undecided, mark %#x", tc.dst, v, decided, mark, tc.wantMark)
+		}
+		v, _, decided = f.TraceChain(p, "filter", "INPUT")
+		if got := decided && v.Action == Reject; got != tc.reject {
+			t.Errorf("%s filter INPUT: %v (decided %v), want rejected %v", tc.dst, v, decided, tc.reject)
+		}
+		p.Mark = mark
+		v, _, _ = f.TraceChain(p, "nat", "POSTROUTING")
+		if v.Masquerade != tc.masq {
+			t.Errorf("%s nat POSTROUTING with mark %#x: %v, want masquerade %v", tc.dst, mark, v, tc.masq)
+		}
+	}
+	if v, mark, decided := f.TraceChain(pkt(lb.TCP, "10.96.0.1:80", Prerouting), "mangle", "PREROUTING"); decided || mark != 0 || v.Action != Accept {
+		t.Errorf("a table the Fake does not hold: %v %#x %v", v, mark, decided)
+	}
+	out, err := f.IPSetSave(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "create vips hash:ip family inet maxelem 65536\nadd vips 10.96.0.1\n"; string(out) != want {
+		t.Errorf("IPSetSave:\n%s\nwant:\n%s", out, want)
+	}
+	if n := f.CountCalls("ipset-save"); n != 1 {
+		t.Errorf("%d ipset-save calls recorded, want 1", n)
+	}
+}

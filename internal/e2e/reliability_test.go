@@ -51,9 +51,11 @@ func TestPrivilegedNotAnOpenRelay(t *testing.T) {
 	}
 }
 
-// TestPrivilegedFDExhaustion runs svcproxy with few file descriptors: when
-// accept fails for lack of them it backs off (a metric says so), open
-// connections keep working, and once descriptors free up new ones work.
+// TestPrivilegedFDExhaustion runs svcproxy with few file descriptors: once
+// it is out of them a new client is reset at once (the spare descriptor
+// accepts and resets it; a metric and a log line say so) rather than left
+// waiting in the accept queue, open connections keep working, and once
+// descriptors free up new ones work.
 func TestPrivilegedFDExhaustion(t *testing.T) {
 	c := newCluster(t, 1, "")
 	client := c.topo.Clients[0]
@@ -61,27 +63,49 @@ func TestPrivilegedFDExhaustion(t *testing.T) {
 	if err := unix.Prlimit(c.proxy.Process.Pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: limit}, nil); err != nil {
 		t.Fatalf("lowering svcproxy's file limit: %v", err)
 	}
-	// Fill the table with open echo connections (each costs svcproxy two).
+	// Fill the table with open echo connections (each costs svcproxy two)
+	// until one is refused: the kernel completes every handshake, so the
+	// refusal is a reset instead of the backend's greeting.
 	var open []net.Conn
 	defer func() {
 		for _, conn := range open {
 			conn.Close()
 		}
 	}()
-	for i := 0; i < limit; i++ {
+	var refusedIn time.Duration
+	for i := 0; i < limit && refusedIn == 0; i++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		t0 := time.Now()
 		conn, err := client.Dial(ctx, "tcp", echoVIP+":9000")
 		cancel()
 		if err != nil {
-			break
+			t.Fatalf("connection %d: %v, want it accepted by the kernel (and reset by svcproxy if out of descriptors)", i, err)
 		}
-		open = append(open, conn)
+		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err = conn.Read(make([]byte, 1)) // the first byte of the backend's name
+		_ = conn.SetReadDeadline(time.Time{})
+		switch {
+		case err == nil:
+			open = append(open, conn)
+		case errors.Is(err, syscall.ECONNRESET):
+			refusedIn = time.Since(t0)
+			conn.Close()
+		default:
+			conn.Close()
+			t.Fatalf("connection %d with %d open: %v, want the backend's name or a reset", i, len(open), err)
+		}
+	}
+	if refusedIn == 0 {
+		t.Fatalf("%d connections with a limit of %d descriptors: none refused", len(open), limit)
+	}
+	if refusedIn > time.Second {
+		t.Errorf("a client was refused after %v, want at once", refusedIn)
 	}
 	// While out of descriptors not even /metrics can accept: watch the log.
 	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(c.proxyOut.String(), "lack of file descriptors") {
+	for !strings.Contains(c.proxyOut.String(), "refusing new connections at once") {
 		if time.Now().After(deadline) {
-			t.Fatalf("no log line about accept failing after %d connections with a limit of %d", len(open), limit)
+			t.Fatalf("no log line about refusing after %d connections with a limit of %d", len(open), limit)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -116,6 +140,9 @@ func TestPrivilegedFDExhaustion(t *testing.T) {
 	}
 	if n := c.metric(t, `svcproxy_forwarder_accept_errors_total{reason="fd_limit"}`); n == 0 {
 		t.Error("svcproxy_forwarder_accept_errors_total{reason=\"fd_limit\"} is 0")
+	}
+	if n := c.metric(t, `svcproxy_forwarder_connections_total{protocol="TCP",result="fd_limit"}`); n == 0 {
+		t.Error("svcproxy_forwarder_connections_total{result=\"fd_limit\"} is 0")
 	}
 }
 

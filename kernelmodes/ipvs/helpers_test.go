@@ -1,4 +1,4 @@
-package ipvs
+package ipvs_test
 
 import (
 	"context"
@@ -12,7 +12,9 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/internal/cases"
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/ipvstest"
 	"github.com/svcproxy/svcproxy/lb"
 )
 
@@ -39,27 +41,27 @@ func (c *fakeClock) Advance(d time.Duration) {
 // on it.
 type world struct {
 	t     testing.TB
-	f     *Fakes
-	m     *Mode
+	f     *ipvstest.Fakes
+	m     *ipvs.Mode
 	clock *fakeClock
 	store *lb.Store
 	port  uint16 // next client port
 }
 
-func newWorld(t testing.TB, cfg Config) *world {
+func newWorld(t testing.TB, cfg ipvs.Config) *world {
 	t.Helper()
 	clock := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	f := NewFakes(clock.Now)
+	f := ipvstest.NewFakes(clock.Now)
 	f.Links.AddNodeAddr("eth0", cases.NodeIP)
 	return newWorldOn(t, f, clock, cfg)
 }
 
-func newWorldOn(t testing.TB, f *Fakes, clock *fakeClock, cfg Config) *world {
+func newWorldOn(t testing.TB, f *ipvstest.Fakes, clock *fakeClock, cfg ipvs.Config) *world {
 	t.Helper()
 	cfg = f.Config(cfg)
 	cfg.Now = clock.Now
 	cfg.Logger = zaptest.NewLogger(t)
-	m, err := New(cfg)
+	m, err := ipvs.New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -93,9 +95,9 @@ func clientAddr(c cases.Client, dst netip.Addr) netip.Addr {
 	return cases.PodIP
 }
 
-func (w *world) packet(from cases.Client, proto lb.Protocol, to netip.AddrPort) Packet {
+func (w *world) packet(from cases.Client, proto lb.Protocol, to netip.AddrPort) ipvstest.Packet {
 	w.port++
-	return Packet{
+	return ipvstest.Packet{
 		Src:   netip.AddrPortFrom(clientAddr(from, to.Addr()), w.port),
 		Dst:   to,
 		Proto: proto,
@@ -104,19 +106,19 @@ func (w *world) packet(from cases.Client, proto lb.Protocol, to netip.AddrPort) 
 }
 
 // result turns a traced verdict into what a real client would have seen.
-func result(v Verdict, client netip.Addr) cases.Result {
+func result(v ipvstest.Verdict, client netip.Addr) cases.Result {
 	r := cases.Result{Client: client, Backend: -1, Detail: v.String()}
 	switch v.Action {
-	case Forwarded:
+	case ipvstest.Forwarded:
 		r.Outcome = cases.Reach
 		r.Backend = slices.Index(cases.Backends, v.Backend.Addr())
 		r.Src = client
 		if v.Masquerade {
 			r.Src = cases.NodeIP
 		}
-	case Rejected:
+	case ipvstest.Rejected:
 		r.Outcome = cases.Refused
-	case Untouched:
+	case ipvstest.Untouched:
 		r.Outcome = cases.Gone
 	default:
 		r.Outcome = 255 // dropped: matches no expectation
@@ -152,7 +154,7 @@ func (w *world) realServers(proto lb.Protocol, vip netip.AddrPort) []string {
 }
 
 // virtualServers renders the fake's virtual servers that keep accepts.
-func virtualServers(f *Fakes, keep func(VirtualServer) bool) []string {
+func virtualServers(f *ipvstest.Fakes, keep func(ipvstest.VirtualServer) bool) []string {
 	got := []string{}
 	for _, v := range f.IPVS.Services() {
 		if keep(v) {
@@ -173,14 +175,14 @@ func checkVirtualServers(t *testing.T, got, want []string) {
 func be(i int) netip.AddrPort { return netip.AddrPortFrom(cases.Backends[i], cases.TCPPort) }
 
 // dump renders the whole fake kernel, for comparing two worlds.
-func dump(f *Fakes) string {
+func dump(f *ipvstest.Fakes) string {
 	var b strings.Builder
 	for _, v := range f.IPVS.Services() {
 		b.WriteString(v.String() + "\n")
 	}
-	if kind, addrs, ok := f.Links.Link(DummyInterface); ok {
+	if kind, addrs, ok := f.Links.Link(ipvs.DummyInterface); ok {
 		slices.SortFunc(addrs, netip.Addr.Compare)
-		b.WriteString(DummyInterface + " " + kind + " " + fmtAddrs(addrs) + "\n")
+		b.WriteString(ipvs.DummyInterface + " " + kind + " " + fmtAddrs(addrs) + "\n")
 	}
 	b.WriteString(f.Rules.Dump())
 	return b.String()

@@ -10,7 +10,7 @@ import (
 // The kernel boundaries. Each interface is exactly what Mode calls; the real
 // implementations are NewIPVS (moby/ipvs), NewLinks (vishvananda/netlink),
 // Exec (iptables-restore, ipset), NewConntrack (conntrack over netlink) and
-// ProcSysctls (/proc/sys); the in-memory fakes are in Fakes.
+// ProcSysctls (/proc/sys); the in-memory fakes are in package ipvstest.
 
 // IPVS is the subset of *ipvs.Handle (github.com/moby/ipvs) Mode calls. The
 // kernel reports errors as syscall.Errno: EEXIST when creating what exists,
@@ -55,7 +55,7 @@ type Links interface {
 // Rules runs iptables-restore/-save and ipset: the whole rule set of a
 // family in one iptables-restore, set contents in one ipset restore.
 //
-// *netfilter.Exec is the real one.
+// *netfilter.Exec is the real one, *netfilter.Fake the in-memory one.
 type Rules interface {
 	// IPTablesRestore feeds data to iptables-restore (ip6tables-restore
 	// for IPv6) with --noflush --wait: only the chains data declares are
@@ -112,4 +112,7 @@ func familyOf(a netip.Addr) Family {
 	return IPv6
 }
 
-var _ Rules = (*netfilter.Exec)(nil)
+var (
+	_ Rules = (*netfilter.Exec)(nil)
+	_ Rules = (*netfilter.Fake)(nil)
+)

@@ -1,4 +1,4 @@
-package ipvs
+package ipvs_test
 
 import (
 	"context"
@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/internal/cases"
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/ipvstest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 )
@@ -25,7 +27,7 @@ func TestServiceSemantics(t *testing.T) {
 			name = "full"
 		}
 		t.Run(name, func(t *testing.T) {
-			w := newWorld(t, Config{})
+			w := newWorld(t, ipvs.Config{})
 			for _, step := range cases.Steps() {
 				t.Run(step.Name, func(t *testing.T) { w.runStep(t, step, full) })
 			}
@@ -34,7 +36,7 @@ func TestServiceSemantics(t *testing.T) {
 			}
 			w.checkClean(t)
 			v := w.f.Trace(w.packet(cases.Pod, lb.TCP, cases.StickyIP))
-			if v.Action != Untouched {
+			if v.Action != ipvstest.Untouched {
 				t.Errorf("after Cleanup, pod -> %v: %v, want Untouched", cases.StickyIP, v)
 			}
 		})
@@ -42,13 +44,13 @@ func TestServiceSemantics(t *testing.T) {
 }
 
 func (w *world) runStep(t *testing.T, step cases.Step, full bool) {
-	var held *FakeConn
-	var heldPkt Packet
+	var held *ipvstest.Conn
+	var heldPkt ipvstest.Packet
 	if h := step.Held; h != nil {
 		for range 10 {
 			heldPkt = w.packet(h.From, h.Proto, h.To)
 			c := w.f.Connect(heldPkt)
-			if c.Route.Action == Forwarded && c.Route.Backend.Addr() == cases.Backends[h.Backend] {
+			if c.Route.Action == ipvstest.Forwarded && c.Route.Backend.Addr() == cases.Backends[h.Backend] {
 				held = c
 				break
 			}
@@ -72,7 +74,7 @@ func (w *world) runStep(t *testing.T, step cases.Step, full bool) {
 				t.Errorf("removed UDP real server %v is still there: %v", gone, rs)
 			}
 			v := w.f.Trace(heldPkt)
-			if v.Action != Forwarded || v.Backend == gone {
+			if v.Action != ipvstest.Forwarded || v.Backend == gone {
 				t.Errorf("the held flow's next datagram: %v, want it forwarded to another backend", v)
 			}
 		} else {
@@ -110,16 +112,16 @@ func (w *world) checkClean(t *testing.T) {
 	if vs := w.f.IPVS.Services(); len(vs) != 0 {
 		t.Errorf("virtual servers left: %v", vs)
 	}
-	if _, _, ok := w.f.Links.Link(DummyInterface); ok {
-		t.Errorf("%s left", DummyInterface)
+	if _, _, ok := w.f.Links.Link(ipvs.DummyInterface); ok {
+		t.Errorf("%s left", ipvs.DummyInterface)
 	}
-	if ok, left := w.f.Rules.Empty(); !ok {
-		t.Errorf("rules or sets left:\n%s", left)
+	if left := w.f.RulesLeft(); len(left) > 0 {
+		t.Errorf("rules or sets left:\n%s", strings.Join(left, "\n"))
 	}
 }
 
 func TestIdempotentApplyMakesNoCalls(t *testing.T) {
-	w := newWorld(t, Config{})
+	w := newWorld(t, ipvs.Config{})
 	svcs := []lb.Service{cases.Web(0, 1), cases.DNS(0, 1), cases.Sticky()}
 	w.apply(false, svcs...)
 	w.f.ResetCalls()
@@ -150,10 +152,10 @@ func TestIdempotentApplyMakesNoCalls(t *testing.T) {
 }
 
 func TestVirtualServers(t *testing.T) {
-	w := newWorld(t, Config{})
+	w := newWorld(t, ipvs.Config{})
 	w.f.Links.AddNodeAddr("eth1", netip.MustParseAddr("192.0.2.7"))
 	w.apply(false, cases.Web(0, 1), cases.Sticky())
-	checkVirtualServers(t, virtualServers(w.f, func(VirtualServer) bool { return true }), []string{
+	checkVirtualServers(t, virtualServers(w.f, func(ipvstest.VirtualServer) bool { return true }), []string{
 		"tcp 192.0.2.7:30080 rr -> 198.18.2.1:8080 w1 -> 198.18.2.2:8080 w1",
 		"tcp 198.18.0.1:30080 rr -> 198.18.2.1:8080 w1 -> 198.18.2.2:8080 w1",
 		"tcp 198.19.0.10:80 rr -> 198.18.2.1:8080 w1 -> 198.18.2.2:8080 w1",
@@ -161,28 +163,28 @@ func TestVirtualServers(t *testing.T) {
 		"tcp 198.19.1.10:80 rr -> 198.18.2.1:8080 w1 -> 198.18.2.2:8080 w1",
 		"tcp 198.19.2.10:80 rr -> 198.18.2.1:8080 w1 -> 198.18.2.2:8080 w1",
 	})
-	_, addrs, _ := w.f.Links.Link(DummyInterface)
+	_, addrs, _ := w.f.Links.Link(ipvs.DummyInterface)
 	slices.SortFunc(addrs, netip.Addr.Compare)
 	if g, w := fmtAddrs(addrs), "198.19.0.10 198.19.0.11 198.19.1.10 198.19.2.10"; g != w {
-		t.Errorf("%s addresses: %s, want %s", DummyInterface, g, w)
+		t.Errorf("%s addresses: %s, want %s", ipvs.DummyInterface, g, w)
 	}
 	vals := w.f.Sysctls.Values()
-	for _, s := range sysctls {
+	for _, s := range ipvs.WantSysctls {
 		if vals[s[0]] != s[1] {
 			t.Errorf("sysctl %s = %q, want %q", s[0], vals[s[0]], s[1])
 		}
 	}
 	// The second node address serves the NodePort too.
-	v := w.f.Trace(Packet{Src: netip.MustParseAddrPort("203.0.113.9:5555"), Dst: netip.MustParseAddrPort("192.0.2.7:30080"), Proto: lb.TCP})
-	if v.Action != Forwarded || !v.Masquerade {
+	v := w.f.Trace(ipvstest.Packet{Src: netip.MustParseAddrPort("203.0.113.9:5555"), Dst: netip.MustParseAddrPort("192.0.2.7:30080"), Proto: lb.TCP})
+	if v.Action != ipvstest.Forwarded || !v.Masquerade {
 		t.Errorf("external client -> second node IP NodePort: %v, want forwarded and masqueraded", v)
 	}
 }
 
 func TestSchedulers(t *testing.T) {
-	for _, sched := range Schedulers {
+	for _, sched := range ipvs.Schedulers {
 		t.Run(sched, func(t *testing.T) {
-			w := newWorld(t, Config{Scheduler: sched})
+			w := newWorld(t, ipvs.Config{Scheduler: sched})
 			w.apply(false, cases.Web(0, 1, 2))
 			for _, v := range w.f.IPVS.Services() {
 				if v.Scheduler != sched {
@@ -203,11 +205,11 @@ func TestSchedulers(t *testing.T) {
 			}
 		})
 	}
-	if _, err := New(Config{Scheduler: "random"}); err == nil {
+	if _, err := ipvs.New(ipvs.Config{Scheduler: "random"}); err == nil {
 		t.Error("New accepted an unknown scheduler")
 	}
 	// A Service naming an algorithm gets the matching scheduler.
-	w := newWorld(t, Config{Scheduler: "wlc"})
+	w := newWorld(t, ipvs.Config{Scheduler: "wlc"})
 	named := func(name string, a lb.Algorithm, ip string) lb.Service {
 		s := cases.Web(0)
 		s.Name.Name, s.Algorithm, s.NodePort = name, a, 0
@@ -227,7 +229,7 @@ func TestSchedulers(t *testing.T) {
 }
 
 func TestAffinityIsPersistence(t *testing.T) {
-	w := newWorld(t, Config{})
+	w := newWorld(t, ipvs.Config{})
 	sticky := cases.Sticky()
 	sticky.AffinityTimeout = 90 * time.Second
 	w.apply(false, sticky)
@@ -259,9 +261,9 @@ func TestAffinityIsPersistence(t *testing.T) {
 }
 
 func TestDrainTimeout(t *testing.T) {
-	w := newWorld(t, Config{DrainTimeout: 30 * time.Second})
+	w := newWorld(t, ipvs.Config{DrainTimeout: 30 * time.Second})
 	w.apply(false, cases.Web(0, 1))
-	var held *FakeConn
+	var held *ipvstest.Conn
 	for range 4 {
 		c := w.f.Connect(w.packet(cases.Pod, lb.TCP, cases.WebClusterIP))
 		if c.Route.Backend == be(1) {
@@ -299,7 +301,7 @@ func TestDrainTimeout(t *testing.T) {
 }
 
 func TestDrainingEndpointComesBack(t *testing.T) {
-	w := newWorld(t, Config{})
+	w := newWorld(t, ipvs.Config{})
 	w.apply(false, cases.Web(0, 1))
 	if err := w.f.IPVS.SetConns(lb.TCP, cases.WebClusterIP, be(1), 0, 3); err != nil {
 		t.Fatal(err)
@@ -328,23 +330,23 @@ func TestMasquerade(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
-		cfg  Config
+		cfg  ipvs.Config
 		svc  lb.Service
 		to   netip.AddrPort
 		want bool
 	}{
-		{"ClusterIP", Config{}, cases.Web(0, 1), cases.WebClusterIP, false},
-		{"ClusterIP, masquerade all", Config{MasqueradeAll: true}, cases.Web(0, 1), cases.WebClusterIP, true},
-		{"NodePort", Config{}, cases.Web(0, 1), cases.WebNodePort, true},
-		{"NodePort, Local policy", Config{}, local(), cases.WebNodePort, false},
-		{"ExternalIP, Local policy", Config{}, local(), cases.WebExternalIP, false},
-		{"LoadBalancer IP", Config{}, cases.Web(0, 1), cases.WebLBIP, true},
+		{"ClusterIP", ipvs.Config{}, cases.Web(0, 1), cases.WebClusterIP, false},
+		{"ClusterIP, masquerade all", ipvs.Config{MasqueradeAll: true}, cases.Web(0, 1), cases.WebClusterIP, true},
+		{"NodePort", ipvs.Config{}, cases.Web(0, 1), cases.WebNodePort, true},
+		{"NodePort, Local policy", ipvs.Config{}, local(), cases.WebNodePort, false},
+		{"ExternalIP, Local policy", ipvs.Config{}, local(), cases.WebExternalIP, false},
+		{"LoadBalancer IP", ipvs.Config{}, cases.Web(0, 1), cases.WebLBIP, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t, tc.cfg)
 			w.apply(false, tc.svc)
 			v := w.f.Trace(w.packet(cases.Pod, lb.TCP, tc.to))
-			if v.Action != Forwarded || v.Masquerade != tc.want {
+			if v.Action != ipvstest.Forwarded || v.Masquerade != tc.want {
 				t.Errorf("pod -> %v: %v, want forwarded, masquerade %v", tc.to, v, tc.want)
 			}
 		})
@@ -353,12 +355,12 @@ func TestMasquerade(t *testing.T) {
 
 func TestFullSyncRepairsTampering(t *testing.T) {
 	svcs := []lb.Service{cases.Web(0, 1), cases.DNS(0, 1), cases.Sticky()}
-	ref := newWorld(t, Config{})
+	ref := newWorld(t, ipvs.Config{})
 	ref.apply(true, svcs...)
 
-	w := newWorld(t, Config{})
+	w := newWorld(t, ipvs.Config{})
 	w.apply(false, svcs...)
-	foreign := toService(vsKey{lb.TCP, netip.MustParseAddrPort("10.0.0.1:80")}, vsAttrs{sched: "rr"})
+	foreign := ipvs.VirtualService(lb.TCP, netip.MustParseAddrPort("10.0.0.1:80"), "rr")
 	ctx := context.Background()
 	must := func(err error) {
 		t.Helper()
@@ -369,17 +371,17 @@ func TestFullSyncRepairsTampering(t *testing.T) {
 	// Someone else's virtual server, on an address that is not ours: kept.
 	must(w.f.IPVS.NewService(foreign))
 	// Ours, tampered with.
-	web := toService(vsKey{lb.TCP, cases.WebClusterIP}, vsAttrs{sched: "rr"})
-	must(w.f.IPVS.DelService(toService(vsKey{lb.TCP, cases.WebExternalIP}, vsAttrs{sched: "rr"})))
-	must(w.f.IPVS.UpdateDestination(web, toDestination(be(0), 5)))
-	must(w.f.IPVS.NewDestination(web, toDestination(be(2), 1)))
-	must(w.f.IPVS.UpdateService(toService(vsKey{lb.TCP, cases.StickyIP}, vsAttrs{sched: "lc"})))
-	stray := toService(vsKey{lb.TCP, netip.AddrPortFrom(cases.WebClusterIP.Addr(), 8443)}, vsAttrs{sched: "rr"})
+	web := ipvs.VirtualService(lb.TCP, cases.WebClusterIP, "rr")
+	must(w.f.IPVS.DelService(ipvs.VirtualService(lb.TCP, cases.WebExternalIP, "rr")))
+	must(w.f.IPVS.UpdateDestination(web, ipvs.RealServer(be(0), 5)))
+	must(w.f.IPVS.NewDestination(web, ipvs.RealServer(be(2), 1)))
+	must(w.f.IPVS.UpdateService(ipvs.VirtualService(lb.TCP, cases.StickyIP, "lc")))
+	stray := ipvs.VirtualService(lb.TCP, netip.AddrPortFrom(cases.WebClusterIP.Addr(), 8443), "rr")
 	must(w.f.IPVS.NewService(stray))
-	must(w.f.Links.DelAddr(ctx, DummyInterface, cases.WebLBIP.Addr()))
-	must(w.f.Links.AddAddr(ctx, DummyInterface, netip.MustParseAddr("198.19.7.7")))
+	must(w.f.Links.DelAddr(ctx, ipvs.DummyInterface, cases.WebLBIP.Addr()))
+	must(w.f.Links.AddAddr(ctx, ipvs.DummyInterface, netip.MustParseAddr("198.19.7.7")))
 	must(w.f.Rules.IPSetRestore(ctx, []byte("del svcproxy-ipvs-vs-v4 198.19.0.10,tcp:80\nadd svcproxy-ipvs-reject-v4 198.19.0.11,tcp:80\ncreate svcproxy-ipvs-junk hash:ip\n")))
-	must(w.f.Rules.IPTablesRestore(ctx, IPv4, []byte("*nat\n:SVCPROXY-IPVS-JUNK - [0:0]\n-D PREROUTING -j SVCPROXY-IPVS-SERVICES\n-A OUTPUT -j SVCPROXY-IPVS-SERVICES\nCOMMIT\n*filter\n-F SVCPROXY-IPVS-FILTER\nCOMMIT\n")))
+	must(w.f.Rules.IPTablesRestore(ctx, ipvs.IPv4, []byte("*nat\n:SVCPROXY-IPVS-JUNK - [0:0]\n-D PREROUTING -j SVCPROXY-IPVS-SERVICES\n-A OUTPUT -j SVCPROXY-IPVS-SERVICES\nCOMMIT\n*filter\n-F SVCPROXY-IPVS-FILTER\nCOMMIT\n")))
 
 	// An incremental Apply trusts its memory...
 	w.apply(false, svcs...)
@@ -403,16 +405,16 @@ func TestFullSyncRepairsTampering(t *testing.T) {
 }
 
 func TestCleanupLeavesOthersAlone(t *testing.T) {
-	w := newWorld(t, Config{})
+	w := newWorld(t, ipvs.Config{})
 	ctx := context.Background()
 	foreignRules := "*nat\n:FOREIGN - [0:0]\n-A PREROUTING -j FOREIGN\n-A FOREIGN -p tcp --dport 8080 -j RETURN\nCOMMIT\n*filter\n-A INPUT -p tcp --dport 22 -j ACCEPT\nCOMMIT\n"
 	if err := w.f.Rules.IPSetRestore(ctx, []byte("create foreign hash:ip\nadd foreign 10.1.1.1\n")); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.f.Rules.IPTablesRestore(ctx, IPv4, []byte(foreignRules)); err != nil {
+	if err := w.f.Rules.IPTablesRestore(ctx, ipvs.IPv4, []byte(foreignRules)); err != nil {
 		t.Fatal(err)
 	}
-	foreign := toService(vsKey{lb.UDP, netip.MustParseAddrPort("10.0.0.1:53")}, vsAttrs{sched: "rr"})
+	foreign := ipvs.VirtualService(lb.UDP, netip.MustParseAddrPort("10.0.0.1:53"), "rr")
 	if err := w.f.IPVS.NewService(foreign); err != nil {
 		t.Fatal(err)
 	}
@@ -433,11 +435,11 @@ func TestCleanupLeavesOthersAlone(t *testing.T) {
 		t.Fatalf("second Cleanup: %v", err)
 	}
 	w.apply(false, cases.Web(0, 1))
-	if v := w.f.Trace(w.packet(cases.Pod, lb.TCP, cases.WebClusterIP)); v.Action != Forwarded {
+	if v := w.f.Trace(w.packet(cases.Pod, lb.TCP, cases.WebClusterIP)); v.Action != ipvstest.Forwarded {
 		t.Errorf("after Cleanup and Apply: %v", v)
 	}
 	// A Mode that never applied cleans up what another left.
-	other := newWorldOn(t, w.f, w.clock, Config{})
+	other := newWorldOn(t, w.f, w.clock, ipvs.Config{})
 	if err := other.m.Cleanup(ctx); err != nil {
 		t.Fatalf("Cleanup by a new Mode: %v", err)
 	}
@@ -447,14 +449,14 @@ func TestCleanupLeavesOthersAlone(t *testing.T) {
 }
 
 func TestRestartAdoptsState(t *testing.T) {
-	w := newWorld(t, Config{})
+	w := newWorld(t, ipvs.Config{})
 	w.apply(false, cases.Web(0, 1), cases.DNS(0, 1))
 	if err := w.f.IPVS.SetConns(lb.TCP, cases.WebClusterIP, be(1), 1, 0); err != nil {
 		t.Fatal(err)
 	}
 	// A new process: its first Apply is a full one against the kernel. The
 	// removed endpoint with a connection drains; the removed Service goes.
-	w2 := newWorldOn(t, w.f, w.clock, Config{})
+	w2 := newWorldOn(t, w.f, w.clock, ipvs.Config{})
 	w2.f.ResetCalls()
 	w2.apply(false, cases.Web(0))
 	if rs := w2.realServers(lb.TCP, cases.WebClusterIP); !slices.Equal(rs, []string{be(0).String() + " w1", be(1).String() + " w0"}) {
@@ -483,7 +485,7 @@ func TestRestartAdoptsState(t *testing.T) {
 func TestFailedApplyConverges(t *testing.T) {
 	for _, op := range []string{"NewService", "NewDestination", "UpdateDestination", "DelService", "ipset-restore", "AddAddr"} {
 		t.Run(op, func(t *testing.T) {
-			w := newWorld(t, Config{})
+			w := newWorld(t, ipvs.Config{})
 			w.apply(false, cases.Web(0, 1), cases.DNS(0, 1))
 			boom := errors.New("boom")
 			switch op {
@@ -499,7 +501,7 @@ func TestFailedApplyConverges(t *testing.T) {
 				t.Fatalf("Apply: %v, want the injected error", err)
 			}
 			w.apply(false, next...) // a full one, after the failure
-			ref := newWorld(t, Config{})
+			ref := newWorld(t, ipvs.Config{})
 			ref.apply(false, next...)
 			if got, want := dump(w.f), dump(ref.f); got != want {
 				t.Errorf("after recovery:\n%s\nwant:\n%s", got, want)
@@ -513,17 +515,17 @@ func TestFailedApplyConverges(t *testing.T) {
 // kubeproxy_sync_proxy_rules_iptables_restore_failures_total); the next
 // sync writes the rules.
 func TestRestoreFailuresCounted(t *testing.T) {
-	w := newWorld(t, Config{})
+	w := newWorld(t, ipvs.Config{})
 	boom := errors.New("boom")
 	w.f.Rules.FailNext("iptables-restore", boom)
 	if err := w.tryApply(true, cases.Web(0, 1)); !errors.Is(err, boom) {
 		t.Fatalf("Apply: %v, want the injected error", err)
 	}
-	if v4, v6 := w.m.RestoreFailures(IPv4), w.m.RestoreFailures(IPv6); v4 != 1 || v6 != 0 {
+	if v4, v6 := w.m.RestoreFailures(ipvs.IPv4), w.m.RestoreFailures(ipvs.IPv6); v4 != 1 || v6 != 0 {
 		t.Errorf("RestoreFailures IPv4 %d, IPv6 %d; want 1, 0", v4, v6)
 	}
 	w.apply(true, cases.Web(0, 1))
-	if n := w.m.RestoreFailures(IPv4); n != 1 {
+	if n := w.m.RestoreFailures(ipvs.IPv4); n != 1 {
 		t.Errorf("after a good sync RestoreFailures(IPv4) = %d, want still 1", n)
 	}
 	if msg := cases.Check(cases.Probe{From: cases.Pod, To: cases.WebNodePort, N: 2, Backends: []int{0, 1}, Balanced: true, Masq: cases.MasqYes},
@@ -533,7 +535,7 @@ func TestRestoreFailuresCounted(t *testing.T) {
 }
 
 func TestIPv6(t *testing.T) {
-	w := newWorld(t, Config{IPv6: true})
+	w := newWorld(t, ipvs.Config{IPv6: true})
 	w.f.Links.AddNodeAddr("eth0", netip.MustParseAddr("2001:db8::1"))
 	svc := cases.Web()
 	svc.ClusterIPs = []netip.Addr{netip.MustParseAddr("fd00::10")}
@@ -544,20 +546,20 @@ func TestIPv6(t *testing.T) {
 	}
 	w.apply(false, svc)
 	pod := netip.MustParseAddrPort("[fd00:2::5]:4000")
-	v := w.f.Trace(Packet{Src: pod, Dst: netip.MustParseAddrPort("[fd00::10]:80"), Proto: lb.TCP})
-	if v.Action != Forwarded || v.Masquerade {
+	v := w.f.Trace(ipvstest.Packet{Src: pod, Dst: netip.MustParseAddrPort("[fd00::10]:80"), Proto: lb.TCP})
+	if v.Action != ipvstest.Forwarded || v.Masquerade {
 		t.Errorf("pod -> IPv6 ClusterIP: %v", v)
 	}
-	v = w.f.Trace(Packet{Src: pod, Dst: netip.MustParseAddrPort("[2001:db8::1]:30080"), Proto: lb.TCP})
-	if v.Action != Forwarded || !v.Masquerade {
+	v = w.f.Trace(ipvstest.Packet{Src: pod, Dst: netip.MustParseAddrPort("[2001:db8::1]:30080"), Proto: lb.TCP})
+	if v.Action != ipvstest.Forwarded || !v.Masquerade {
 		t.Errorf("pod -> IPv6 NodePort: %v, want forwarded, masqueraded", v)
 	}
-	v = w.f.Trace(Packet{Src: pod, Dst: netip.MustParseAddrPort("[fd00::10]:81"), Proto: lb.TCP})
-	if v.Action != Rejected {
+	v = w.f.Trace(ipvstest.Packet{Src: pod, Dst: netip.MustParseAddrPort("[fd00::10]:81"), Proto: lb.TCP})
+	if v.Action != ipvstest.Rejected {
 		t.Errorf("pod -> another port of the IPv6 ClusterIP: %v, want Rejected", v)
 	}
 	// Without IPv6, IPv6 frontends and node IPs are skipped.
-	w4 := newWorld(t, Config{})
+	w4 := newWorld(t, ipvs.Config{})
 	w4.f.Links.AddNodeAddr("eth0", netip.MustParseAddr("2001:db8::1"))
 	w4.apply(false, svc)
 	for _, vs := range w4.f.IPVS.Services() {
@@ -568,7 +570,7 @@ func TestIPv6(t *testing.T) {
 }
 
 func TestNodePortAddresses(t *testing.T) {
-	w := newWorld(t, Config{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/24")}})
+	w := newWorld(t, ipvs.Config{NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/24")}})
 	w.f.Links.AddNodeAddr("eth1", netip.MustParseAddr("192.0.2.7"))
 	w.apply(false, cases.Web(0))
 	if rs := w.realServers(lb.TCP, netip.MustParseAddrPort("192.0.2.7:30080")); rs != nil {
@@ -577,7 +579,7 @@ func TestNodePortAddresses(t *testing.T) {
 	if rs := w.realServers(lb.TCP, cases.WebNodePort); rs == nil {
 		t.Errorf("no NodePort on %v", cases.WebNodePort)
 	}
-	w2 := newWorld(t, Config{NodeIPs: []netip.Addr{netip.MustParseAddr("192.0.2.8")}})
+	w2 := newWorld(t, ipvs.Config{NodeIPs: []netip.Addr{netip.MustParseAddr("192.0.2.8")}})
 	w2.apply(false, cases.Web(0))
 	var got []string
 	for _, v := range w2.f.IPVS.Services() {
@@ -591,22 +593,22 @@ func TestNodePortAddresses(t *testing.T) {
 }
 
 func TestConfig(t *testing.T) {
-	for _, cfg := range []Config{
+	for _, cfg := range []ipvs.Config{
 		{Scheduler: "fancy"},
 		{NodePortAddresses: []netip.Prefix{{}}},
 		{NodeIPs: []netip.Addr{netip.IPv4Unspecified()}},
 		{DrainTimeout: -time.Second},
 	} {
-		if _, err := New(cfg); err == nil {
+		if _, err := ipvs.New(cfg); err == nil {
 			t.Errorf("New(%+v) accepted it", cfg)
 		}
 	}
-	m, err := New(Config{})
+	m, err := ipvs.New(ipvs.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.cfg.Mark != DefaultMark || m.cfg.Scheduler != "rr" {
-		t.Errorf("defaults: mark %#x scheduler %q", m.cfg.Mark, m.cfg.Scheduler)
+	if m.Config().Mark != ipvs.DefaultMark || m.Config().Scheduler != "rr" {
+		t.Errorf("defaults: mark %#x scheduler %q", m.Config().Mark, m.Config().Scheduler)
 	}
 }
 
@@ -621,7 +623,7 @@ func TestRandomFully(t *testing.T) {
 		{"iptables v1.4.21", false},
 		{"garbage", false},
 	} {
-		w := newWorld(t, Config{})
+		w := newWorld(t, ipvs.Config{})
 		w.f.Rules.SetVersion(tc.version)
 		w.apply(false, cases.Web(0))
 		if got := strings.Contains(w.f.Rules.Dump(), "--random-fully"); got != tc.want {
@@ -631,9 +633,9 @@ func TestRandomFully(t *testing.T) {
 }
 
 func TestFakeIPVSErrors(t *testing.T) {
-	f := NewFakeIPVS(nil)
-	s := toService(vsKey{lb.TCP, cases.WebClusterIP}, vsAttrs{sched: "rr"})
-	d := toDestination(be(0), 1)
+	f := ipvstest.NewIPVS(nil)
+	s := ipvs.VirtualService(lb.TCP, cases.WebClusterIP, "rr")
+	d := ipvs.RealServer(be(0), 1)
 	for _, tc := range []struct {
 		name string
 		err  error
@@ -641,7 +643,7 @@ func TestFakeIPVSErrors(t *testing.T) {
 	}{
 		{"update missing service", f.UpdateService(s), syscall.ESRCH},
 		{"delete missing service", f.DelService(s), syscall.ESRCH},
-		{"unknown scheduler", f.NewService(toService(vsKey{lb.TCP, cases.WebClusterIP}, vsAttrs{sched: "nope"})), syscall.ENOENT},
+		{"unknown scheduler", f.NewService(ipvs.VirtualService(lb.TCP, cases.WebClusterIP, "nope")), syscall.ENOENT},
 		{"create", f.NewService(s), nil},
 		{"create again", f.NewService(s), syscall.EEXIST},
 		{"update missing destination", f.UpdateDestination(s, d), syscall.ENOENT},
@@ -655,14 +657,14 @@ func TestFakeIPVSErrors(t *testing.T) {
 		}
 	}
 	got, _ := f.GetServices()
-	if len(got) != 1 || got[0].Flags&flagHashed == 0 {
+	if len(got) != 1 || got[0].Flags&ipvs.FlagHashed == 0 {
 		t.Errorf("GetServices: %+v, want one with the hashed flag", got)
 	}
 }
 
 func TestFakeRulesRefusesWhatIptablesRefuses(t *testing.T) {
 	ctx := context.Background()
-	f := NewFakeRules()
+	f := netfilter.NewFake()
 	for _, bad := range []string{
 		"*nat\n-A PREROUTING -j NOPE\nCOMMIT\n",
 		"*nat\n-A PREROUTING -m set --match-set nope dst -j RETURN\nCOMMIT\n",
@@ -671,11 +673,11 @@ func TestFakeRulesRefusesWhatIptablesRefuses(t *testing.T) {
 		"*nat\n:A - [0:0]\n-A PREROUTING -j A\n-X A\nCOMMIT\n",
 		"*nat\n-A PREROUTING -j RETURN\n",
 	} {
-		if err := f.IPTablesRestore(ctx, IPv4, []byte(bad)); err == nil {
+		if err := f.IPTablesRestore(ctx, ipvs.IPv4, []byte(bad)); err == nil {
 			t.Errorf("accepted %q", bad)
 		}
 	}
-	if out, _ := f.IPTablesSave(ctx, IPv4, "nat"); strings.Contains(string(out), "-A") {
+	if out, _ := f.IPTablesSave(ctx, ipvs.IPv4, "nat"); strings.Contains(string(out), "-A") {
 		t.Errorf("a failed restore left rules:\n%s", out)
 	}
 	for _, bad := range []string{
@@ -689,36 +691,36 @@ func TestFakeRulesRefusesWhatIptablesRefuses(t *testing.T) {
 			t.Errorf("accepted %q", bad)
 		}
 	}
-	if err := f.IPTablesRestore(ctx, IPv4, []byte("*filter\n-A INPUT -m set --match-set s src -j DROP\nCOMMIT\n")); err != nil {
+	if err := f.IPTablesRestore(ctx, ipvs.IPv4, []byte("*filter\n-A INPUT -m set --match-set s src -j DROP\nCOMMIT\n")); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.IPSetDestroy(ctx, "s"); !errors.Is(err, ErrSetInUse) {
+	if err := f.IPSetDestroy(ctx, "s"); !errors.Is(err, ipvs.ErrSetInUse) {
 		t.Errorf("destroying a set in use: %v", err)
 	}
-	if err := f.IPSetDestroy(ctx, "nope"); !errors.Is(err, ErrNoSet) {
+	if err := f.IPSetDestroy(ctx, "nope"); !errors.Is(err, ipvs.ErrNoSet) {
 		t.Errorf("destroying a missing set: %v", err)
 	}
 }
 
 func TestAvailable(t *testing.T) {
-	err := Available()
+	err := ipvs.Available()
 	if err == nil {
 		t.Log("this kernel has IPVS")
 		return
 	}
-	if !errors.Is(err, ErrUnavailable) {
+	if !errors.Is(err, ipvs.ErrUnavailable) {
 		t.Fatalf("Available() = %v, want an error wrapping ErrUnavailable", err)
 	}
 	t.Logf("Available() = %v", err)
 	// With the real kernel and no IPVS, Apply fails with it and touches
 	// nothing; Cleanup has no virtual servers to remove.
-	m, err := New(Config{Rules: NewFakeRules(), Links: NewFakeLinks(), Sysctls: NewFakeSysctls(), Conntrack: &FakeConntrack{}})
+	m, err := ipvs.New(ipvs.Config{Rules: netfilter.NewFake(), Links: ipvstest.NewLinks(), Sysctls: ipvstest.NewSysctls(), Conntrack: &ipvstest.Conntrack{}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	st := lb.NewStore(lb.StoreOptions{})
 	snap, _ := st.Replace([]lb.Service{cases.Web(0)})
-	if err := m.Apply(context.Background(), snap, true); !errors.Is(err, ErrUnavailable) {
+	if err := m.Apply(context.Background(), snap, true); !errors.Is(err, ipvs.ErrUnavailable) {
 		t.Errorf("Apply without IPVS: %v, want ErrUnavailable", err)
 	}
 	if err := m.Cleanup(context.Background()); err != nil {

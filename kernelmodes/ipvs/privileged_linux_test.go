@@ -1,4 +1,4 @@
-package ipvs
+package ipvs_test
 
 import (
 	"context"
@@ -11,7 +11,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/internal/cases"
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/ipvstest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 )
@@ -47,7 +49,7 @@ func TestPrivilegedRulesInNamespace(t *testing.T) {
 			ns := newNamespace(t)
 			e := &netfilter.Exec{NetNS: ns, Variant: variant}
 			foreign := "*nat\n:FOREIGN - [0:0]\n-A PREROUTING -j FOREIGN\n-A POSTROUTING -o eth9 -j MASQUERADE\nCOMMIT\n*filter\n-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT\nCOMMIT\n"
-			if err := e.IPTablesRestore(ctx, IPv4, []byte(foreign)); err != nil {
+			if err := e.IPTablesRestore(ctx, ipvs.IPv4, []byte(foreign)); err != nil {
 				t.Fatal(err)
 			}
 			if err := e.IPSetRestore(ctx, []byte("create foreign hash:ip family inet\nadd foreign 10.1.2.3\n")); err != nil {
@@ -55,8 +57,8 @@ func TestPrivilegedRulesInNamespace(t *testing.T) {
 			}
 			before := rulesState(t, e)
 
-			f := NewFakes(nil)
-			w := newWorldOn(t, f, &fakeClock{}, Config{NodeIPs: []netip.Addr{cases.NodeIP}, Rules: e})
+			f := ipvstest.NewFakes(nil)
+			w := newWorldOn(t, f, &fakeClock{}, ipvs.Config{NodeIPs: []netip.Addr{cases.NodeIP}, Rules: e})
 			svcs := []lb.Service{cases.Web(0, 1), cases.DNS(0, 1), cases.Sticky(), cases.Diameter(0, 1)}
 			w.apply(true, svcs...)
 			applied := rulesState(t, e)
@@ -84,7 +86,7 @@ func TestPrivilegedRulesInNamespace(t *testing.T) {
 			}
 
 			tamper := "*nat\n-D PREROUTING -j SVCPROXY-IPVS-SERVICES\n-A SVCPROXY-IPVS-MARK-MASQ -j RETURN\n:SVCPROXY-IPVS-JUNK - [0:0]\nCOMMIT\n"
-			if err := e.IPTablesRestore(ctx, IPv4, []byte(tamper)); err != nil {
+			if err := e.IPTablesRestore(ctx, ipvs.IPv4, []byte(tamper)); err != nil {
 				t.Fatal(err)
 			}
 			if err := e.IPSetRestore(ctx, []byte("del svcproxy-ipvs-vs-v4 198.19.0.10,tcp:80\ncreate svcproxy-ipvs-junk hash:ip family inet\n")); err != nil {
@@ -131,7 +133,7 @@ func rulesState(t *testing.T, e *netfilter.Exec) string {
 	ctx := context.Background()
 	var b strings.Builder
 	for _, tbl := range []string{"nat", "filter"} {
-		out, err := e.IPTablesSave(ctx, IPv4, tbl)
+		out, err := e.IPTablesSave(ctx, ipvs.IPv4, tbl)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -64,7 +64,7 @@ const (
 )
 
 const (
-	typeIP       = netfilter.SetHashIP
+	typeIP       = netfilter.SetIP
 	typeIPPort   = netfilter.SetIPPort
 	typeIPPortIP = netfilter.SetIPPortIP
 	typePort     = netfilter.SetPort

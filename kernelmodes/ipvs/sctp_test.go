@@ -1,4 +1,4 @@
-package ipvs
+package ipvs_test
 
 import (
 	"net/netip"
@@ -6,7 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/internal/cases"
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/ipvstest"
 	"github.com/svcproxy/svcproxy/lb"
 )
 
@@ -43,10 +45,10 @@ func TestSCTP(t *testing.T) {
 
 	for _, full := range []bool{false, true} {
 		t.Run(map[bool]string{false: "incremental", true: "full"}[full], func(t *testing.T) {
-			w := newWorld(t, Config{})
+			w := newWorld(t, ipvs.Config{})
 			w.apply(full, diameter(0, 1), dead, cases.Web(0))
 
-			sctpOnly := func(v VirtualServer) bool { return v.Protocol == lb.SCTP }
+			sctpOnly := func(v ipvstest.VirtualServer) bool { return v.Protocol == lb.SCTP }
 			checkVirtualServers(t, virtualServers(w.f, sctpOnly), []string{
 				"sctp 198.18.0.1:30868 rr -> 198.18.2.1:3869 w1 -> 198.18.2.2:3869 w1",
 				"sctp 198.18.0.1:30869 rr",
@@ -83,7 +85,7 @@ func TestSCTP(t *testing.T) {
 
 			// An endpoint removed, with an association open on it: its
 			// real server goes at once (no draining, as kube-proxy).
-			var held *FakeConn
+			var held *ipvstest.Conn
 			for range 10 {
 				if c := w.f.Connect(w.packet(cases.Pod, lb.SCTP, vip)); c.Route.Backend.Addr() == cases.Backends[1] {
 					held = c

@@ -1,6 +1,6 @@
 //go:build linux
 
-package ipvs
+package ipvs_test
 
 import (
 	"context"

@@ -15,6 +15,7 @@
 //	    internalTrafficPolicy: Cluster        # Cluster (default) | Local
 //	    externalTrafficPolicy: Cluster        # Cluster (default) | Local
 //	    algorithm: round-robin      # round-robin | random | least-conn | maglev; default: the Store's
+//	    firstByteTimeout: 2s        # userspace TCP: reset and charge a backend silent this long after the client's first bytes; off by default
 //	    ports:                      # required, at least one
 //	      - name: http              # required when more than one port
 //	        protocol: TCP           # TCP (default) | UDP | SCTP (served by the kernel modes only)
@@ -281,7 +282,7 @@ func (p *parser) service(n *yaml.Node, path string) (key string, nameNode *yaml.
 	before := len(p.errs)
 	f, ok := p.fields(n, path, "name", "namespace", "clusterIP", "clusterIPs", "externalIPs", "loadBalancerIPs",
 		"sessionAffinity", "sessionAffinityTimeoutSeconds", "internalTrafficPolicy", "externalTrafficPolicy",
-		"algorithm", "ports", "endpoints")
+		"algorithm", "firstByteTimeout", "ports", "endpoints")
 	if !ok {
 		return "", nil, nil
 	}
@@ -377,6 +378,20 @@ func (p *parser) service(n *yaml.Node, path string) (key string, nameNode *yaml.
 				p.errorf(v, path+".algorithm", "%v", err)
 			}
 			base.Algorithm = algo
+		}
+	}
+
+	if v := f["firstByteTimeout"]; v != nil {
+		if s, ok := p.str(v, path+".firstByteTimeout"); ok {
+			d, err := time.ParseDuration(s)
+			switch {
+			case err != nil:
+				p.errorf(v, path+".firstByteTimeout", "not a duration (e.g. 2s): %q", s)
+			case d <= 0:
+				p.errorf(v, path+".firstByteTimeout", "must be positive, got %v", d)
+			default:
+				base.FirstByteTimeout = d
+			}
 		}
 	}
 

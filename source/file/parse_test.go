@@ -50,6 +50,7 @@ services:
     internalTrafficPolicy: Local
     externalTrafficPolicy: Local
     algorithm: least-conn
+    firstByteTimeout: 1500ms
     ports:
       - name: http
         protocol: TCP
@@ -81,6 +82,7 @@ services:
 				InternalTrafficPolicy: lb.PolicyLocal,
 				ExternalTrafficPolicy: lb.PolicyLocal,
 				Algorithm:             lb.LeastConn,
+				FirstByteTimeout:      1500 * time.Millisecond,
 			}
 			ep1 := lb.Endpoint{Serving: true, Terminating: true, NodeName: "node-a", Zone: "zone-a", ZoneHints: []string{"zone-a", "zone-b"}, NodeHints: []string{"node-a"}}
 			ep2 := lb.Endpoint{}
@@ -230,6 +232,18 @@ func TestParseErrors(t *testing.T) {
       - ip: 10.1.0.1
         weight: 2
 `, "line 7: services[0].endpoints[0].weight: unknown key", false, 0},
+		{"bad firstByteTimeout", `services:
+  - name: web
+    clusterIP: 10.0.0.1
+    firstByteTimeout: 2 seconds
+    ports: [{port: 80}]
+`, "line 4: services[0].firstByteTimeout: not a duration (e.g. 2s): \"2 seconds\"", false, 0},
+		{"zero firstByteTimeout", `services:
+  - name: web
+    clusterIP: 10.0.0.1
+    firstByteTimeout: 0s
+    ports: [{port: 80}]
+`, "line 4: services[0].firstByteTimeout: must be positive, got 0s", false, 0},
 		{"unknown top-level key", `service:
   - name: web
 `, "line 1: service: unknown key", true, 0},

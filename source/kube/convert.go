@@ -24,6 +24,11 @@ const (
 	// AnnotationProxyMode on the Node asks for a proxy mode
 	// (userspace, iptables or ipvs) when none is configured.
 	AnnotationProxyMode = "net.experimental.kubernetes.io/proxy-mode"
+	// AnnotationFirstByteTimeout on a Service (a duration, e.g. "2s") fails
+	// a userspace TCP connection whose backend sends nothing that long
+	// after the client's first bytes, charging the backend
+	// (lb.Service.FirstByteTimeout). svcproxy's own, opt-in.
+	AnnotationFirstByteTimeout = "svcproxy.io/first-byte-timeout"
 )
 
 // Limits the API server enforces; objects beyond them are corrupt.
@@ -224,6 +229,14 @@ func (c *converter) frontends() lb.Service {
 			} else {
 				s.AffinityTimeout = time.Duration(t) * time.Second
 			}
+		}
+	}
+	if v, ok := c.svc.Annotations[AnnotationFirstByteTimeout]; ok {
+		field := "metadata.annotations[" + AnnotationFirstByteTimeout + "]"
+		if d, err := time.ParseDuration(strings.TrimSpace(v)); err != nil || d <= 0 {
+			c.bad(field, "%q is not a positive duration (e.g. 2s); ignored", v)
+		} else {
+			s.FirstByteTimeout = d
 		}
 	}
 	if spec.InternalTrafficPolicy != nil && *spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal {

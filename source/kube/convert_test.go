@@ -488,6 +488,21 @@ func TestConvert(t *testing.T) {
 			errs: []string{"timeoutSeconds: 0 is not in 1-86400"},
 		},
 		{
+			name: "first-byte timeout annotation",
+			svc: svc(func(s *v1.Service) {
+				s.Annotations = map[string]string{AnnotationFirstByteTimeout: " 1500ms "}
+			}),
+			want: []lb.Service{base(func(s *lb.Service) { s.FirstByteTimeout = 1500 * time.Millisecond })},
+		},
+		{
+			name: "invalid: a first-byte timeout that is no positive duration is ignored",
+			svc: svc(func(s *v1.Service) {
+				s.Annotations = map[string]string{AnnotationFirstByteTimeout: "-1s"}
+			}),
+			want: []lb.Service{base()},
+			errs: []string{`metadata.annotations[svcproxy.io/first-byte-timeout]: "-1s" is not a positive duration`},
+		},
+		{
 			name: "invalid endpoints: bad IPs, IPv6 in an IPv4 slice, no address: each dropped alone",
 			svc:  svc(),
 			slices: []*discovery.EndpointSlice{slice("web-1", discovery.AddressTypeIPv4, httpPort,

@@ -100,7 +100,7 @@ func run(r *vmtest.Reporter) error {
 	}
 	var rules ipvs.Rules = &netfilter.Exec{Variant: "legacy"}
 	if _, err := os.Stat("/usr/sbin/iptables-legacy-restore"); err != nil {
-		rules = ipvs.NewFakeRules()
+		rules = netfilter.NewFake()
 		r.Note("no iptables-legacy in the initramfs: using the fake Rules (masquerade and reject checks will fail)")
 	} else if v, err := rules.IPTablesVersion(ctx); err == nil {
 		r.Note("rules: %s and ipset", v)
@@ -262,7 +262,7 @@ func (g *guest) finish(ctx context.Context, rules ipvs.Rules) {
 // gets it and new connections reach the endpoints. ClusterIP traffic from a
 // pod needs no iptables rule, so the fake Rules save the tool runs.
 func (g *guest) schedulers(ctx context.Context) {
-	rules := ipvs.NewFakeRules()
+	rules := netfilter.NewFake()
 	links, err := ipvs.NewLinks(netns.None())
 	if err != nil {
 		g.r.Fail("schedulers", "%v", err)
