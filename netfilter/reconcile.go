@@ -571,6 +571,22 @@ func entryPlan(f Family, want []Entry, found []foundJump) (keep map[Entry]bool, 
 	return keep, del
 }
 
+// entryDiffs lists the wanted entries missing from the jumps found, and
+// the jumps found that are not wanted.
+func entryDiffs(f Family, want []Entry, found []foundJump) []string {
+	var diffs []string
+	keep, del := entryPlan(f, want, found)
+	for _, e := range want {
+		if !keep[e] {
+			diffs = append(diffs, fmt.Sprintf("%v jump %s %s -> %s missing", f, e.Table, e.From, e.To))
+		}
+	}
+	for _, j := range del {
+		diffs = append(diffs, fmt.Sprintf("%v stray rule %s %s %s", f, j.table, j.Chain, j.Spec))
+	}
+	return diffs
+}
+
 // sameRule compares a rule read back (canonical) with one wanted.
 func sameRule(f Family, got, want string) bool {
 	if got == want {
@@ -656,15 +672,7 @@ func (r *Reconciler) differs(owned [2]map[string]*Owned, sets map[string]*foundS
 			}
 			diffs = append(diffs, fmt.Sprintf("%v %s chain %s is not ours", f, k.Table, k.Chain))
 		}
-		keep, del := entryPlan(f, st.Entries[f], found)
-		for _, e := range st.Entries[f] {
-			if !keep[e] {
-				diffs = append(diffs, fmt.Sprintf("%v jump %s %s -> %s missing", f, e.Table, e.From, e.To))
-			}
-		}
-		for _, j := range del {
-			diffs = append(diffs, fmt.Sprintf("%v stray rule %s %s %s", f, j.table, j.Chain, j.Spec))
-		}
+		diffs = append(diffs, entryDiffs(f, st.Entries[f], found)...)
 	}
 	for name := range st.Sets {
 		o := sets[name]
@@ -779,15 +787,7 @@ func (r *Reconciler) Check(ctx context.Context) ([]string, error) {
 				found = append(found, foundJump{tbl, j})
 			}
 		}
-		keep, del := entryPlan(f, st.Entries[f], found)
-		for _, e := range st.Entries[f] {
-			if !keep[e] {
-				diffs = append(diffs, fmt.Sprintf("%v jump %s %s -> %s missing", f, e.Table, e.From, e.To))
-			}
-		}
-		for _, j := range del {
-			diffs = append(diffs, fmt.Sprintf("%v stray rule %s %s %s", f, j.table, j.Chain, j.Spec))
-		}
+		diffs = append(diffs, entryDiffs(f, st.Entries[f], found)...)
 	}
 	names, err := cs.IPSetNames(ctx)
 	if err != nil {

@@ -21,6 +21,16 @@ type Entry struct {
 	Append bool
 }
 
+// Jumps returns plain jumps into chain to of table, at the top of each of
+// the built-in chains from.
+func Jumps(table, to string, from ...string) []Entry {
+	out := make([]Entry, len(from))
+	for i, f := range from {
+		out[i] = Entry{Table: table, From: f, To: to}
+	}
+	return out
+}
+
 func (e Entry) spec() string {
 	if e.Match == "" {
 		return "-j " + e.To

@@ -22,16 +22,11 @@ const (
 
 type chainKey = netfilter.ChainKey
 
-// jump is a rule "-j to" at the top of a builtin chain.
-type jump struct{ table, from, to string }
-
-var ourJumps = []jump{
-	{"nat", "PREROUTING", chainServices},
-	{"nat", "OUTPUT", chainServices},
-	{"filter", "INPUT", chainReject},
-	{"filter", "FORWARD", chainReject},
-	{"filter", "OUTPUT", chainReject},
-}
+// ourJumps are the rules "-j To" at the top of builtin chains.
+var ourJumps = slices.Concat(
+	netfilter.Jumps("nat", chainServices, "PREROUTING", "OUTPUT"),
+	netfilter.Jumps("filter", chainReject, "INPUT", "FORWARD", "OUTPUT"),
+)
 
 // udpRedirect steers one UDP frontend (or NodePort, when dst is not valid)
 // to its forwarder socket.

@@ -211,9 +211,7 @@ func (r *Redirector) ruleset(want *desired) *netfilter.Ruleset {
 	rs := netfilter.NewRuleset(r.families...)
 	for _, fam := range r.families {
 		rs.Chains[fam] = want.rules[fam]
-		for _, j := range ourJumps {
-			rs.Entries[fam] = append(rs.Entries[fam], netfilter.Entry{Table: j.table, From: j.from, To: j.to})
-		}
+		rs.Entries[fam] = ourJumps
 	}
 	sets := r.spareSets
 	r.spareSets = [numSets]map[string]struct{}{}

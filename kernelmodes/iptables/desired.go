@@ -44,14 +44,12 @@ const (
 )
 
 // ourJumps are the rules "-j To" at the top of builtin chains.
-var ourJumps = []netfilter.Entry{
-	{Table: "nat", From: "PREROUTING", To: chainServices},
-	{Table: "nat", From: "OUTPUT", To: chainServices},
-	{Table: "nat", From: "POSTROUTING", To: chainPost},
-	{Table: "filter", From: "INPUT", To: chainFilter},
-	{Table: "filter", From: "OUTPUT", To: chainFilter},
-	{Table: "filter", From: "FORWARD", To: chainForward},
-}
+var ourJumps = slices.Concat(
+	netfilter.Jumps("nat", chainServices, "PREROUTING", "OUTPUT"),
+	netfilter.Jumps("nat", chainPost, "POSTROUTING"),
+	netfilter.Jumps("filter", chainFilter, "INPUT", "OUTPUT"),
+	netfilter.Jumps("filter", chainForward, "FORWARD"),
+)
 
 // listChains are the fixed chains whose rules come from the Services, in
 // any order (an incremental sync inserts and deletes single rules): the

@@ -3,6 +3,7 @@ package ipvs
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 
 	"github.com/svcproxy/svcproxy/lb"
@@ -23,13 +24,11 @@ const (
 )
 
 // ourJumps are the rules "-j To" at the top of builtin chains.
-var ourJumps = []netfilter.Entry{
-	{Table: "nat", From: "PREROUTING", To: chainServices},
-	{Table: "nat", From: "OUTPUT", To: chainServices},
-	{Table: "nat", From: "POSTROUTING", To: chainPostrouting},
-	{Table: "filter", From: "INPUT", To: chainFilter},
-	{Table: "filter", From: "OUTPUT", To: chainFilter},
-}
+var ourJumps = slices.Concat(
+	netfilter.Jumps("nat", chainServices, "PREROUTING", "OUTPUT"),
+	netfilter.Jumps("nat", chainPostrouting, "POSTROUTING"),
+	netfilter.Jumps("filter", chainFilter, "INPUT", "OUTPUT"),
+)
 
 // setID names one of the sets.
 type setID uint8
