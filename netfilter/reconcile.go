@@ -434,6 +434,26 @@ func (r *Reconciler) full(ctx context.Context, want *Ruleset) error {
 	if err != nil {
 		return err
 	}
+	var owned [2]map[string]*Owned
+	read := func() error {
+		for _, f := range want.Families {
+			if owned[f], err = ReadOwnedTables(ctx, r.cfg.Tools, f, r.cfg.ChainPrefix); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := read(); err != nil {
+		return err
+	}
+	if r.written != nil && slices.Equal(r.written.Families, want.Families) {
+		if diffs := r.differs(owned, sets, r.written, r.attempt); len(diffs) > 0 {
+			r.repairs.Add(1)
+			if r.cfg.Repaired != nil {
+				r.cfg.Repaired(diffs)
+			}
+		}
+	}
 	// A set of another type or family cannot be swapped: drop the rules
 	// that reference it (they are rewritten below), then the set.
 	var incompatible []string
@@ -455,19 +475,8 @@ func (r *Reconciler) full(ctx context.Context, want *Ruleset) error {
 			}
 			delete(sets, name)
 		}
-	}
-	var owned [2]map[string]*Owned
-	for _, f := range want.Families {
-		if owned[f], err = ReadOwnedTables(ctx, r.cfg.Tools, f, r.cfg.ChainPrefix); err != nil {
+		if err := read(); err != nil {
 			return err
-		}
-	}
-	if r.written != nil && slices.Equal(r.written.Families, want.Families) {
-		if diffs := r.differs(owned, sets, r.written, r.attempt); len(diffs) > 0 {
-			r.repairs.Add(1)
-			if r.cfg.Repaired != nil {
-				r.cfg.Repaired(diffs)
-			}
 		}
 	}
 
@@ -616,12 +625,16 @@ func sameChain(f Family, got, want []string, tail int, shared bool) bool {
 		return false
 	}
 	g, w := slices.Clone(got[:n]), slices.Clone(want[:n])
+	slices.Sort(g)
+	slices.Sort(w)
+	if slices.Equal(g, w) {
+		return true
+	}
 	for i := range w {
 		if c, err := Canonical(f, w[i]); err == nil {
 			w[i] = c
 		}
 	}
-	slices.Sort(g)
 	slices.Sort(w)
 	return slices.Equal(g, w)
 }
