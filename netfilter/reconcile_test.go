@@ -442,4 +442,7 @@ func TestReconcilerSetDefinitionChange(t *testing.T) {
 	want.Chains[IPv4][Filter("TEST-FILTER")] = []string{canon(t, "-p tcp -m set --match-set test-reject-v4 dst -j REJECT --reject-with tcp-reset")}
 	mustSync(t, r, want, false)
 	checkConverged(t, fakeEnv, e.Executor, want)
+	if r.Repairs() != 0 {
+		t.Errorf("Repairs = %d; a changed set definition is not tampering", r.Repairs())
+	}
 }
