@@ -119,10 +119,12 @@ func testRuleset(t testing.TB, parts map[string]*Part) *Ruleset {
 		{Table: "filter", From: "INPUT", To: "TEST-FILTER"},
 	}
 	rs.Parts[IPv4] = parts
-	rs.Sets = map[string]*Set{
-		"test-hairpin-v4": {Type: SetIPPortIP, Family: IPv4},
-		"test-reject-v4":  {Type: SetIPPort, Family: IPv4, Members: map[string]struct{}{"10.96.0.9,tcp:80": {}}},
-		"test-np":         {Type: SetPort, Members: map[string]struct{}{"30080": {}}},
+	for _, s := range []*Set{
+		SetDef{Name: "test-hairpin-v4", Type: SetIPPortIP}.With(nil),
+		SetDef{Name: "test-reject-v4", Type: SetIPPort}.With(map[string]struct{}{"10.96.0.9,tcp:80": {}}),
+		SetDef{Name: "test-np", Type: SetPort}.With(map[string]struct{}{"30080": {}}),
+	} {
+		rs.Sets[s.Name] = s
 	}
 	return rs
 }
@@ -438,7 +440,7 @@ func TestReconcilerSetDefinitionChange(t *testing.T) {
 	e, r := newEnv(t, fakeEnv)
 	mustSync(t, r, testRuleset(t, baseParts(t)), true)
 	want := testRuleset(t, baseParts(t))
-	want.Sets["test-reject-v4"] = &Set{Type: SetNet, Family: IPv4, Members: map[string]struct{}{"10.96.0.0/24": {}}}
+	want.Sets["test-reject-v4"] = SetDef{Name: "test-reject-v4", Type: SetNet}.With(map[string]struct{}{"10.96.0.0/24": {}})
 	want.Chains[IPv4][Filter("TEST-FILTER")] = []string{canon(t, "-p tcp -m set --match-set test-reject-v4 dst -j REJECT --reject-with tcp-reset")}
 	mustSync(t, r, want, false)
 	checkConverged(t, fakeEnv, e.Executor, want)

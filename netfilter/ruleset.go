@@ -38,12 +38,21 @@ func (e Entry) spec() string {
 	return e.Match + " -j " + e.To
 }
 
-// Set is one ipset a Ruleset wants.
-type Set struct {
+// SetDef defines an ipset.
+type SetDef struct {
+	Name   string
 	Type   string // one of the Set* types
 	Family Family // of the hash types; bitmap:port ignores it
 	// MaxElem caps a hash set. Zero: twice the members, at least 65536.
 	MaxElem int
+}
+
+// With returns the set d with members.
+func (d SetDef) With(members map[string]struct{}) *Set { return &Set{SetDef: d, Members: members} }
+
+// Set is one ipset a Ruleset wants.
+type Set struct {
+	SetDef
 	// Members in `ipset save`'s form, besides those Parts add.
 	Members map[string]struct{}
 }
@@ -80,7 +89,7 @@ type Ruleset struct {
 	Entries [2][]Entry
 	// Parts are each family's independently changing pieces, by key.
 	Parts [2]map[string]*Part
-	// Sets by name.
+	// Sets by name (SetDef.Name).
 	Sets map[string]*Set
 }
 

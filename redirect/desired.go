@@ -168,11 +168,11 @@ func unspecified(f netfilter.Family) netip.Addr {
 // iptables-save's canonical form.
 func (r *Redirector) chainRules(fam netfilter.Family, tcpPort uint16, udp, npUDP []udpRedirect) map[chainKey][]string {
 	mark := fmt.Sprintf("-m mark --mark %#x/%#x -j RETURN", r.cfg.Mark, r.cfg.Mark)
-	svc, reject := setDefs[svcSet(fam)].name, setDefs[rejectSet(fam)].name
+	svc, reject := setDefs[svcSet(fam)].Name, setDefs[rejectSet(fam)].Name
 	to := strconv.Itoa(int(tcpPort))
 	local := "-m addrtype --dst-type LOCAL"
 	if r.npRestricted[fam] {
-		local += " -m set --match-set " + setDefs[npAddrsSet(fam)].name + " dst"
+		local += " -m set --match-set " + setDefs[npAddrsSet(fam)].Name + " dst"
 	}
 	unreachable := "icmp-port-unreachable"
 	if fam == netfilter.IPv6 {
@@ -187,16 +187,16 @@ func (r *Redirector) chainRules(fam netfilter.Family, tcpPort uint16, udp, npUDP
 			local + " -j " + chainNodePorts,
 		},
 		netfilter.Nat(chainNodePorts): {
-			"-p tcp -m set --match-set " + setDefs[setNPTCP].name + " dst -j REDIRECT --to-ports " + to,
-			"-p udp -m set --match-set " + setDefs[setNPUDP].name + " dst -j " + chainNPUDP,
+			"-p tcp -m set --match-set " + setDefs[setNPTCP].Name + " dst -j REDIRECT --to-ports " + to,
+			"-p udp -m set --match-set " + setDefs[setNPUDP].Name + " dst -j " + chainNPUDP,
 		},
 		netfilter.Filter(chainReject): {
 			mark,
 			"-m conntrack --ctstate DNAT -j RETURN",
 			"-p tcp -m set --match-set " + reject + " dst,dst -j REJECT --reject-with tcp-reset",
 			"-p udp -m set --match-set " + reject + " dst,dst -j REJECT --reject-with " + unreachable,
-			"-p tcp " + local + " -m set --match-set " + setDefs[setNPRejectTCP].name + " dst -j REJECT --reject-with tcp-reset",
-			"-p udp " + local + " -m set --match-set " + setDefs[setNPRejectUDP].name + " dst -j REJECT --reject-with " + unreachable,
+			"-p tcp " + local + " -m set --match-set " + setDefs[setNPRejectTCP].Name + " dst -j REJECT --reject-with tcp-reset",
+			"-p udp " + local + " -m set --match-set " + setDefs[setNPRejectUDP].Name + " dst -j REJECT --reject-with " + unreachable,
 		},
 	}
 	sortUDP := func(u []udpRedirect) []udpRedirect {

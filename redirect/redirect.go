@@ -220,7 +220,7 @@ func (r *Redirector) ruleset(want *desired) *netfilter.Ruleset {
 		if sets[id] == nil {
 			sets[id] = make(map[string]struct{}, len(r.lastSets[id]))
 		}
-		rs.Sets[d.name] = &netfilter.Set{Type: d.typ, Family: d.family, MaxElem: d.maxElem, Members: sets[id]}
+		rs.Sets[d.Name] = d.With(sets[id])
 	}
 	r.names.Keep(len(want.members))
 	for m := range want.members {
@@ -238,7 +238,7 @@ func (r *Redirector) recycleSets(rs *netfilter.Ruleset) {
 	old := r.lastSets
 	for id := range numSets {
 		r.lastSets[id] = nil
-		if s := rs.Sets[setDefs[id].name]; s != nil {
+		if s := rs.Sets[setDefs[id].Name]; s != nil {
 			r.lastSets[id] = s.Members
 		}
 		if o := old[id]; o != nil && len(o) <= 2*len(r.lastSets[id])+1024 {

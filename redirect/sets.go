@@ -38,27 +38,20 @@ const (
 	numSets
 )
 
-type setDef struct {
-	name    string
-	typ     string
-	family  netfilter.Family // hash types only
-	maxElem int
-}
-
 // maxElem caps the hash:ip,port sets: room for 1M frontends.
 const maxElem = 1 << 20
 
-var setDefs = [numSets]setDef{
-	setSvc4:        {"svcproxy-svc-v4", typeIPPort, netfilter.IPv4, maxElem},
-	setReject4:     {"svcproxy-reject-v4", typeIPPort, netfilter.IPv4, maxElem},
-	setNPAddrs4:    {"svcproxy-np-addrs-v4", typeNet, netfilter.IPv4, 65536},
-	setSvc6:        {"svcproxy-svc-v6", typeIPPort, netfilter.IPv6, maxElem},
-	setReject6:     {"svcproxy-reject-v6", typeIPPort, netfilter.IPv6, maxElem},
-	setNPAddrs6:    {"svcproxy-np-addrs-v6", typeNet, netfilter.IPv6, 65536},
-	setNPTCP:       {"svcproxy-np-tcp", typePort, netfilter.IPv4, 0},
-	setNPUDP:       {"svcproxy-np-udp", typePort, netfilter.IPv4, 0},
-	setNPRejectTCP: {"svcproxy-np-reject-tcp", typePort, netfilter.IPv4, 0},
-	setNPRejectUDP: {"svcproxy-np-reject-udp", typePort, netfilter.IPv4, 0},
+var setDefs = [numSets]netfilter.SetDef{
+	setSvc4:        {Name: "svcproxy-svc-v4", Type: typeIPPort, Family: netfilter.IPv4, MaxElem: maxElem},
+	setReject4:     {Name: "svcproxy-reject-v4", Type: typeIPPort, Family: netfilter.IPv4, MaxElem: maxElem},
+	setNPAddrs4:    {Name: "svcproxy-np-addrs-v4", Type: typeNet, Family: netfilter.IPv4, MaxElem: 65536},
+	setSvc6:        {Name: "svcproxy-svc-v6", Type: typeIPPort, Family: netfilter.IPv6, MaxElem: maxElem},
+	setReject6:     {Name: "svcproxy-reject-v6", Type: typeIPPort, Family: netfilter.IPv6, MaxElem: maxElem},
+	setNPAddrs6:    {Name: "svcproxy-np-addrs-v6", Type: typeNet, Family: netfilter.IPv6, MaxElem: 65536},
+	setNPTCP:       {Name: "svcproxy-np-tcp", Type: typePort},
+	setNPUDP:       {Name: "svcproxy-np-udp", Type: typePort},
+	setNPRejectTCP: {Name: "svcproxy-np-reject-tcp", Type: typePort},
+	setNPRejectUDP: {Name: "svcproxy-np-reject-udp", Type: typePort},
 }
 
 // perFamily picks the netfilter.IPv4 or netfilter.IPv6 set of a pair.
@@ -103,7 +96,7 @@ func netMember(set setID, p netip.Prefix) member {
 
 func (m member) ip() netip.Addr {
 	a := netip.AddrFrom16(m.addr)
-	if setDefs[m.set].family == netfilter.IPv4 {
+	if setDefs[m.set].Family == netfilter.IPv4 {
 		return a.Unmap()
 	}
 	return a
@@ -111,7 +104,7 @@ func (m member) ip() netip.Addr {
 
 // String renders m as ipset prints it.
 func (m member) String() string {
-	switch setDefs[m.set].typ {
+	switch setDefs[m.set].Type {
 	case typePort:
 		return strconv.Itoa(int(m.port))
 	case typeNet:

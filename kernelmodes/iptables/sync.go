@@ -99,9 +99,11 @@ func (m *Mode) ruleset(st *state) *netfilter.Ruleset {
 			parts[s.key] = s.parts[fam]
 		}
 		rs.Parts[fam] = parts
-		rs.Sets[hairpinSet(fam)] = &netfilter.Set{Type: netfilter.SetIPPortIP, Family: fam}
+		hp := netfilter.SetDef{Name: hairpinSet(fam), Type: netfilter.SetIPPortIP, Family: fam}
+		rs.Sets[hp.Name] = hp.With(nil)
 		if m.npRestricted[fam] && m.nodePorts[fam] {
-			rs.Sets[npAddrsSet(fam)] = &netfilter.Set{Type: netfilter.SetNet, Family: fam, Members: m.npMembers[fam]}
+			np := netfilter.SetDef{Name: npAddrsSet(fam), Type: netfilter.SetNet, Family: fam}
+			rs.Sets[np.Name] = np.With(m.npMembers[fam])
 		}
 	}
 	return rs

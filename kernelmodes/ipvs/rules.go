@@ -69,34 +69,27 @@ const (
 	typePort     = netfilter.SetPort
 )
 
-type setDef struct {
-	name   string
-	typ    string
-	family Family
-	shared bool // bitmap:port, used by both families' rules
-}
-
-var setDefs = [numSets]setDef{
-	setVIPs4:         {"svcproxy-ipvs-vips-v4", typeIP, IPv4, false},
-	setVS4:           {"svcproxy-ipvs-vs-v4", typeIPPort, IPv4, false},
-	setMasq4:         {"svcproxy-ipvs-masq-v4", typeIPPort, IPv4, false},
-	setReject4:       {"svcproxy-ipvs-reject-v4", typeIPPort, IPv4, false},
-	setLoop4:         {"svcproxy-ipvs-loop-v4", typeIPPortIP, IPv4, false},
-	setNodeIPs4:      {"svcproxy-ipvs-nodeips-v4", typeIP, IPv4, false},
-	setNPMasqSCTP4:   {"svcproxy-ipvs-np-masq-sctp-v4", typeIPPort, IPv4, false},
-	setNPRejectSCTP4: {"svcproxy-ipvs-np-rej-sctp-v4", typeIPPort, IPv4, false},
-	setVIPs6:         {"svcproxy-ipvs-vips-v6", typeIP, IPv6, false},
-	setVS6:           {"svcproxy-ipvs-vs-v6", typeIPPort, IPv6, false},
-	setMasq6:         {"svcproxy-ipvs-masq-v6", typeIPPort, IPv6, false},
-	setReject6:       {"svcproxy-ipvs-reject-v6", typeIPPort, IPv6, false},
-	setLoop6:         {"svcproxy-ipvs-loop-v6", typeIPPortIP, IPv6, false},
-	setNodeIPs6:      {"svcproxy-ipvs-nodeips-v6", typeIP, IPv6, false},
-	setNPMasqSCTP6:   {"svcproxy-ipvs-np-masq-sctp-v6", typeIPPort, IPv6, false},
-	setNPRejectSCTP6: {"svcproxy-ipvs-np-rej-sctp-v6", typeIPPort, IPv6, false},
-	setNPMasqTCP:     {"svcproxy-ipvs-np-masq-tcp", typePort, IPv4, true},
-	setNPMasqUDP:     {"svcproxy-ipvs-np-masq-udp", typePort, IPv4, true},
-	setNPRejectTCP:   {"svcproxy-ipvs-np-rej-tcp", typePort, IPv4, true},
-	setNPRejectUDP:   {"svcproxy-ipvs-np-rej-udp", typePort, IPv4, true},
+var setDefs = [numSets]netfilter.SetDef{
+	setVIPs4:         {Name: "svcproxy-ipvs-vips-v4", Type: typeIP, Family: IPv4},
+	setVS4:           {Name: "svcproxy-ipvs-vs-v4", Type: typeIPPort, Family: IPv4},
+	setMasq4:         {Name: "svcproxy-ipvs-masq-v4", Type: typeIPPort, Family: IPv4},
+	setReject4:       {Name: "svcproxy-ipvs-reject-v4", Type: typeIPPort, Family: IPv4},
+	setLoop4:         {Name: "svcproxy-ipvs-loop-v4", Type: typeIPPortIP, Family: IPv4},
+	setNodeIPs4:      {Name: "svcproxy-ipvs-nodeips-v4", Type: typeIP, Family: IPv4},
+	setNPMasqSCTP4:   {Name: "svcproxy-ipvs-np-masq-sctp-v4", Type: typeIPPort, Family: IPv4},
+	setNPRejectSCTP4: {Name: "svcproxy-ipvs-np-rej-sctp-v4", Type: typeIPPort, Family: IPv4},
+	setVIPs6:         {Name: "svcproxy-ipvs-vips-v6", Type: typeIP, Family: IPv6},
+	setVS6:           {Name: "svcproxy-ipvs-vs-v6", Type: typeIPPort, Family: IPv6},
+	setMasq6:         {Name: "svcproxy-ipvs-masq-v6", Type: typeIPPort, Family: IPv6},
+	setReject6:       {Name: "svcproxy-ipvs-reject-v6", Type: typeIPPort, Family: IPv6},
+	setLoop6:         {Name: "svcproxy-ipvs-loop-v6", Type: typeIPPortIP, Family: IPv6},
+	setNodeIPs6:      {Name: "svcproxy-ipvs-nodeips-v6", Type: typeIP, Family: IPv6},
+	setNPMasqSCTP6:   {Name: "svcproxy-ipvs-np-masq-sctp-v6", Type: typeIPPort, Family: IPv6},
+	setNPRejectSCTP6: {Name: "svcproxy-ipvs-np-rej-sctp-v6", Type: typeIPPort, Family: IPv6},
+	setNPMasqTCP:     {Name: "svcproxy-ipvs-np-masq-tcp", Type: typePort},
+	setNPMasqUDP:     {Name: "svcproxy-ipvs-np-masq-udp", Type: typePort},
+	setNPRejectTCP:   {Name: "svcproxy-ipvs-np-rej-tcp", Type: typePort},
+	setNPRejectUDP:   {Name: "svcproxy-ipvs-np-rej-udp", Type: typePort},
 }
 
 // famSet returns the family's variant of a per-family set (given as its
@@ -120,7 +113,7 @@ type member struct {
 
 // String renders m as `ipset save` prints it.
 func (m member) String() string {
-	switch setDefs[m.set].typ {
+	switch setDefs[m.set].Type {
 	case typePort:
 		return strconv.Itoa(int(m.port))
 	case typeIP:
@@ -137,7 +130,7 @@ func (m *Mode) wantedSets() []setID {
 	var ids []setID
 	for id := range numSets {
 		d := setDefs[id]
-		if d.shared || d.family == IPv4 || m.cfg.IPv6 {
+		if d.Type == typePort || d.Family == IPv4 || m.cfg.IPv6 {
 			ids = append(ids, id)
 		}
 	}
@@ -155,7 +148,7 @@ func (m *Mode) ruleset(want *desired) *netfilter.Ruleset {
 	for _, id := range m.wantedSets() {
 		d := setDefs[id]
 		sets[id] = map[string]struct{}{}
-		rs.Sets[d.name] = &netfilter.Set{Type: d.typ, Family: d.family, Members: sets[id]}
+		rs.Sets[d.Name] = d.With(sets[id])
 	}
 	m.names.Keep(len(want.members))
 	for mem := range want.members {
@@ -168,7 +161,7 @@ func (m *Mode) ruleset(want *desired) *netfilter.Ruleset {
 
 // chainRules renders the rules of each of the chains for one family.
 func (m *Mode) chainRules(fam Family) map[netfilter.ChainKey][]string {
-	set := func(id setID) string { return setDefs[famSet(id, fam)].name }
+	set := func(id setID) string { return setDefs[famSet(id, fam)].Name }
 	mark := fmt.Sprintf("%#x", m.cfg.Mark)
 	random := ""
 	if m.randomFully != nil && *m.randomFully {
@@ -187,8 +180,8 @@ func (m *Mode) chainRules(fam Family) map[netfilter.ChainKey][]string {
 			"-m set --match-set " + set(setNodeIPs4) + " dst -j " + chainNodePorts,
 		},
 		netfilter.Nat(chainNodePorts): {
-			"-p tcp -m set --match-set " + setDefs[setNPMasqTCP].name + " dst -j " + chainMarkMasq,
-			"-p udp -m set --match-set " + setDefs[setNPMasqUDP].name + " dst -j " + chainMarkMasq,
+			"-p tcp -m set --match-set " + setDefs[setNPMasqTCP].Name + " dst -j " + chainMarkMasq,
+			"-p udp -m set --match-set " + setDefs[setNPMasqUDP].Name + " dst -j " + chainMarkMasq,
 			"-p sctp -m set --match-set " + set(setNPMasqSCTP4) + " dst,dst -j " + chainMarkMasq,
 		},
 		netfilter.Nat(chainMarkMasq): {
@@ -205,8 +198,8 @@ func (m *Mode) chainRules(fam Family) map[netfilter.ChainKey][]string {
 			"-p tcp " + isNew + " -m set --match-set " + set(setReject4) + " dst,dst -j REJECT --reject-with tcp-reset",
 			"-p udp " + isNew + " -m set --match-set " + set(setReject4) + " dst,dst -j REJECT --reject-with " + unreachable,
 			"-p sctp " + isNew + " -m set --match-set " + set(setReject4) + " dst,dst -j REJECT --reject-with " + unreachable,
-			"-p tcp " + isNew + " -m set --match-set " + set(setNodeIPs4) + " dst -m set --match-set " + setDefs[setNPRejectTCP].name + " dst -j REJECT --reject-with tcp-reset",
-			"-p udp " + isNew + " -m set --match-set " + set(setNodeIPs4) + " dst -m set --match-set " + setDefs[setNPRejectUDP].name + " dst -j REJECT --reject-with " + unreachable,
+			"-p tcp " + isNew + " -m set --match-set " + set(setNodeIPs4) + " dst -m set --match-set " + setDefs[setNPRejectTCP].Name + " dst -j REJECT --reject-with tcp-reset",
+			"-p udp " + isNew + " -m set --match-set " + set(setNodeIPs4) + " dst -m set --match-set " + setDefs[setNPRejectUDP].Name + " dst -j REJECT --reject-with " + unreachable,
 			"-p sctp " + isNew + " -m set --match-set " + set(setNPRejectSCTP4) + " dst,dst -j REJECT --reject-with " + unreachable,
 			// Ports of a VIP that no Service uses: refused, not handed to
 			// whatever the node listens on there.
