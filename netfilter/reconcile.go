@@ -189,14 +189,14 @@ func (r *Reconciler) partial(ctx context.Context, want *Ruleset) error {
 	}
 	slices.Sort(lines)
 	var changes []string
-	for name := range want.Sets {
-		s := want.Sets[name]
+	for name, s := range want.Sets {
 		var om map[string]struct{}
 		if o := old.Sets[name]; o != nil {
 			om = o.Members
 		}
 		d := delta[name]
-		if len(d) == 0 && sameMap(om, s.Members) {
+		same := sameMap(om, s.Members)
+		if len(d) == 0 && same {
 			continue
 		}
 		// Every member that may have come or gone: fixed ones that
@@ -205,7 +205,7 @@ func (r *Reconciler) partial(ctx context.Context, want *Ruleset) error {
 		if cand == nil {
 			cand = map[string]int{}
 		}
-		if !sameMap(om, s.Members) {
+		if !same {
 			for m := range s.Members {
 				if _, ok := om[m]; !ok {
 					cand[m] += 0
