@@ -107,7 +107,7 @@ fuzz:
 RUN_TOOLS  := ip:iproute2 iptables:iptables iptables-restore:iptables ipset:ipset
 TEST_TOOLS := $(RUN_TOOLS) ping:iputils-ping conntrack:conntrack dig:dnsutils dnsmasq:dnsmasq-base \
 	unshare:util-linux mount:mount qemu-system-x86_64:qemu-system-x86 nft:nftables
-BENCH_TOOLS := $(TEST_TOOLS) wrk:wrk iperf3:iperf3 haproxy:haproxy nginx:nginx \
+BENCH_TOOLS := $(TEST_TOOLS) wrk:wrk iperf3:iperf3 haproxy:haproxy nginx:nginx dnsperf:dnsperf \
 	/usr/lib/nginx/modules/ngx_stream_module.so:libnginx-mod-stream
 
 # $(call install,TOOLS,ROOTLESS): install the packages of the missing

@@ -32,6 +32,7 @@ const namespacePrefix = "svcproxy-bench-"
 var (
 	webVIP   = netip.MustParseAddr("198.19.0.10")
 	faultVIP = netip.MustParseAddr("198.19.0.11")
+	dnsVIP   = netip.MustParseAddr("198.19.0.12")
 )
 
 const (
@@ -41,12 +42,15 @@ const (
 	svcHTTP   = "bench/web:http"
 	svcIperf  = "bench/web:iperf"
 	svcFault  = "bench/fault:http"
+	portDNS   = 53 // every backend's dnsmasq (UDP), when dnsperf and dnsmasq are installed
+	svcDNS    = "bench/dns:dns"
 )
 
 // SvcPort is one Service port: a frontend and its endpoints (all on one
 // port). Plain data, shared by every mode's configuration writer.
 type SvcPort struct {
 	Namespace, Service, PortName string
+	Protocol                     string // "TCP" or "UDP"
 	VIP                          netip.Addr
 	Port                         uint16
 	Endpoints                    []netip.AddrPort
@@ -282,9 +286,27 @@ func (c *Cluster) startBackends(ctx context.Context) error {
 		faultEPs = append(faultEPs, netip.AddrPortFrom(h.Addr, portFault))
 	}
 	c.Services = []SvcPort{
-		{Namespace: "bench", Service: "web", PortName: "http", VIP: webVIP, Port: portHTTP, Endpoints: []netip.AddrPort{netip.AddrPortFrom(b0.Addr, portHTTP)}},
-		{Namespace: "bench", Service: "web", PortName: "iperf", VIP: webVIP, Port: portIperf, Endpoints: []netip.AddrPort{netip.AddrPortFrom(b0.Addr, portIperf)}},
-		{Namespace: "bench", Service: "fault", PortName: "http", VIP: faultVIP, Port: 80, Endpoints: faultEPs},
+		{Namespace: "bench", Service: "web", PortName: "http", Protocol: "TCP", VIP: webVIP, Port: portHTTP, Endpoints: []netip.AddrPort{netip.AddrPortFrom(b0.Addr, portHTTP)}},
+		{Namespace: "bench", Service: "web", PortName: "iperf", Protocol: "TCP", VIP: webVIP, Port: portIperf, Endpoints: []netip.AddrPort{netip.AddrPortFrom(b0.Addr, portIperf)}},
+		{Namespace: "bench", Service: "fault", PortName: "http", Protocol: "TCP", VIP: faultVIP, Port: 80, Endpoints: faultEPs},
+	}
+	if e.Tools.Dnsperf != "" && e.Tools.Dnsmasq != "" {
+		var dnsEPs []netip.AddrPort
+		for i, h := range c.Topo.Backends {
+			// dnsmasq answers svc.bench from its own table: a real DNS
+			// server with no upstream to wait for.
+			if _, err := c.Start(h, fmt.Sprintf("backend%d-dnsmasq", i), e.Tools.Dnsmasq, "--keep-in-foreground", "--no-resolv", "--no-hosts",
+				fmt.Sprintf("--port=%d", portDNS), "--listen-address="+h.Addr.String(), "--bind-interfaces", "--user=root", "--pid-file=",
+				"--cache-size=1000", "--dns-forward-max=10000", "--address=/"+dnsName+"/198.18.9.1", "--log-facility=/dev/null"); err != nil {
+				return err
+			}
+			ep := netip.AddrPortFrom(h.Addr, portDNS)
+			if err := waitListening(ctx, c.Topo.Node, ep, 10*time.Second); err != nil { // its TCP side: up with the UDP one
+				return fmt.Errorf("backend dnsmasq %s: %w", ep, err)
+			}
+			dnsEPs = append(dnsEPs, ep)
+		}
+		c.Services = append(c.Services, SvcPort{Namespace: "bench", Service: "dns", PortName: "dns", Protocol: "UDP", VIP: dnsVIP, Port: portDNS, Endpoints: dnsEPs})
 	}
 	return nil
 }
@@ -472,4 +494,24 @@ func errClass(err error) string {
 		return "eof"
 	}
 	return "other"
+}
+
+// tcpServices is services without the UDP ones, for a proxy that has no
+// UDP (HAProxy).
+func tcpServices(services []SvcPort) []SvcPort {
+	var out []SvcPort
+	for _, s := range services {
+		if s.Protocol != "UDP" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// lowerProto is s's protocol as iptables and nginx spell it.
+func (s SvcPort) lowerProto() string {
+	if s.Protocol == "UDP" {
+		return "udp"
+	}
+	return "tcp"
 }

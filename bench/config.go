@@ -53,12 +53,13 @@ const (
 	testKeepAlive = "keepalive"
 	testMiB       = "mib"
 	testConnRate  = "connrate"
+	testUDP       = "udp"
 	testIdle      = "idle"
 	testFault     = "fault"
 	testControl   = "control"
 )
 
-var allTests = []string{testBulk1, testBulk4, testKeepAlive, testMiB, testConnRate, testIdle, testFault, testControl}
+var allTests = []string{testBulk1, testBulk4, testKeepAlive, testMiB, testConnRate, testUDP, testIdle, testFault, testControl}
 
 // Quick is the `make bench` preset: under 3 minutes.
 func Quick() Config {

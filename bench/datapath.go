@@ -130,6 +130,7 @@ func runRound(ctx context.Context, e *Env, res *Results, m Mode, round int, step
 		{"syscalls", r.syscalls}, // before the churn of the connection tests
 		{"perf", r.perf},
 		{testConnRate, r.connRate},
+		{testUDP, r.udp},
 		{testIdle, r.idle},
 		{testFault, r.fault},
 	}
@@ -254,6 +255,42 @@ func (r *modeRound) connRate(ctx context.Context) error {
 	if cpuOK && l.Requests > 0 {
 		r.sample(test, "cpu_s_per_10k", s/float64(l.Requests)*1e4, "CPU s/10k conns", l.Tool)
 	}
+	return nil
+}
+
+// udp: DNS queries (dnsperf, 16 clients, one second to answer) to the dns
+// Service's dnsmasq on every backend: first as fast as answers come (the
+// peak queries/s, and the loss and p99 there), then at 80 % of this mode's
+// own peak, where a proxy should lose nothing: the loss and p99 at a load
+// it claims to carry. Proxy CPU per query at the peak.
+func (r *modeRound) udp(ctx context.Context) error {
+	target, ok := r.run.Targets[svcDNS]
+	switch {
+	case r.e.Tools.Dnsperf == "" || r.e.Tools.Dnsmasq == "":
+		return skipf("dnsperf or dnsmasq is not installed (apt-get install dnsperf dnsmasq-base)")
+	case !ok:
+		return skipf("%s proxies no UDP", r.mode.Name())
+	}
+	client := r.c.Topo.Clients[0]
+	cpu := r.startCPU()
+	peak, err := runDNSPerf(ctx, r.e, client, target, r.e.Cfg.Duration, 0)
+	if err != nil {
+		return err
+	}
+	r.sample(testUDP, "qps", peak.QPS, "queries/s", "dnsperf")
+	r.sample(testUDP, "loss_pct", peak.lossPct(), "%", "dnsperf")
+	r.sample(testUDP, "p99_ms", ms(peak.P99), "ms", "dnsperf")
+	if s, ok := cpu.used(); ok && peak.Sent > 0 {
+		r.sample(testUDP, "cpu_us_per_query", s/float64(peak.Sent)*1e6, "CPU µs/query", "dnsperf")
+	}
+	settle(ctx, 300*time.Millisecond)
+	at, err := runDNSPerf(ctx, r.e, client, target, r.e.Cfg.Duration, max(1, int(0.8*peak.QPS)))
+	if err != nil {
+		return err
+	}
+	r.sample(testUDP, "qps_at_80", at.QPS, "queries/s", "dnsperf")
+	r.sample(testUDP, "loss_pct_at_80", at.lossPct(), "%", "dnsperf")
+	r.sample(testUDP, "p99_ms_at_80", ms(at.P99), "ms", "dnsperf")
 	return nil
 }
 

@@ -34,6 +34,7 @@ type Tools struct {
 	Wrk, Iperf3, HAProxy, Nginx, Strace, Perf string
 	IPTables, IPTablesLegacyRestore           string
 	IPSet                                     string
+	Dnsperf, Dnsmasq                          string // the UDP (DNS) test's load generator and backends
 	// NginxStream is how nginx gets its stream module: a load_module path,
 	// "static" when compiled in, "" when it has none.
 	NginxStream string
@@ -77,7 +78,7 @@ func findTools(ctx context.Context) Tools {
 	t := Tools{
 		Wrk: look("wrk"), Iperf3: look("iperf3"), HAProxy: look("haproxy"), Nginx: look("nginx"),
 		Strace: look("strace"), Perf: look("perf"), IPTables: look("iptables"), IPTablesLegacyRestore: look("iptables-legacy-restore"),
-		IPSet:    look("ipset"),
+		IPSet: look("ipset"), Dnsperf: look("dnsperf"), Dnsmasq: look("dnsmasq"),
 		Versions: map[string]string{},
 	}
 	version := func(key, bin string, args ...string) {
@@ -100,6 +101,8 @@ func findTools(ctx context.Context) Tools {
 	version("iptables", t.IPTables, "--version")
 	version("iptables-legacy", look("iptables-legacy"), "--version")
 	version("ipset", t.IPSet, "--version")
+	version("dnsperf", t.Dnsperf, "-h") // prints "Version 2.10.0" last; the first line is its usage
+	version("dnsmasq", t.Dnsmasq, "--version")
 	version("go", look("go"), "version")
 	if t.Nginx != "" {
 		c, cancel := context.WithTimeout(ctx, 5*time.Second)

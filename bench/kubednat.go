@@ -157,9 +157,9 @@ func kubeHash(s string) string {
 	return base32.StdEncoding.EncodeToString(h[:])[:16]
 }
 
-func svcChain(s SvcPort) string { return "KUBE-SVC-" + kubeHash(s.Key()+"tcp") }
+func svcChain(s SvcPort) string { return "KUBE-SVC-" + kubeHash(s.Key()+s.lowerProto()) }
 func sepChain(s SvcPort, ep netip.AddrPort) string {
-	return "KUBE-SEP-" + kubeHash(s.Key()+"tcp"+ep.String())
+	return "KUBE-SEP-" + kubeHash(s.Key()+s.lowerProto()+ep.String())
 }
 
 // full is a first sync: every chain, rule and jump, nat and filter.
@@ -239,7 +239,7 @@ func (k kubeRules) natFixedRules(b *strings.Builder, services []SvcPort) {
 -A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
 `)
 	for _, s := range services {
-		fmt.Fprintf(b, "-A KUBE-SERVICES -m comment --comment \"%s cluster IP\" -m tcp -p tcp -d %s/32 --dport %d -j %s\n", s.Key(), s.VIP, s.Port, svcChain(s))
+		fmt.Fprintf(b, "-A KUBE-SERVICES -m comment --comment \"%s cluster IP\" -m %[2]s -p %[2]s -d %s/32 --dport %d -j %s\n", s.Key(), s.lowerProto(), s.VIP, s.Port, svcChain(s))
 	}
 	b.WriteString(`-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS` + "\n")
 }
@@ -251,9 +251,9 @@ func (k kubeRules) serviceRules(b *strings.Builder, s SvcPort) {
 	svc := svcChain(s)
 	switch {
 	case k.masqueradeAll:
-		fmt.Fprintf(b, "-A %s -m comment --comment \"%s cluster IP\" -m tcp -p tcp -d %s/32 --dport %d -j KUBE-MARK-MASQ\n", svc, s.Key(), s.VIP, s.Port)
+		fmt.Fprintf(b, "-A %s -m comment --comment \"%s cluster IP\" -m %[3]s -p %[3]s -d %s/32 --dport %d -j KUBE-MARK-MASQ\n", svc, s.Key(), s.lowerProto(), s.VIP, s.Port)
 	case k.clusterCIDR.IsValid():
-		fmt.Fprintf(b, "-A %s -m comment --comment \"%s cluster IP\" -m tcp -p tcp -d %s/32 --dport %d ! -s %s -j KUBE-MARK-MASQ\n", svc, s.Key(), s.VIP, s.Port, k.clusterCIDR)
+		fmt.Fprintf(b, "-A %s -m comment --comment \"%s cluster IP\" -m %[3]s -p %[3]s -d %s/32 --dport %d ! -s %s -j KUBE-MARK-MASQ\n", svc, s.Key(), s.lowerProto(), s.VIP, s.Port, k.clusterCIDR)
 	}
 	n := len(s.Endpoints)
 	for i, ep := range s.Endpoints {
@@ -267,7 +267,7 @@ func (k kubeRules) serviceRules(b *strings.Builder, s SvcPort) {
 	for _, ep := range s.Endpoints {
 		sep := sepChain(s, ep)
 		fmt.Fprintf(b, "-A %s -m comment --comment %s -s %s/32 -j KUBE-MARK-MASQ\n", sep, s.Key(), ep.Addr())
-		fmt.Fprintf(b, "-A %s -m comment --comment %s -m tcp -p tcp -j DNAT --to-destination %s\n", sep, s.Key(), ep)
+		fmt.Fprintf(b, "-A %s -m comment --comment %s -m %[3]s -p %[3]s -j DNAT --to-destination %s\n", sep, s.Key(), s.lowerProto(), ep)
 	}
 }
 

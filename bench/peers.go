@@ -52,7 +52,7 @@ defaults
     retries 2
     option redispatch 1
 `)
-	for i, s := range c.Services {
+	for i, s := range tcpServices(c.Services) {
 		fmt.Fprintf(&b, "\nlisten svc%d # %s\n    bind %s\n    balance roundrobin\n", i, s.Key(), s.Frontend())
 		for j, ep := range s.Endpoints {
 			fmt.Fprintf(&b, "    server ep%d %s\n", j, ep)
@@ -70,7 +70,7 @@ defaults
 		return nil, err
 	}
 	return &Running{
-		Targets:  vipTargets(c.Services),
+		Targets:  vipTargets(tcpServices(c.Services)),
 		PIDs:     func() []int { return []int{p.Pid()} },
 		Balances: true,
 		Config:   b.String(),
@@ -120,6 +120,10 @@ stream {
 		fmt.Fprintf(&b, "    upstream svc%d { # %s\n", i, s.Key())
 		for _, ep := range s.Endpoints {
 			fmt.Fprintf(&b, "        server %s;\n", ep)
+		}
+		if s.Protocol == "UDP" { // one datagram, one response: the flow ends with it (as DNS wants)
+			fmt.Fprintf(&b, "    }\n    server { listen %s udp reuseport; proxy_pass svc%d; proxy_responses 1; proxy_timeout 2s; }\n", s.Frontend(), i)
+			continue
 		}
 		fmt.Fprintf(&b, "    }\n    server { listen %s reuseport backlog=8192; proxy_pass svc%d; }\n", s.Frontend(), i)
 	}

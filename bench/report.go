@@ -41,28 +41,13 @@ func rerender(dir string) error {
 
 // ranModes are the modes with at least one data-path sample, in run order.
 func (r *Results) ranModes() []string {
-	var out []string
+	var names []string
 	for _, m := range r.Modes {
-		if m.Status == "skipped" {
-			continue
-		}
-		for _, s := range r.Samples {
-			if s.Mode == m.Name {
-				out = append(out, m.Name)
-				break
-			}
+		if m.Status != "skipped" {
+			names = append(names, m.Name)
 		}
 	}
-	return out
-}
-
-// med is the median of a metric, NaN when not measured.
-func (r *Results) med(mode, test, metric string) float64 {
-	st := r.stat(mode, test, metric)
-	if !st.ok() {
-		return math.NaN()
-	}
-	return st.Median
+	return r.ran(names)
 }
 
 // column is one figure in a table.
@@ -104,6 +89,17 @@ func (r *Results) costColumns() []column {
 		{"idle conns held (of opened)", testIdle, "held", fInt, true},
 		{"goroutines while idle conns held", testIdle, "goroutines", fInt, false},
 	}
+}
+
+// udpColumns: the DNS test, at the peak and at 80 % of the mode's own peak.
+var udpColumns = []column{
+	{"peak queries/s", testUDP, "qps", fk, true},
+	{"loss % at peak", testUDP, "loss_pct", f2, false},
+	{"p99 ms at peak", testUDP, "p99_ms", f2, false},
+	{"queries/s at 80 %", testUDP, "qps_at_80", fk, true},
+	{"loss % at 80 %", testUDP, "loss_pct_at_80", f2, false},
+	{"p99 ms at 80 %", testUDP, "p99_ms_at_80", f2, false},
+	{"CPU µs/query", testUDP, "cpu_us_per_query", f1, false},
 }
 
 var ratioColumns = []column{
@@ -187,6 +183,12 @@ func (r *Results) markdown(charts map[string]barChart) string {
 	}
 	p("*Idle conns held*: connections the proxy still holds a second after the client opened %s of them, 32 at a time (two descriptors each); fewer means it dropped some of the burst. ", fmtCount(r.Settings.IdleConns))
 	p("Fault: 8 workers, a new connection per request, %gs, the third backend's server SIGKILLed a third of the way in; no endpoint is removed during the run (the window before a control plane notices). *in flight*: connected and sent before the kill or within 50 ms of it, so possibly already on the dying backend, which no L4 proxy can save; *after*: the rest, new connections sent to the dead backend (a refused connect is always counted here), what retry on refusal prevents. In brackets, how they failed (*connect refused*: before a byte was sent).\n\n", r.Settings.FaultS)
+
+	if udp := r.modesWith(ran, testUDP); len(udp) > 0 {
+		p("## UDP (DNS)\n\n")
+		r.table(&b, udp, udpColumns, nil, "")
+		p("\ndnsperf from the client, 16 clients, up to 200 queries outstanding, one second to answer, against the dns Service: dnsmasq on each of the three backends answering from its own table. *Peak*: as fast as answers come; *at 80 %%*: dnsperf paced (-Q) at 80 %% of the mode's own peak, the load it should carry without loss. Loss: queries with no answer within the second. HAProxy has no UDP proxy (skipped); direct sends to backend0's dnsmasq alone.\n\n")
+	}
 
 	r.ratios(&b, ran)
 	r.targets(&b)
@@ -308,16 +310,6 @@ func (r *Results) table(b *strings.Builder, modes []string, cols []column, extra
 	}
 }
 
-// ratio of mode to base on a column: for lower-is-better columns (latency,
-// CPU) the ratio is still mode/base, so below 1 is better there.
-func (r *Results) ratio(mode, base string, c column) float64 {
-	a, z := r.med(mode, c.test, c.metric), r.med(base, c.test, c.metric)
-	if math.IsNaN(a) || math.IsNaN(z) || z == 0 {
-		return math.NaN()
-	}
-	return a / z
-}
-
 func fmtRatio(v float64) string {
 	if math.IsNaN(v) {
 		return "–"
@@ -435,6 +427,12 @@ func (r *Results) targetTable(b *strings.Builder, us string, ran []string) {
 	}
 	ts = append(ts, target{goal: "syscalls per keep-alive request ≤ 4 (strace)", measured: fmtOr(sc, f1, ""), met: judge(sc, func(v float64) bool { return v <= 4.05 })})
 	vsPeer("1 MiB transfers/s ≥ HAProxy", "haproxy", testMiB, "per_s", func(v float64) bool { return v >= 1.0 })
+	if slices.Contains(ran, us) && r.stat(us, testUDP, "qps").ok() {
+		// Issue 15: UDP (DNS) beside nginx stream's UDP proxy.
+		vsPeer("UDP (DNS) queries/s ≥ nginx stream", "nginx-stream", testUDP, "qps", func(v float64) bool { return v >= 1.0 })
+		loss := r.med(us, testUDP, "loss_pct_at_80")
+		ts = append(ts, target{goal: "UDP (DNS) loss ≤ 0.1 % at 80 % of its peak rate", measured: fmtOr(loss, f2, "") + " %", met: judge(loss, func(v float64) bool { return v <= 0.1 })})
+	}
 	vsPeer("bulk, 1 stream ≥ HAProxy", "haproxy", testBulk1, "gbps", func(v float64) bool { return v >= 1.0 })
 	vsPeer("bulk, 4 streams ≥ HAProxy", "haproxy", testBulk4, "gbps", func(v float64) bool { return v >= 1.0 })
 	vsPeer(fmt.Sprintf("RSS with %s idle connections ≤ 1.25× HAProxy's", fmtCount(r.Settings.IdleConnsWanted)), "haproxy", testIdle, "rss_mib_wanted", func(v float64) bool { return v <= 1.25 })
@@ -603,7 +601,7 @@ func (r *Results) noise(b *strings.Builder, ran []string) {
 	var lines []string
 	for _, m := range ran {
 		var parts []string
-		for _, c := range append(slices.Clone(dataColumns), r.costColumns()...) {
+		for _, c := range append(append(slices.Clone(dataColumns), r.costColumns()...), udpColumns...) {
 			st := r.stat(m, c.test, c.metric)
 			if st.N >= 2 && st.spread() > 0.15 {
 				parts = append(parts, fmt.Sprintf("%s %s–%s", c.head, c.format(st.Min), c.format(st.Max)))
@@ -750,6 +748,20 @@ func (r *Results) charts() map[string]barChart {
 		}
 		out["sync.svg"] = sync
 		out["change.svg"] = change
+	}
+	return out
+}
+
+// modesWith is the modes of ran with samples of test.
+func (r *Results) modesWith(ran []string, test string) []string {
+	var out []string
+	for _, m := range ran {
+		for _, s := range r.Samples {
+			if s.Mode == m && s.Test == test {
+				out = append(out, m)
+				break
+			}
+		}
 	}
 	return out
 }

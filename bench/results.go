@@ -22,9 +22,9 @@ type Results struct {
 	Generators   map[string]string `json:"generators"`
 	HTTPBackend  string            `json:"http_backend"`
 	Modes        []*ModeResult     `json:"modes"`
-	Samples      []Sample          `json:"samples"`
-	Syscalls     []SyscallProfile  `json:"syscalls,omitempty"`
-	ControlPlane []CPSample        `json:"control_plane,omitempty"`
+	Samples      `json:"samples"`
+	Syscalls     []SyscallProfile `json:"syscalls,omitempty"`
+	ControlPlane []CPSample       `json:"control_plane,omitempty"`
 	// Loads is the 1-minute load average as each mode's round began: other
 	// work on the machine shows up here.
 	Loads []LoadSample `json:"loads,omitempty"`
@@ -133,17 +133,6 @@ func (r *Results) mode(name string) *ModeResult {
 	return nil
 }
 
-// values returns every sample of (mode, test, metric), in round order.
-func (r *Results) values(mode, test, metric string) []float64 {
-	var out []float64
-	for _, s := range r.Samples {
-		if s.Mode == mode && s.Test == test && s.Metric == metric {
-			out = append(out, s.Value)
-		}
-	}
-	return out
-}
-
 // stat is the median and range of a metric over rounds.
 type stat struct {
 	Median, Min, Max float64
@@ -158,10 +147,6 @@ func (st stat) spread() float64 {
 		return 0
 	}
 	return (st.Max - st.Min) / math.Abs(st.Median)
-}
-
-func (r *Results) stat(mode, test, metric string) stat {
-	return summarize(r.values(mode, test, metric))
 }
 
 func summarize(v []float64) stat {

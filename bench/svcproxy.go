@@ -324,6 +324,9 @@ func servicesYAML(services []SvcPort) []byte {
 		fmt.Fprintf(&b, "  - name: %s\n    namespace: %s\n    clusterIPs: [%s]\n    ports:\n", s.Service, s.Namespace, s.VIP)
 		for _, p := range services[i:j] {
 			fmt.Fprintf(&b, "      - name: %s\n        port: %d\n        targetPort: %d\n", p.PortName, p.Port, p.Endpoints[0].Port())
+			if p.Protocol == "UDP" {
+				b.WriteString("        protocol: UDP\n")
+			}
 		}
 		b.WriteString("    endpoints:\n")
 		for _, ep := range s.Endpoints {

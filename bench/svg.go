@@ -9,6 +9,13 @@ import (
 // barChart is a grouped bar chart written as a standalone SVG: groups along
 // the x axis, one bar per series in each group, optional min–max whiskers,
 // linear or log y axis, value labels on the bars.
+//
+// Written by hand rather than with a plotting library: results.md shows
+// these files inline, and GitHub renders a static SVG but runs no
+// JavaScript (go-echarts writes HTML+JS); gonum/plot would bring ten
+// modules (gonum, x/image, fonts, LaTeX, PDF, rasterizer) into the main
+// module's graph and still need its own ticker, whiskers and labels to
+// draw what this does in one file of plain, diffable SVG.
 type barChart struct {
 	Title, Subtitle string
 	YLabel          string

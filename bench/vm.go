@@ -70,8 +70,8 @@ type VMResults struct {
 	HostLoadEnd   [3]float64 `json:"host_load_end"`
 	// Modes, Samples and ControlPlane are as the host's, measured in the
 	// VM: the in-VM baselines have the host modes' names.
-	Modes        []*ModeResult    `json:"modes"`
-	Samples      []Sample         `json:"samples"`
+	Modes        []*ModeResult `json:"modes"`
+	Samples      `json:"samples"`
 	ControlPlane []vmwire.Control `json:"control_plane,omitempty"`
 	// Failures are the guest's failed checks; Error why the VM run as a
 	// whole failed.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 
@@ -12,38 +11,8 @@ import (
 // The VM's figures in results.md: a section of their own, never in the
 // host's tables, ratios or charts.
 
-func (vm *VMResults) values(mode, test, metric string) []float64 {
-	var out []float64
-	for _, s := range vm.Samples {
-		if s.Mode == mode && s.Test == test && s.Metric == metric {
-			out = append(out, s.Value)
-		}
-	}
-	return out
-}
-
-func (vm *VMResults) stat(mode, test, metric string) stat {
-	return summarize(vm.values(mode, test, metric))
-}
-
-func (vm *VMResults) med(mode, test, metric string) float64 {
-	st := vm.stat(mode, test, metric)
-	if !st.ok() {
-		return math.NaN()
-	}
-	return st.Median
-}
-
 // ranModes are the in-VM modes with a data-path sample, in run order.
-func (vm *VMResults) ranModes() []string {
-	var out []string
-	for _, m := range vm.Settings.Modes {
-		if slices.ContainsFunc(vm.Samples, func(s Sample) bool { return s.Mode == m }) {
-			out = append(out, m)
-		}
-	}
-	return out
-}
+func (vm *VMResults) ranModes() []string { return vm.ran(vm.Settings.Modes) }
 
 // vmColumns are the VM's data-path figures.
 var vmColumns = []column{
@@ -73,14 +42,6 @@ func (vm *VMResults) cell(mode string, c column) string {
 		return fmt.Sprintf("%s (%s–%s)", c.format(st.Median), c.format(st.Min), c.format(st.Max))
 	}
 	return c.format(st.Median)
-}
-
-func (vm *VMResults) ratio(mode, base string, c column) float64 {
-	a, z := vm.med(mode, c.test, c.metric), vm.med(base, c.test, c.metric)
-	if math.IsNaN(a) || math.IsNaN(z) || z == 0 {
-		return math.NaN()
-	}
-	return a / z
 }
 
 // vmSection writes the VM's section of results.md.

@@ -209,18 +209,15 @@ func (f *Forwarder) warnUnserved(snap *lb.Snapshot) {
 func frontendAddrs(snap *lb.Snapshot) map[netip.AddrPort]bool {
 	want := map[netip.AddrPort]bool{}
 	for _, b := range snap.Balancers() {
-		svc := b.Service
-		if svc.Protocol != lb.TCP {
+		if b.Service.Protocol != lb.TCP {
 			continue
 		}
-		for _, ips := range [][]netip.Addr{svc.ClusterIPs, svc.ExternalIPs, svc.LoadBalancerIPs} {
-			for _, ip := range ips {
-				want[netip.AddrPortFrom(ip, svc.Port)] = true
-			}
+		for fe := range snap.Frontends(b) {
+			want[fe.Addr] = true
 		}
-		if svc.NodePort != 0 {
+		if np := snap.NodePort(b); np != 0 {
 			// Unspecified IPv6 listens on IPv4 too (dual-stack socket).
-			want[netip.AddrPortFrom(netip.IPv6Unspecified(), svc.NodePort)] = true
+			want[netip.AddrPortFrom(netip.IPv6Unspecified(), np)] = true
 		}
 	}
 	return want

@@ -136,18 +136,15 @@ type udpFlow struct {
 func udpFrontendAddrs(snap *lb.Snapshot, nodePortAddrs []netip.Addr) map[lb.Frontend]bool {
 	want := map[lb.Frontend]bool{}
 	for _, b := range snap.Balancers() {
-		svc := b.Service
-		if svc.Protocol != lb.UDP {
+		if b.Service.Protocol != lb.UDP {
 			continue
 		}
-		for _, ips := range [][]netip.Addr{svc.ClusterIPs, svc.ExternalIPs, svc.LoadBalancerIPs} {
-			for _, ip := range ips {
-				want[lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(ip, svc.Port)}] = true
-			}
+		for fe := range snap.Frontends(b) {
+			want[fe] = true
 		}
-		if svc.NodePort != 0 {
+		if np := snap.NodePort(b); np != 0 {
 			for _, a := range nodePortAddrs {
-				want[lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(a, svc.NodePort)}] = true
+				want[lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(a, np)}] = true
 			}
 		}
 	}

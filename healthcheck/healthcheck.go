@@ -6,6 +6,10 @@
 // to nodes that can serve it locally. The body is kube-proxy's:
 //
 //	{"service":{"namespace":"ns","name":"web"},"localEndpoints":2,"serviceProxyHealthy":true}
+//
+// The server follows the snapshots the proxy has applied (Server.Sync after
+// each successful sync), not the source: a port opens, and a count changes,
+// once the rules serving it are in place.
 package healthcheck
 
 import (
@@ -13,7 +17,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -22,6 +25,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/svcproxy/svcproxy/lb"
 )
 
 // ServiceName names a Service (not one of its ports).
@@ -80,11 +85,42 @@ func New(cfg Config) *Server {
 	return &Server{cfg: cfg, log: log.Named("healthcheck"), services: map[ServiceName]*instance{}}
 }
 
-// Sync makes the server serve exactly services: a listener opens for each
-// new Service (or changed port), closes for each one gone, and the local
-// endpoint counts are updated. A port that cannot be opened is logged and
-// returned in the error; the other Services are still served.
-func (s *Server) Sync(services map[ServiceName]Service) error {
+// Sync makes the server serve what snap, an applied snapshot, asks for
+// (see FromSnapshot): a listener opens for each new Service (or changed
+// port), closes for each one gone, and the local endpoint counts are
+// updated. A port that cannot be opened is logged and returned in the
+// error; the other Services are still served, and the next Sync tries it
+// again.
+func (s *Server) Sync(snap *lb.Snapshot) error { return s.sync(FromSnapshot(snap)) }
+
+// FromSnapshot returns every Service of snap with a health-check node port,
+// with its local endpoint count: the distinct addresses of ready endpoints
+// on snap's node across all the Service's ports (as kube-proxy: 10.0.0.1:80
+// and 10.0.0.1:443 are one endpoint; none without a node name).
+func FromSnapshot(snap *lb.Snapshot) map[ServiceName]Service {
+	out := map[ServiceName]Service{}
+	node := snap.Node.Name
+	var name ServiceName
+	var local map[netip.Addr]struct{}
+	for _, b := range snap.Balancers() { // sorted: a Service's ports are adjacent
+		svc := b.Service
+		if svc.HealthCheckNodePort == 0 {
+			continue
+		}
+		if n := (ServiceName{svc.Name.Namespace, svc.Name.Name}); n != name || local == nil {
+			name, local = n, map[netip.Addr]struct{}{}
+		}
+		for _, ep := range svc.Endpoints {
+			if ep.Ready && node != "" && ep.NodeName == node {
+				local[ep.Addr.Addr()] = struct{}{}
+			}
+		}
+		out[name] = Service{Port: svc.HealthCheckNodePort, LocalEndpoints: len(local)}
+	}
+	return out
+}
+
+func (s *Server) sync(services map[ServiceName]Service) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -211,6 +247,3 @@ func (s *Server) handler(name ServiceName) http.Handler {
 		_ = json.NewEncoder(w).Encode(st)
 	})
 }
-
-// Equal reports whether two Sync inputs are the same.
-func Equal(a, b map[ServiceName]Service) bool { return maps.Equal(a, b) }

@@ -7,10 +7,13 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/svcproxy/svcproxy/lb"
 )
 
 var loopback = []netip.Addr{netip.MustParseAddr("127.0.0.1")}
@@ -24,6 +27,40 @@ func freePort(t *testing.T) uint16 {
 	}
 	defer ln.Close()
 	return uint16(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// applied returns a snapshot of a Store on node-a holding, for each of
+// services, a LoadBalancer Service port with that health-check node port
+// and that many ready endpoints on node-a, beside one ready endpoint on
+// node-b and one terminating on node-a, which count for nothing.
+func applied(t *testing.T, services map[ServiceName]Service) *lb.Snapshot {
+	t.Helper()
+	var ports []lb.Service
+	i := 0
+	for name, svc := range services {
+		i++
+		p := lb.Service{
+			Name:                  lb.ServicePortName{Namespace: name.Namespace, Name: name.Name, Port: "http"},
+			Port:                  80,
+			ClusterIPs:            []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 0, byte(i)})},
+			HealthCheckNodePort:   svc.Port,
+			ExternalTrafficPolicy: lb.PolicyLocal,
+		}
+		ep := func(j int, node string, ready bool) lb.Endpoint {
+			return lb.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i), byte(j)}), 8080),
+				Ready: ready, Serving: true, Terminating: !ready, NodeName: node}
+		}
+		p.Endpoints = append(p.Endpoints, ep(200, "node-b", true), ep(201, "node-a", false))
+		for j := range svc.LocalEndpoints {
+			p.Endpoints = append(p.Endpoints, ep(j+1, "node-a", true))
+		}
+		ports = append(ports, p)
+	}
+	snap, err := lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: "node-a"}}).Replace(ports)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snap
 }
 
 type reply struct {
@@ -60,7 +97,7 @@ func TestServer(t *testing.T) {
 	web := ServiceName{"ns", "web"}
 	port := freePort(t)
 
-	if err := s.Sync(map[ServiceName]Service{web: {Port: port}}); err != nil {
+	if err := s.Sync(applied(t, map[ServiceName]Service{web: {Port: port}})); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -75,7 +112,7 @@ func TestServer(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			healthy.Store(tc.healthy)
-			if err := s.Sync(map[ServiceName]Service{web: {Port: port, LocalEndpoints: tc.endpoints}}); err != nil {
+			if err := s.Sync(applied(t, map[ServiceName]Service{web: {Port: port, LocalEndpoints: tc.endpoints}})); err != nil {
 				t.Fatal(err)
 			}
 			r, err := get(t, port)
@@ -94,7 +131,7 @@ func TestServer(t *testing.T) {
 	t.Run("a changed port moves the listener", func(t *testing.T) {
 		healthy.Store(true)
 		port2 := freePort(t)
-		if err := s.Sync(map[ServiceName]Service{web: {Port: port2, LocalEndpoints: 1}}); err != nil {
+		if err := s.Sync(applied(t, map[ServiceName]Service{web: {Port: port2, LocalEndpoints: 1}})); err != nil {
 			t.Fatal(err)
 		}
 		if r, err := get(t, port2); err != nil || r.code != http.StatusOK {
@@ -113,10 +150,10 @@ func TestServer(t *testing.T) {
 		}
 		defer busy.Close()
 		other := ServiceName{"ns", "other"}
-		err = s.Sync(map[ServiceName]Service{
+		err = s.Sync(applied(t, map[ServiceName]Service{
 			web:   {Port: port, LocalEndpoints: 1},
 			other: {Port: uint16(busy.Addr().(*net.TCPAddr).Port), LocalEndpoints: 1},
-		})
+		}))
 		if err == nil || !strings.Contains(err.Error(), "ns/other") {
 			t.Errorf("Sync error %v, want one naming ns/other", err)
 		}
@@ -129,7 +166,7 @@ func TestServer(t *testing.T) {
 	})
 
 	t.Run("removed: the port closes", func(t *testing.T) {
-		if err := s.Sync(nil); err != nil {
+		if err := s.Sync(applied(t, nil)); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := get(t, port); err == nil {
@@ -141,7 +178,7 @@ func TestServer(t *testing.T) {
 func TestClose(t *testing.T) {
 	s := New(Config{Addresses: loopback})
 	port := freePort(t)
-	if err := s.Sync(map[ServiceName]Service{{"ns", "a"}: {Port: port, LocalEndpoints: 1}}); err != nil {
+	if err := s.Sync(applied(t, map[ServiceName]Service{{"ns", "a"}: {Port: port, LocalEndpoints: 1}})); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
@@ -150,7 +187,107 @@ func TestClose(t *testing.T) {
 	if _, err := get(t, port); err == nil {
 		t.Error("port answers after Close")
 	}
-	if err := s.Sync(nil); err == nil {
+	if err := s.Sync(applied(t, nil)); err == nil {
 		t.Error("Sync after Close succeeded")
+	}
+}
+
+// TestFromSnapshot: what the server serves is read from the applied
+// snapshot, per Service (not per port), with kube-proxy's local endpoint
+// count.
+func TestFromSnapshot(t *testing.T) {
+	ep := func(addr, node string, ready bool) lb.Endpoint {
+		return lb.Endpoint{Addr: netip.MustParseAddrPort(addr), Ready: ready, Serving: true, Terminating: !ready, NodeName: node}
+	}
+	port := func(svc, name string, number uint16, hc uint16, eps ...lb.Endpoint) lb.Service {
+		return lb.Service{Name: lb.ServicePortName{Namespace: "ns", Name: svc, Port: name}, Port: number,
+			ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")}, HealthCheckNodePort: hc, Endpoints: eps}
+	}
+	web := []lb.Service{
+		port("web", "http", 80, 32000, ep("10.1.0.1:80", "node-a", true), ep("10.1.0.2:80", "node-b", true), ep("10.1.0.3:80", "node-a", false)),
+		port("web", "https", 443, 32000, ep("10.1.0.1:443", "node-a", true), ep("10.1.0.4:443", "node-a", true)),
+	}
+	for _, tc := range []struct {
+		name     string
+		node     string
+		services []lb.Service
+		want     map[ServiceName]Service
+	}{
+		{
+			name:     "one address on two ports counts once; terminating and other nodes' do not count",
+			node:     "node-a",
+			services: web,
+			want:     map[ServiceName]Service{{"ns", "web"}: {Port: 32000, LocalEndpoints: 2}},
+		},
+		{
+			name:     "no node name: no local endpoints",
+			services: web,
+			want:     map[ServiceName]Service{{"ns", "web"}: {Port: 32000, LocalEndpoints: 0}},
+		},
+		{
+			name:     "no health-check node port: not served",
+			node:     "node-a",
+			services: []lb.Service{port("db", "", 5432, 0, ep("10.1.0.9:5432", "node-a", true))},
+			want:     map[ServiceName]Service{},
+		},
+		{
+			name: "each Service counts its own endpoints",
+			node: "node-a",
+			services: append([]lb.Service{
+				port("api", "", 8080, 32001, ep("10.1.0.1:8080", "node-a", true)),
+			}, web...),
+			want: map[ServiceName]Service{
+				{"ns", "api"}: {Port: 32001, LocalEndpoints: 1},
+				{"ns", "web"}: {Port: 32000, LocalEndpoints: 2},
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for i := range tc.services { // one ClusterIP each
+				tc.services[i].ClusterIPs = []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 0, byte(i + 1)})}
+			}
+			snap, err := lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: tc.node}}).Replace(tc.services)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := FromSnapshot(snap); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("FromSnapshot = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestSyncFollowsSnapshots: the server opens, updates and closes health
+// checks as applied snapshots add, change and remove Services.
+func TestSyncFollowsSnapshots(t *testing.T) {
+	s := New(Config{Addresses: loopback})
+	defer s.Close()
+	web := ServiceName{"ns", "web"}
+	port := freePort(t)
+	for _, step := range []struct {
+		name      string
+		services  map[ServiceName]Service
+		code      int // 0: the port is closed
+		endpoints int
+	}{
+		{"added without local endpoints", map[ServiceName]Service{web: {Port: port}}, http.StatusServiceUnavailable, 0},
+		{"local endpoints appear", map[ServiceName]Service{web: {Port: port, LocalEndpoints: 3}}, http.StatusOK, 3},
+		{"removed", nil, 0, 0},
+	} {
+		if err := s.Sync(applied(t, step.services)); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		r, err := get(t, port)
+		switch {
+		case step.code == 0 && err == nil:
+			t.Errorf("%s: the port still answers", step.name)
+		case step.code != 0 && err != nil:
+			t.Errorf("%s: %v", step.name, err)
+		case step.code != 0 && (r.code != step.code || r.body.LocalEndpoints != step.endpoints):
+			t.Errorf("%s: %d with %d local endpoints, want %d with %d", step.name, r.code, r.body.LocalEndpoints, step.code, step.endpoints)
+		}
+		if got, want := s.Services(), FromSnapshot(applied(t, step.services)); !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: serving %v, want %v", step.name, got, want)
+		}
 	}
 }

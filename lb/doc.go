@@ -9,7 +9,10 @@
 // Sources (a static file, Kubernetes) write Services into a Store; the Store
 // publishes an immutable, versioned *Snapshot with an atomic pointer swap, so
 // readers on the hot path never take a lock. Every mode consumes the same
-// Snapshot and only translates it: no mode decides policy again.
+// Snapshot and only translates it: no mode decides policy again. The
+// Snapshot also says which frontends each Service port owns after conflicts
+// (Frontends, NodePort) and what changed since a previous one (Changed), so
+// no mode recomputes ownership or keeps its own change tracking.
 //
 // lb is pure: it knows nothing of client-go, sockets, iptables or IPVS.
 // The only mutable state reachable from a Snapshot is runtime bookkeeping kept

@@ -3,6 +3,7 @@ package lb
 import (
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -26,6 +27,13 @@ type serviceRuntime struct {
 	cursor   atomic.Uint64 // round-robin position
 	conns    atomic.Int64  // open connections, for per-service limits
 	affinity affinityTable
+}
+
+// same reports whether p and o serve alike: the same kind of traffic, the
+// same picker and the same backends in order.
+func (p *Pool) same(o *Pool) bool {
+	return p.External == o.External && p.algo == o.algo &&
+		slices.EqualFunc(p.backends, o.backends, func(a, b *Backend) bool { return a == b || a.Protocol == b.Protocol && a.Addr == b.Addr })
 }
 
 // Backends returns the usable backends; the caller must not modify the slice.

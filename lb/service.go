@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 )
@@ -139,6 +140,11 @@ type Service struct {
 	ExternalIPs     []netip.Addr
 	LoadBalancerIPs []netip.Addr
 
+	// HealthCheckNodePort is the Service's health-check node port
+	// (spec.healthCheckNodePort of a LoadBalancer Service with
+	// externalTrafficPolicy Local), the same on each of its ports; 0: none.
+	HealthCheckNodePort uint16
+
 	// AffinityTimeout > 0 turns on ClientIP session affinity with that timeout.
 	AffinityTimeout time.Duration
 
@@ -245,16 +251,36 @@ type Frontend struct {
 
 func (f Frontend) String() string { return f.Protocol.String() + "/" + f.Addr.String() }
 
-// frontends calls fn for every fixed frontend of s (not its NodePort, which
-// is on every node address), saying whether it is an external one.
-func (s *Service) frontends(fn func(f Frontend, external bool)) {
+// frontends yields every fixed frontend of s (not its NodePort, which is on
+// every node address), saying whether it is an external one, until yield
+// returns false.
+func (s *Service) frontends(yield func(f Frontend, external bool) bool) {
 	for _, ip := range s.ClusterIPs {
-		fn(Frontend{s.Protocol, netip.AddrPortFrom(ip, s.Port)}, false)
+		if !yield(Frontend{s.Protocol, netip.AddrPortFrom(ip, s.Port)}, false) {
+			return
+		}
 	}
-	for _, ip := range s.ExternalIPs {
-		fn(Frontend{s.Protocol, netip.AddrPortFrom(ip, s.Port)}, true)
+	for _, ips := range [2][]netip.Addr{s.ExternalIPs, s.LoadBalancerIPs} {
+		for _, ip := range ips {
+			if !yield(Frontend{s.Protocol, netip.AddrPortFrom(ip, s.Port)}, true) {
+				return
+			}
+		}
 	}
-	for _, ip := range s.LoadBalancerIPs {
-		fn(Frontend{s.Protocol, netip.AddrPortFrom(ip, s.Port)}, true)
-	}
+}
+
+// equal reports whether s and o are the same Service port, field by field.
+func (s *Service) equal(o *Service) bool {
+	return s.Name == o.Name && s.Protocol == o.Protocol && s.Port == o.Port &&
+		slices.Equal(s.ClusterIPs, o.ClusterIPs) && s.NodePort == o.NodePort &&
+		slices.Equal(s.ExternalIPs, o.ExternalIPs) && slices.Equal(s.LoadBalancerIPs, o.LoadBalancerIPs) &&
+		s.HealthCheckNodePort == o.HealthCheckNodePort && s.AffinityTimeout == o.AffinityTimeout &&
+		s.InternalTrafficPolicy == o.InternalTrafficPolicy && s.ExternalTrafficPolicy == o.ExternalTrafficPolicy &&
+		s.Algorithm == o.Algorithm && s.FirstByteTimeout == o.FirstByteTimeout &&
+		slices.EqualFunc(s.Endpoints, o.Endpoints, Endpoint.equal)
+}
+
+func (e Endpoint) equal(o Endpoint) bool {
+	return e.Addr == o.Addr && e.Ready == o.Ready && e.Serving == o.Serving && e.Terminating == o.Terminating &&
+		e.NodeName == o.NodeName && e.Zone == o.Zone && slices.Equal(e.ZoneHints, o.ZoneHints) && slices.Equal(e.NodeHints, o.NodeHints)
 }

@@ -1,7 +1,9 @@
 package lb
 
 import (
+	"iter"
 	"net/netip"
+	"slices"
 	"time"
 )
 
@@ -33,11 +35,20 @@ type nodePortKey struct {
 type Snapshot struct {
 	Version uint64
 	Time    time.Time // when it was published
+	Node    Node      // the node the pools were decided for
 
 	balancers map[ServicePortName]*Balancer
 	sorted    []*Balancer
 	frontends map[Frontend]*Pool
 	nodePorts map[nodePortKey]*Pool
+	lost      map[ServicePortName]struct{} // ports that lost a frontend or NodePort in a conflict; nil: none
+}
+
+func (s *Snapshot) lose(name ServicePortName) {
+	if s.lost == nil {
+		s.lost = map[ServicePortName]struct{}{}
+	}
+	s.lost[name] = struct{}{}
 }
 
 // Route returns the pool serving a connection addressed to dst: the Service
@@ -75,4 +86,108 @@ func (s *Snapshot) HasEndpoint(name ServicePortName, addr netip.AddrPort) bool {
 		}
 	}
 	return false
+}
+
+// Frontends yields the fixed frontends of b, one of s's Balancers, that s
+// routes to it, each with the pool serving it: its ClusterIPs (Internal),
+// then its ExternalIPs and LoadBalancer IPs (External), at its port. A
+// frontend another Service won in a conflict is left out; so is the
+// NodePort, which is on every node address (see NodePort).
+func (s *Snapshot) Frontends(b *Balancer) iter.Seq2[Frontend, *Pool] {
+	return func(yield func(Frontend, *Pool) bool) {
+		_, lost := s.lost[b.Service.Name]
+		for f, external := range b.Service.frontends {
+			p := b.pool(external)
+			if lost && s.frontends[f] != p {
+				continue
+			}
+			if !yield(f, p) {
+				return
+			}
+		}
+	}
+}
+
+// NodePort returns the NodePort of b, one of s's Balancers, if s routes it
+// to b's External pool; 0 when it has none or another Service won it.
+func (s *Snapshot) NodePort(b *Balancer) uint16 {
+	np := b.Service.NodePort
+	if np == 0 {
+		return 0
+	}
+	if _, lost := s.lost[b.Service.Name]; lost && s.nodePorts[nodePortKey{b.Service.Protocol, np}] != b.External {
+		return 0
+	}
+	return np
+}
+
+// Diff is what changed between two Snapshots, by Service port, each list
+// sorted by name.
+type Diff struct {
+	Added, Updated, Removed []ServicePortName
+}
+
+// Empty reports whether nothing changed.
+func (d Diff) Empty() bool { return len(d.Added)+len(d.Updated)+len(d.Removed) == 0 }
+
+// Changed returns the Service ports added, updated and removed since prev
+// (nil: every port is added). A port is updated when its Service, its
+// pools' backends or picker, or the frontends and NodePort it owns changed;
+// a port written again with the same content, or decided again with the
+// same result, is not. It walks both snapshots' sorted ports once and
+// compares in depth only the ports whose Balancer was replaced or that lost
+// a conflict in either: cheap for 10,000 Services.
+func (s *Snapshot) Changed(prev *Snapshot) Diff {
+	var d Diff
+	var old []*Balancer
+	if prev != nil {
+		old = prev.sorted
+	}
+	cur := s.sorted
+	for len(old) > 0 || len(cur) > 0 {
+		var c int // which comes first: the old port (removed), the new (added) or both
+		switch {
+		case len(old) == 0:
+			c = 1
+		case len(cur) == 0:
+			c = -1
+		default:
+			c = old[0].Service.Name.Compare(cur[0].Service.Name)
+		}
+		switch {
+		case c < 0:
+			d.Removed = append(d.Removed, old[0].Service.Name)
+			old = old[1:]
+		case c > 0:
+			d.Added = append(d.Added, cur[0].Service.Name)
+			cur = cur[1:]
+		default:
+			if !s.same(cur[0], prev, old[0]) {
+				d.Updated = append(d.Updated, cur[0].Service.Name)
+			}
+			old, cur = old[1:], cur[1:]
+		}
+	}
+	return d
+}
+
+// same reports whether b in s serves as a in prev: the same Service, pools
+// and owned frontends (which, for the same Service, only a conflict with
+// another can change).
+func (s *Snapshot) same(b *Balancer, prev *Snapshot, a *Balancer) bool {
+	if a != b && (!a.Service.equal(b.Service) || !a.Internal.same(b.Internal) || !a.External.same(b.External)) {
+		return false
+	}
+	_, lostNow := s.lost[b.Service.Name]
+	_, lostThen := prev.lost[a.Service.Name]
+	if !lostNow && !lostThen {
+		return true
+	}
+	owned := func(snap *Snapshot, bal *Balancer) (out []Frontend) {
+		for f := range snap.Frontends(bal) {
+			out = append(out, f)
+		}
+		return out
+	}
+	return prev.NodePort(a) == s.NodePort(b) && slices.Equal(owned(prev, a), owned(s, b))
 }

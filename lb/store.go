@@ -55,7 +55,7 @@ func NewStore(opts StoreOptions) *Store {
 		runtimes:  map[ServicePortName]*serviceRuntime{},
 		backends:  map[backendKey]*backendRef{},
 	}
-	s.cur.Store(&Snapshot{Time: opts.Now(), balancers: map[ServicePortName]*Balancer{}})
+	s.cur.Store(&Snapshot{Time: opts.Now(), Node: opts.Node, balancers: map[ServicePortName]*Balancer{}})
 	return s
 }
 
@@ -266,6 +266,7 @@ func (s *Store) publish() (*Snapshot, error) {
 	snap := &Snapshot{
 		Version:   s.version,
 		Time:      s.opts.Now(),
+		Node:      s.opts.Node,
 		balancers: make(map[ServicePortName]*Balancer, len(s.balancers)),
 		frontends: make(map[Frontend]*Pool, len(s.balancers)),
 		nodePorts: make(map[nodePortKey]*Pool),
@@ -279,17 +280,19 @@ func (s *Store) publish() (*Snapshot, error) {
 	var errs []error
 	for _, bal := range snap.sorted {
 		svc := bal.Service
-		svc.frontends(func(f Frontend, external bool) {
+		for f, external := range svc.frontends {
 			if other, taken := snap.frontends[f]; taken {
 				errs = append(errs, fmt.Errorf("service %v: frontend %v already belongs to %v", svc.Name, f, other.Service.Name))
-				return
+				snap.lose(svc.Name)
+				continue
 			}
 			snap.frontends[f] = bal.pool(external)
-		})
+		}
 		if svc.NodePort != 0 {
 			k := nodePortKey{svc.Protocol, svc.NodePort}
 			if other, taken := snap.nodePorts[k]; taken {
 				errs = append(errs, fmt.Errorf("service %v: nodePort %v/%d already belongs to %v", svc.Name, svc.Protocol, svc.NodePort, other.Service.Name))
+				snap.lose(svc.Name)
 			} else {
 				snap.nodePorts[k] = bal.External
 			}

@@ -4,99 +4,29 @@ package netfilter
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"os"
-	"os/exec"
 	"strings"
-	"sync"
 	"testing"
+
+	"github.com/svcproxy/svcproxy/internal/kerneltest"
 )
 
-// Privileged tests touch only network namespaces they create
-// (svcproxy-nftest-*), never the caller's: every tool runs through
-// `ip netns exec`.
-
-var (
-	privOnce sync.Once
-	privSkip string
-)
-
-// requirePrivileged skips t unless it runs as root with ip, iptables,
-// ip6tables and ipset installed.
-func requirePrivileged(t testing.TB) {
-	t.Helper()
-	privOnce.Do(func() {
-		if os.Geteuid() != 0 {
-			privSkip = "needs root: run `sudo go test ./netfilter/` (the privileged tests only touch namespaces they create)"
-			return
-		}
-		for _, tool := range []string{"ip", "iptables-restore", "iptables-save", "ip6tables-restore", "ip6tables-save", "ipset"} {
-			if _, err := exec.LookPath(tool); err != nil {
-				privSkip = fmt.Sprintf("needs %s on PATH (apt-get install iproute2 iptables ipset): %v", tool, err)
-				return
-			}
-		}
-		name := "svcproxy-nftest-probe-" + randHex(4)
-		if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-			privSkip = fmt.Sprintf("cannot create a network namespace: %v: %s", err, out)
-			return
-		}
-		exec.Command("ip", "netns", "del", name).Run()
-	})
-	if privSkip != "" {
-		t.Skip(privSkip)
-	}
-}
-
-func randHex(n int) string {
-	b := make([]byte, n)
-	rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// newNS creates a namespace, deleted when t ends.
-func newNS(t testing.TB) string {
-	t.Helper()
-	name := "svcproxy-nftest-" + randHex(4)
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("deleting namespace %s: %v: %s", name, err, out)
-		}
-	})
-	return name
-}
-
-// variants are the iptables backends to check: the one on PATH and legacy,
-// when installed.
-func variants() []string {
-	v := []string{""}
-	if _, err := exec.LookPath("iptables-legacy-restore"); err == nil {
-		v = append(v, "legacy")
-	}
-	return v
-}
-
-func variantName(v string) string {
-	if v == "" {
-		return "default"
-	}
-	return v
+// privileged gates the privileged tests: root and the tools.
+var privileged = kerneltest.Gate{
+	Package: "./netfilter/",
+	Prefix:  "svcproxy-nftest-",
+	Tools:   []string{"ip", "iptables-restore", "iptables-save", "ip6tables-restore", "ip6tables-save", "ipset"},
 }
 
 // TestPrivilegedFakeParity runs the Fake's refusal table against the real
 // tools: the Fake must accept and refuse exactly what they do.
 func TestPrivilegedFakeParity(t *testing.T) {
-	requirePrivileged(t)
-	for _, v := range variants() {
-		t.Run(variantName(v), func(t *testing.T) {
+	privileged.Require(t)
+	for _, v := range kerneltest.Variants() {
+		t.Run(kerneltest.VariantName(v), func(t *testing.T) {
 			for _, tc := range kernelCases {
 				t.Run(tc.name, func(t *testing.T) {
-					if got := runKernelCase(t, &Exec{NetNS: newNS(t), Variant: v}, tc); got != tc.ok {
+					if got := runKernelCase(t, &Exec{NetNS: privileged.NewNS(t), Variant: v}, tc); got != tc.ok {
 						t.Errorf("the real tools: accepted = %v; the Fake's table says %v", got, tc.ok)
 					}
 				})
@@ -109,11 +39,11 @@ func TestPrivilegedFakeParity(t *testing.T) {
 // checks iptables-save prints exactly the Fake's canonical form: the form a
 // full sync compares with to tell tampering from its own rules.
 func TestPrivilegedCanonical(t *testing.T) {
-	requirePrivileged(t)
+	privileged.Require(t)
 	ctx := context.Background()
-	for _, v := range variants() {
-		t.Run(variantName(v), func(t *testing.T) {
-			e := &Exec{NetNS: newNS(t), Variant: v}
+	for _, v := range kerneltest.Variants() {
+		t.Run(kerneltest.VariantName(v), func(t *testing.T) {
+			e := &Exec{NetNS: privileged.NewNS(t), Variant: v}
 			if err := e.IPSetRestore(ctx, []byte(baseSets)); err != nil {
 				t.Fatal(err)
 			}
@@ -155,7 +85,7 @@ func TestPrivilegedCanonical(t *testing.T) {
 // missing chain is left out, and what ReadOwned finds in them is what it
 // finds in the whole table.
 func TestPrivilegedSaveChains(t *testing.T) {
-	requirePrivileged(t)
+	privileged.Require(t)
 	ctx := context.Background()
 	const rules = "*nat\n:SVCPROXY-A - [0:0]\n:SVCPROXY-B - [0:0]\n:OTHER - [0:0]\n" +
 		"-A PREROUTING -j SVCPROXY-A\n-A OUTPUT -s 10.0.0.0/8 -j SVCPROXY-A\n-A OTHER -j RETURN\n" +
@@ -170,9 +100,9 @@ func TestPrivilegedSaveChains(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, v := range variants() {
-		t.Run(variantName(v), func(t *testing.T) {
-			e := &Exec{NetNS: newNS(t), Variant: v}
+	for _, v := range kerneltest.Variants() {
+		t.Run(kerneltest.VariantName(v), func(t *testing.T) {
+			e := &Exec{NetNS: privileged.NewNS(t), Variant: v}
 			if err := e.IPTablesRestore(ctx, IPv4, []byte(rules)); err != nil {
 				t.Fatal(err)
 			}

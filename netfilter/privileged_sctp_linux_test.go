@@ -32,7 +32,7 @@ func requireSCTPMatch(t *testing.T, e *Exec) {
 // whether the rule matched: the -p sctp/-m sctp matches, an ipset member
 // naming sctp, and bitmap:port, which never matches SCTP.
 func TestPrivilegedSCTPMatches(t *testing.T) {
-	requirePrivileged(t)
+	privileged.Require(t)
 	ctx := context.Background()
 	topo := topology.NewT(t, topology.Options{Clients: 1, Backends: -1})
 	client := topo.Clients[0]

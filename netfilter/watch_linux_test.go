@@ -11,11 +11,11 @@ import (
 // process is reported within a second; one to another table, or made by
 // this process's own Exec, is not.
 func TestPrivilegedWatchRuleset(t *testing.T) {
-	requirePrivileged(t)
+	privileged.Require(t)
 	if _, err := exec.LookPath("nft"); err != nil {
 		t.Skipf("needs nft on PATH (apt-get install nftables): %v", err)
 	}
-	ns := newNS(t)
+	ns := privileged.NewNS(t)
 	e := NewExec(ns)
 	e.Variant = "nft"
 	ctx := context.Background()

@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/svcproxy/svcproxy/internal/kerneltest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 )
@@ -21,17 +22,14 @@ func BenchmarkApply(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			svcs := make([]lb.Service, n)
-			for i := range svcs {
-				svcs[i] = scaleService(i)
-			}
+			svcs := kerneltest.ScaleServices(n)
 			st := lb.NewStore(lb.StoreOptions{})
 			snap, _ := st.Replace(svcs)
 			ports := Ports{TCP: testTCPPort}
 			if err := r.Apply(context.Background(), snap, ports, true); err != nil {
 				b.Fatal(err)
 			}
-			extra := scaleService(n)
+			extra := kerneltest.ScaleService(n)
 			added, _ := st.Update([]lb.Service{extra}, nil)
 			removed, _ := st.Update(nil, []lb.ServicePortName{extra.Name})
 			b.ReportAllocs()

@@ -2,97 +2,24 @@ package redirect
 
 import (
 	"context"
-	"fmt"
 	"net/netip"
 	"slices"
 	"testing"
 
 	"go.uber.org/zap"
 
+	"github.com/svcproxy/svcproxy/internal/kerneltest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 )
 
-// byteReader hands out fuzz input; past the end it returns zeros.
-type byteReader struct {
-	b []byte
-	i int
-}
-
-func (r *byteReader) next() byte {
-	if r.i >= len(r.b) {
-		return 0
-	}
-	r.i++
-	return r.b[r.i-1]
-}
-
-func (r *byteReader) pick(n int) int { return int(r.next()) % n }
-
-// Small pools, so Services collide on frontends, NodePorts and node
-// addresses.
-var (
-	fuzzVIPs = []netip.Addr{
-		ip("10.96.0.1"), ip("10.96.0.2"), ip("fd00::1"), ip("203.0.113.1"),
-		nodeIP, nodeIP6, // an ExternalIP that is a node address
-	}
-	fuzzPorts     = []uint16{53, 80}
-	fuzzNodePorts = []uint16{0, 30000, 30001, 80}
-	fuzzPrefixes  = [][]netip.Prefix{
-		nil,
-		{netip.MustParsePrefix("192.0.2.0/24")},
-		{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("2001:db8::/64")},
-		{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
-	}
-)
-
-// fuzzServices decodes up to six Services.
-func fuzzServices(r *byteReader) []lb.Service {
-	n := r.pick(7)
-	out := make([]lb.Service, 0, n)
-	for i := range n {
-		svc := lb.Service{
-			Name:                  lb.ServicePortName{Namespace: "ns", Name: fmt.Sprintf("s%d", r.pick(8))},
-			Protocol:              lb.Protocol(r.pick(3)), // TCP, UDP or SCTP
-			Port:                  fuzzPorts[r.pick(len(fuzzPorts))],
-			NodePort:              fuzzNodePorts[r.pick(len(fuzzNodePorts))],
-			ExternalTrafficPolicy: lb.TrafficPolicy(r.pick(2)),
-			InternalTrafficPolicy: lb.TrafficPolicy(r.pick(2)),
-		}
-		for range r.pick(3) {
-			svc.ClusterIPs = append(svc.ClusterIPs, fuzzVIPs[r.pick(len(fuzzVIPs))])
-		}
-		for range r.pick(2) {
-			svc.ExternalIPs = append(svc.ExternalIPs, fuzzVIPs[r.pick(len(fuzzVIPs))])
-		}
-		for range r.pick(2) {
-			svc.LoadBalancerIPs = append(svc.LoadBalancerIPs, fuzzVIPs[r.pick(len(fuzzVIPs))])
-		}
-		for j := range r.pick(3) {
-			flags := r.next()
-			node := "node-b"
-			if flags&1 != 0 {
-				node = nodeName
-			}
-			svc.Endpoints = append(svc.Endpoints, lb.Endpoint{
-				Addr:     netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), byte(j + 1)}), 8080),
-				Ready:    flags&2 != 0,
-				Serving:  flags&4 != 0,
-				NodeName: node,
-			})
-		}
-		out = append(out, svc)
-	}
-	return out
-}
-
 // fuzzPortsFor gives most UDP frontends and NodePorts a forwarder port.
-func fuzzPortsFor(r *byteReader, services []lb.Service) Ports {
+func fuzzPortsFor(r *kerneltest.Input, services []lb.Service) Ports {
 	p := Ports{TCP: testTCPPort, UDP: map[lb.Frontend]uint16{}}
 	next := uint16(40000)
 	add := func(a netip.AddrPort) {
 		fe := lb.Frontend{Protocol: lb.UDP, Addr: a}
-		if _, ok := p.UDP[fe]; ok || r.pick(5) == 0 {
+		if _, ok := p.UDP[fe]; ok || r.Pick(5) == 0 {
 			return
 		}
 		next++
@@ -178,19 +105,8 @@ func expect(snap *lb.Snapshot, ports Ports, cfg Config, p netfilter.Packet) netf
 
 // fuzzPackets are the packets worth tracing for services.
 func fuzzPackets(services []lb.Service) []netfilter.Packet {
-	dsts := map[netip.AddrPort]bool{ap("8.8.8.8:53"): true, ap("[2001:4860::8888]:80"): true}
-	for _, s := range services {
-		for _, a := range slices.Concat(s.ClusterIPs, s.ExternalIPs, s.LoadBalancerIPs) {
-			dsts[netip.AddrPortFrom(a, s.Port)] = true
-		}
-		if s.NodePort != 0 {
-			for _, a := range []netip.Addr{nodeIP, nodeIP2, nodeIP6, ip("127.0.0.1"), ip("::1"), ip("192.0.2.99")} {
-				dsts[netip.AddrPortFrom(a, s.NodePort)] = true
-			}
-		}
-	}
 	var out []netfilter.Packet
-	for d := range dsts {
+	for _, d := range kerneltest.Destinations(services, nodeIP, nodeIP2, nodeIP6) {
 		for _, proto := range []lb.Protocol{lb.TCP, lb.UDP, lb.SCTP} {
 			for _, hook := range []netfilter.Hook{netfilter.Prerouting, netfilter.Output} {
 				if d.Addr().IsLoopback() && hook == netfilter.Prerouting {
@@ -213,8 +129,8 @@ func FuzzApply(f *testing.F) {
 	f.Add([]byte{6, 0, 1, 1, 3, 1, 0, 2, 4, 5, 1, 4, 1, 5, 2, 6, 7, 1, 0, 1, 2, 3, 0, 1, 1, 2, 1, 0, 0, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17})
 	f.Add([]byte{5, 2, 1, 1, 1, 1, 0, 1, 4, 1, 1, 0, 1, 7, 3, 1, 1, 1, 1, 1, 0, 1, 0, 2, 6, 4, 1, 1, 1, 1, 1, 1, 2, 7, 7, 2, 1, 0, 3, 1, 1})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		in := &byteReader{b: data}
-		cfg := Config{Mark: testMark, IPv6: in.next()&1 != 0, NodePortAddresses: fuzzPrefixes[in.pick(len(fuzzPrefixes))], Logger: zap.NewNop()}
+		in := kerneltest.NewInput(data)
+		cfg := Config{Mark: testMark, IPv6: in.Next()&1 != 0, NodePortAddresses: in.NodePortAddresses(), Logger: zap.NewNop()}
 		fake := netfilter.NewFake()
 		cfg.Exec = fake
 		r, err := New(cfg)
@@ -223,10 +139,10 @@ func FuzzApply(f *testing.F) {
 		}
 		st := lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: nodeName}})
 		for round := range 3 {
-			services := fuzzServices(in)
+			services := in.Services(kerneltest.ServiceOptions{Node: nodeName, NodeIPs: []netip.Addr{nodeIP, nodeIP6}, MaxEndpoints: 2})
 			snap, _ := st.Replace(services) // conflicts and invalid Services are part of the game
 			ports := fuzzPortsFor(in, services)
-			full := round == 0 || in.next()&1 != 0
+			full := round == 0 || in.Next()&1 != 0
 			_ = r.Apply(context.Background(), snap, ports, full) // missing UDP ports are reported
 			for _, p := range fuzzPackets(services) {
 				want := expect(snap, ports, cfg, p)

@@ -2,7 +2,6 @@ package redirect
 
 import (
 	"context"
-	"fmt"
 	"net/netip"
 	"testing"
 
@@ -172,21 +171,4 @@ func hookName(h netfilter.Hook) string {
 		return "OUTPUT"
 	}
 	return "PREROUTING"
-}
-
-// scaleService is the i-th of many Services: one ClusterIP, ten endpoints.
-func scaleService(i int) lb.Service {
-	e := make([]lb.Endpoint, 10)
-	for j := range e {
-		e[j] = lb.Endpoint{
-			Addr:  netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(128 + i>>14), byte(i >> 6), byte(i&63<<2 | j&3)}), uint16(8080+j)),
-			Ready: true, Serving: true,
-		}
-	}
-	return lb.Service{
-		Name:       lb.ServicePortName{Namespace: "scale", Name: fmt.Sprintf("svc-%05d", i)},
-		Port:       80,
-		ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(96 + i>>16), byte(i >> 8), byte(i)})},
-		Endpoints:  e,
-	}
 }

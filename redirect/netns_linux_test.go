@@ -4,61 +4,27 @@ package redirect
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"os/exec"
-	"regexp"
-	"runtime"
-	"strings"
-	"sync"
-	"syscall"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/svcproxy/svcproxy/internal/kerneltest"
 	"github.com/svcproxy/svcproxy/netfilter"
 )
 
-// Privileged tests touch only network namespaces they create
-// (svcproxy-test-*), never the caller's: every tool runs through
-// `ip netns exec`/`ip -n`, every socket is made on a thread moved into the
-// namespace.
-
-var (
-	privOnce sync.Once
-	privSkip string
-)
-
-// requirePrivileged skips t unless it runs as root with ip, iptables,
-// ip6tables and ipset installed and a kernel with ipsets, xt_set and
-// REDIRECT (probed in a throwaway namespace).
-func requirePrivileged(t testing.TB) {
-	t.Helper()
-	privOnce.Do(func() {
-		if os.Geteuid() != 0 {
-			privSkip = "needs root: run `sudo go test ./redirect/` (the privileged tests only touch namespaces they create)"
-			return
-		}
-		for _, tool := range []string{"ip", "iptables", "iptables-restore", "iptables-save", "ip6tables-restore", "ip6tables-save", "ipset"} {
-			if _, err := exec.LookPath(tool); err != nil {
-				privSkip = fmt.Sprintf("needs %s on PATH (apt-get install iproute2 iptables ipset): %v", tool, err)
-				return
-			}
-		}
-		name := "svcproxy-test-probe-" + randHex(4)
-		if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-			privSkip = fmt.Sprintf("cannot create a network namespace: %v: %s", err, out)
-			return
-		}
-		defer exec.Command("ip", "netns", "del", name).Run()
-		e := netfilter.NewExec(name)
+// privileged gates the privileged tests: root, the tools, and a kernel
+// with ipsets, xt_set and REDIRECT (probed in a throwaway namespace).
+var privileged = kerneltest.Gate{
+	Package: "./redirect/",
+	Prefix:  "svcproxy-test-",
+	Tools:   []string{"ip", "iptables", "iptables-restore", "iptables-save", "ip6tables-restore", "ip6tables-save", "ipset"},
+	Probe: func(ns string) error {
+		e := netfilter.NewExec(ns)
 		ctx := context.Background()
 		err := errors.Join(
 			e.IPSetRestore(ctx, []byte("create svcproxy-probe hash:ip,port family inet\ncreate svcproxy-probe-p bitmap:port range 0-65535\n")),
@@ -67,43 +33,10 @@ func requirePrivileged(t testing.TB) {
 				"-A SVCPROXY-PROBE -m addrtype --dst-type LOCAL -m set --match-set svcproxy-probe-p dst -j RETURN\nCOMMIT\n"+
 				"*filter\n:SVCPROXY-PROBE - [0:0]\n-A SVCPROXY-PROBE -p tcp -m conntrack --ctstate DNAT -j REJECT --reject-with tcp-reset\nCOMMIT\n")))
 		if err != nil {
-			privSkip = fmt.Sprintf("kernel or tools lack ipset / xt_set / REDIRECT / REJECT / addrtype / conntrack: %v", err)
+			return fmt.Errorf("kernel or tools lack ipset / xt_set / REDIRECT / REJECT / addrtype / conntrack: %w", err)
 		}
-	})
-	if privSkip != "" {
-		t.Skip(privSkip)
-	}
-}
-
-func randHex(n int) string {
-	b := make([]byte, n)
-	rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// run runs a command and fails t on error.
-func run(t testing.TB, name string, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
-
-// newNS creates a namespace with lo up, deleted when t ends (also on
-// failure).
-func newNS(t testing.TB) string {
-	t.Helper()
-	name := "svcproxy-test-" + randHex(4)
-	run(t, "ip", "netns", "add", name)
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("deleting namespace %s: %v: %s", name, err, out)
-		}
-	})
-	run(t, "ip", "-n", name, "link", "set", "lo", "up")
-	return name
+		return nil
+	},
 }
 
 // topology is a node namespace and a client ("pod") namespace joined by a
@@ -126,11 +59,11 @@ var (
 
 func newTopology(t testing.TB) topology {
 	t.Helper()
-	top := topology{node: newNS(t), client: newNS(t)}
-	veth := "sp" + randHex(3)
-	run(t, "ip", "-n", top.node, "link", "add", "eth0", "type", "veth", "peer", "name", veth)
-	run(t, "ip", "-n", top.node, "link", "set", veth, "netns", top.client)
-	run(t, "ip", "-n", top.client, "link", "set", veth, "name", "eth0")
+	top := topology{node: privileged.NewNS(t), client: privileged.NewNS(t)}
+	veth := "sp" + kerneltest.RandHex(3)
+	kerneltest.Run(t, "ip", "-n", top.node, "link", "add", "eth0", "type", "veth", "peer", "name", veth)
+	kerneltest.Run(t, "ip", "-n", top.node, "link", "set", veth, "netns", top.client)
+	kerneltest.Run(t, "ip", "-n", top.client, "link", "set", veth, "name", "eth0")
 	for _, c := range [][]string{
 		{top.node, "addr", "add", "198.18.0.1/24", "dev", "eth0"},
 		{top.node, "addr", "add", "fd00:18::1/64", "dev", "eth0", "nodad"},
@@ -143,43 +76,10 @@ func newTopology(t testing.TB) topology {
 		{top.client, "route", "add", "198.18.10.0/24", "via", "198.18.0.1"},
 		{top.client, "route", "add", "fd00:10::/64", "via", "fd00:18::1"},
 	} {
-		run(t, "ip", append([]string{"-n"}, c...)...)
+		kerneltest.Run(t, "ip", append([]string{"-n"}, c...)...)
 	}
-	run(t, "ip", "netns", "exec", top.node, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
+	kerneltest.Run(t, "ip", "netns", "exec", top.node, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
 	return top
-}
-
-// inNS runs fn on a thread inside namespace ns; sockets fn creates live
-// there.
-func inNS(t testing.TB, ns string, fn func()) {
-	t.Helper()
-	runtime.LockOSThread()
-	orig, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatalf("opening own namespace: %v", err)
-	}
-	defer orig.Close()
-	target, err := os.Open("/run/netns/" + ns)
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatalf("opening namespace %s: %v", ns, err)
-	}
-	defer target.Close()
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		t.Fatalf("entering namespace %s: %v", ns, err)
-	}
-	defer func() {
-		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-			// Leave the thread locked: the runtime retires it with the
-			// goroutine instead of reusing it in the wrong namespace.
-			t.Errorf("leaving namespace %s: %v", ns, err)
-			return
-		}
-		runtime.UnlockOSThread()
-	}()
-	fn()
 }
 
 // originalDst reads SO_ORIGINAL_DST (IP6T_SO_ORIGINAL_DST for netfilter.IPv6) of an
@@ -247,49 +147,4 @@ func pktinfoServer(t testing.TB, conn *net.UDPConn) {
 			conn.WriteMsgUDPAddrPort(reply, unix.PktInfo4(&unix.Inet4Pktinfo{Spec_dst: local}), src)
 		}
 	}()
-}
-
-// iptablesState is what a namespace's tables and sets look like, with
-// counters and comments stripped.
-func iptablesState(t testing.TB, ns, variant string) string {
-	t.Helper()
-	e := &netfilter.Exec{NetNS: ns, Variant: variant}
-	var b strings.Builder
-	counters := regexp.MustCompile(`\[\d+:\d+\]`)
-	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
-		for _, tbl := range []string{"nat", "filter"} {
-			out, err := e.IPTablesSave(context.Background(), fam, tbl)
-			if err != nil {
-				t.Fatalf("saving %v %s: %v", fam, tbl, err)
-			}
-			for line := range strings.Lines(string(out)) {
-				if !strings.HasPrefix(line, "#") {
-					b.WriteString(counters.ReplaceAllString(line, "[0:0]"))
-				}
-			}
-		}
-	}
-	out, err := exec.Command("ip", "netns", "exec", ns, "ipset", "save").CombinedOutput()
-	if err != nil {
-		t.Fatalf("ipset save: %v: %s", err, out)
-	}
-	b.WriteString(regexp.MustCompile(` initval 0x[0-9a-f]+`).ReplaceAllString(string(out), ""))
-	return b.String()
-}
-
-// dialIn dials addr from inside ns.
-func dialIn(t testing.TB, ns, network, addr string, timeout time.Duration, mark int) (net.Conn, error) {
-	t.Helper()
-	var c net.Conn
-	var err error
-	d := net.Dialer{Timeout: timeout}
-	if mark != 0 {
-		d.Control = func(_, _ string, rc syscall.RawConn) error {
-			var serr error
-			rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, mark) })
-			return serr
-		}
-	}
-	inNS(t, ns, func() { c, err = d.Dial(network, addr) })
-	return c, err
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,26 +15,10 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/svcproxy/svcproxy/internal/kerneltest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 )
-
-// variants are the iptables backends the privileged tests run against: the
-// one on PATH (nf_tables here) and legacy, when installed.
-func variants(t *testing.T) []string {
-	v := []string{""}
-	if _, err := exec.LookPath("iptables-legacy-restore"); err == nil {
-		v = append(v, "legacy")
-	}
-	return v
-}
-
-func variantName(v string) string {
-	if v == "" {
-		return "default"
-	}
-	return v
-}
 
 // foreignRules are another program's rules, in both families and tables,
 // which svcproxy must leave alone (and which make the tables exist, so
@@ -47,11 +30,11 @@ var foreignRules = map[netfilter.Family]string{
 }
 
 func TestPrivilegedApplyCleanup(t *testing.T) {
-	requirePrivileged(t)
-	for _, variant := range variants(t) {
-		t.Run(variantName(variant), func(t *testing.T) {
+	privileged.Require(t)
+	for _, variant := range kerneltest.Variants() {
+		t.Run(kerneltest.VariantName(variant), func(t *testing.T) {
 			ctx := context.Background()
-			ns := newNS(t)
+			ns := privileged.NewNS(t)
 			e := &netfilter.Exec{NetNS: ns, Variant: variant}
 			if err := e.IPSetRestore(ctx, []byte("create foreign-set hash:net family inet\nadd foreign-set 10.0.0.0/8\n")); err != nil {
 				t.Fatal(err)
@@ -61,7 +44,7 @@ func TestPrivilegedApplyCleanup(t *testing.T) {
 					t.Fatalf("foreign %v rules: %v", fam, err)
 				}
 			}
-			before := iptablesState(t, ns, variant)
+			before := kerneltest.State(t, ns, variant)
 
 			r, err := New(Config{Mark: testMark, IPv6: true, Exec: e, Logger: zaptest.NewLogger(t),
 				NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/24"), netip.MustParsePrefix("127.0.0.0/8")}})
@@ -77,7 +60,7 @@ func TestPrivilegedApplyCleanup(t *testing.T) {
 			}
 			st := store(t, testServices()...)
 			mustApply(t, r, st.Snapshot(), testPorts(), true)
-			t.Logf("after the first Apply:\n%s", iptablesState(t, ns, variant))
+			t.Logf("after the first Apply:\n%s", kerneltest.State(t, ns, variant))
 
 			// A full sync finds exactly what it wrote: our canonical rule
 			// text agrees with this iptables-save.
@@ -95,19 +78,19 @@ func TestPrivilegedApplyCleanup(t *testing.T) {
 			}
 
 			// Tamper with the real thing.
-			run(t, "ip", "netns", "exec", ns, e.Tool(netfilter.IPv4, ""), "-t", "nat", "-F", chainServices)
-			run(t, "ip", "netns", "exec", ns, e.Tool(netfilter.IPv6, ""), "-t", "filter", "-D", "INPUT", "-j", chainReject)
-			run(t, "ip", "netns", "exec", ns, "ipset", "del", "svcproxy-svc-v4", "10.96.0.11,tcp:80")
+			kerneltest.Run(t, "ip", "netns", "exec", ns, e.Tool(netfilter.IPv4, ""), "-t", "nat", "-F", chainServices)
+			kerneltest.Run(t, "ip", "netns", "exec", ns, e.Tool(netfilter.IPv6, ""), "-t", "filter", "-D", "INPUT", "-j", chainReject)
+			kerneltest.Run(t, "ip", "netns", "exec", ns, "ipset", "del", "svcproxy-svc-v4", "10.96.0.11,tcp:80")
 			// What an older svcproxy might have left: a chain, a set, and
 			// jumps with matches of their own.
-			run(t, "ip", "netns", "exec", ns, "ipset", "create", "svcproxy-old", "hash:ip,port")
+			kerneltest.Run(t, "ip", "netns", "exec", ns, "ipset", "create", "svcproxy-old", "hash:ip,port")
 			if err := e.IPTablesRestore(ctx, netfilter.IPv4, []byte("*nat\n:SVCPROXY-OLD - [0:0]\n"+
 				"-A SVCPROXY-OLD -m set --match-set svcproxy-old dst,dst -m comment --comment \"old svcproxy\" -j RETURN\n"+
 				"-I PREROUTING 1 -m comment --comment \"old svcproxy\" -s 10.0.0.0/8 -j SVCPROXY-OLD\n"+
 				"-A OUTPUT -p tcp -j SVCPROXY-SERVICES\nCOMMIT\n")); err != nil {
 				t.Fatalf("leaving stray rules: %v", err)
 			}
-			tampered := iptablesState(t, ns, variant)
+			tampered := kerneltest.State(t, ns, variant)
 			mustApply(t, r, snap, testPorts(), true)
 			if r.Repairs() != 1 {
 				t.Errorf("Repairs = %d after tampering, want 1", r.Repairs())
@@ -116,7 +99,7 @@ func TestPrivilegedApplyCleanup(t *testing.T) {
 			if r.Repairs() != 1 {
 				t.Errorf("Repairs = %d after a clean full sync, want 1", r.Repairs())
 			}
-			repaired := iptablesState(t, ns, variant)
+			repaired := kerneltest.State(t, ns, variant)
 			if repaired == tampered {
 				t.Errorf("the repair changed nothing")
 			}
@@ -127,7 +110,7 @@ func TestPrivilegedApplyCleanup(t *testing.T) {
 			if err := r.Cleanup(ctx); err != nil {
 				t.Fatalf("Cleanup: %v", err)
 			}
-			if after := iptablesState(t, ns, variant); after != before {
+			if after := kerneltest.State(t, ns, variant); after != before {
 				t.Errorf("after Cleanup:\n%s\nbefore the first Apply:\n%s", after, before)
 			}
 		})
@@ -138,9 +121,9 @@ func TestPrivilegedApplyCleanup(t *testing.T) {
 // rules, from the node itself (nat OUTPUT) and from a client namespace
 // (nat PREROUTING).
 func TestPrivilegedTraffic(t *testing.T) {
-	requirePrivileged(t)
-	for _, variant := range variants(t) {
-		t.Run(variantName(variant), func(t *testing.T) { testTraffic(t, variant) })
+	privileged.Require(t)
+	for _, variant := range kerneltest.Variants() {
+		t.Run(kerneltest.VariantName(variant), func(t *testing.T) { testTraffic(t, variant) })
 	}
 }
 
@@ -153,7 +136,7 @@ func testTraffic(t *testing.T, variant string) {
 	// UDP frontend's own socket.
 	var ln4, ln6 net.Listener
 	var udp *net.UDPConn
-	inNS(t, top.node, func() {
+	kerneltest.Do(t, top.node, func() {
 		var err error
 		if ln4, err = net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", testTCPPort)); err != nil {
 			t.Fatal(err)
@@ -221,7 +204,7 @@ func testTraffic(t *testing.T, variant string) {
 	}
 	for _, tc := range tcpCases {
 		t.Run("TCP from "+tc.from+" to "+tc.dst, func(t *testing.T) {
-			c, err := dialIn(t, from[tc.from], "tcp", tc.dst, 2*time.Second, 0)
+			c, err := kerneltest.Dial(t, from[tc.from], "tcp", tc.dst, 2*time.Second, 0)
 			if err != nil {
 				t.Fatalf("dial: %v", err)
 			}
@@ -247,7 +230,7 @@ func testTraffic(t *testing.T, variant string) {
 	} {
 		t.Run("no endpoints: TCP from "+tc.from+" to "+tc.dst+" refused at once", func(t *testing.T) {
 			start := time.Now()
-			c, err := dialIn(t, from[tc.from], "tcp", tc.dst, 2*time.Second, 0)
+			c, err := kerneltest.Dial(t, from[tc.from], "tcp", tc.dst, 2*time.Second, 0)
 			took := time.Since(start)
 			if err == nil {
 				c.Close()
@@ -265,7 +248,7 @@ func testTraffic(t *testing.T, variant string) {
 	for _, f := range []string{"node", "client"} {
 		t.Run("UDP from "+f+": reply comes from the VIP", func(t *testing.T) {
 			var c *net.UDPConn
-			inNS(t, from[f], func() {
+			kerneltest.Do(t, from[f], func() {
 				var err error
 				if c, err = net.ListenUDP("udp4", nil); err != nil {
 					t.Fatal(err)
@@ -293,7 +276,7 @@ func testTraffic(t *testing.T, variant string) {
 
 	t.Run("forwarder-marked dials are not steered", func(t *testing.T) {
 		for _, dst := range []string{"198.18.10.1:80", "198.18.10.2:80"} {
-			c, err := dialIn(t, top.node, "tcp4", dst, 300*time.Millisecond, testMark)
+			c, err := kerneltest.Dial(t, top.node, "tcp4", dst, 300*time.Millisecond, testMark)
 			if err == nil {
 				c.Close()
 				t.Errorf("marked dial to %s connected", dst)
@@ -313,7 +296,7 @@ func testTraffic(t *testing.T, variant string) {
 	t.Run("removed Service is not steered", func(t *testing.T) {
 		snap := store(t, services[1:]...).Snapshot()
 		mustApply(t, r, snap, ports, false)
-		c, err := dialIn(t, top.node, "tcp4", "198.18.10.1:80", 300*time.Millisecond, 0)
+		c, err := kerneltest.Dial(t, top.node, "tcp4", "198.18.10.1:80", 300*time.Millisecond, 0)
 		if err == nil {
 			c.Close()
 			t.Fatal("dial to a removed Service connected")
@@ -329,8 +312,8 @@ func testTraffic(t *testing.T, variant string) {
 // TestPrivilegedLayout logs the kernel rules for a small example (for the
 // docs) and checks the rule count does not grow with Services.
 func TestPrivilegedLayout(t *testing.T) {
-	requirePrivileged(t)
-	ns := newNS(t)
+	privileged.Require(t)
+	ns := privileged.NewNS(t)
 	e := netfilter.NewExec(ns)
 	r, err := New(Config{Mark: testMark, Exec: e})
 	if err != nil {
@@ -349,7 +332,7 @@ func TestPrivilegedLayout(t *testing.T) {
 	}
 	mustApply(t, r, store(t, testServices()...).Snapshot(), testPorts(), true)
 	small := count()
-	t.Logf("iptables-save for the example:\n%s", iptablesState(t, ns, ""))
+	t.Logf("iptables-save for the example:\n%s", kerneltest.State(t, ns, ""))
 	big := testServices()
 	for i := range 500 {
 		big = append(big, lb.Service{Name: svcName(fmt.Sprintf("x%d", i)), Port: 80, NodePort: uint16(31000 + i),

@@ -5,12 +5,12 @@ package redirect
 import (
 	"context"
 	"fmt"
-	"slices"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/svcproxy/svcproxy/internal/kerneltest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 )
@@ -24,15 +24,12 @@ type scaleFigures struct {
 // (medians for add and remove).
 func measureScale(t testing.TB, variant string, n, rounds int) scaleFigures {
 	ctx := context.Background()
-	ns := newNS(t)
+	ns := privileged.NewNS(t)
 	r, err := New(Config{Mark: testMark, Exec: &netfilter.Exec{NetNS: ns, Variant: variant}, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	svcs := make([]lb.Service, n)
-	for i := range svcs {
-		svcs[i] = scaleService(i)
-	}
+	svcs := kerneltest.ScaleServices(n)
 	st := lb.NewStore(lb.StoreOptions{})
 	snap, err := st.Replace(svcs)
 	if err != nil {
@@ -51,7 +48,7 @@ func measureScale(t testing.TB, variant string, n, rounds int) scaleFigures {
 	}
 	var adds, removes []time.Duration
 	for i := range rounds {
-		extra := scaleService(n + i)
+		extra := kerneltest.ScaleService(n + i)
 		snap, err := st.Update([]lb.Service{extra}, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -67,7 +64,7 @@ func measureScale(t testing.TB, variant string, n, rounds int) scaleFigures {
 		mustApply(t, r, snap, ports, false)
 		removes = append(removes, time.Since(start))
 	}
-	f.add, f.remove = median(adds), median(removes)
+	f.add, f.remove = kerneltest.Median(adds), kerneltest.Median(removes)
 	if r.Repairs() != 0 {
 		t.Errorf("Repairs = %d", r.Repairs())
 	}
@@ -77,14 +74,6 @@ func measureScale(t testing.TB, variant string, n, rounds int) scaleFigures {
 	return f
 }
 
-func median(d []time.Duration) time.Duration {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
-func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
-
 // TestPrivilegedScale logs how long programming 1,000 and 10,000 Services
 // takes, and one Service added or removed at that scale (median of 20).
 // Targets: under 1 s from scratch at 10,000, under 20 ms per change.
@@ -92,14 +81,14 @@ func TestPrivilegedScale(t *testing.T) {
 	if testing.Short() {
 		t.Skip("scale test skipped in -short mode")
 	}
-	requirePrivileged(t)
-	for _, variant := range variants(t) {
+	privileged.Require(t)
+	for _, variant := range kerneltest.Variants() {
 		for _, n := range []int{1000, 10000} {
-			t.Run(fmt.Sprintf("%s/services=%d", variantName(variant), n), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/services=%d", kerneltest.VariantName(variant), n), func(t *testing.T) {
 				f := measureScale(t, variant, n, 20)
 				t.Logf("backend %s, %d Services x (1 ClusterIP, 10 endpoints): from scratch %s, full resync %s, "+
 					"add one %s, remove one %s (medians of 20; targets: scratch < 1 s at 10,000, change < 20 ms)",
-					variantName(variant), n, ms(f.scratch), ms(f.resync), ms(f.add), ms(f.remove))
+					kerneltest.VariantName(variant), n, kerneltest.Ms(f.scratch), kerneltest.Ms(f.resync), kerneltest.Ms(f.add), kerneltest.Ms(f.remove))
 			})
 		}
 	}
@@ -108,25 +97,22 @@ func TestPrivilegedScale(t *testing.T) {
 // BenchmarkPrivilegedApply measures one Service added or removed
 // (alternately) at each size; from-scratch-ms reports the first full sync.
 func BenchmarkPrivilegedApply(b *testing.B) {
-	requirePrivileged(b)
+	privileged.Require(b)
 	for _, n := range []int{10, 100, 1000, 10000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
-			ns := newNS(b)
+			ns := privileged.NewNS(b)
 			r, err := New(Config{Mark: testMark, Exec: netfilter.NewExec(ns), Logger: zap.NewNop()})
 			if err != nil {
 				b.Fatal(err)
 			}
-			svcs := make([]lb.Service, n)
-			for i := range svcs {
-				svcs[i] = scaleService(i)
-			}
+			svcs := kerneltest.ScaleServices(n)
 			st := lb.NewStore(lb.StoreOptions{})
 			snap, _ := st.Replace(svcs)
 			ports := Ports{TCP: testTCPPort}
 			start := time.Now()
 			mustApply(b, r, snap, ports, true)
 			scratch := time.Since(start)
-			extra := scaleService(n)
+			extra := kerneltest.ScaleService(n)
 			added, _ := st.Update([]lb.Service{extra}, nil)
 			removed, _ := st.Update(nil, []lb.ServicePortName{extra.Name})
 			i := 0

@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 func TestMetricsRecordSyncs(t *testing.T) {
@@ -158,24 +159,25 @@ func TestMetricsNamesAndBuckets(t *testing.T) {
 func TestRunnerRecordsOutcomes(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	m := NewMetrics(reg)
-	rec := &recorder{fail: 1}
-	r := New(rec.sync, 0, 0)
-	r.RetryInterval = 50 * time.Millisecond
-	r.Metrics = m
 	var lastAtFailure float64 = -1
-	r.OnSync = func(full bool, took time.Duration, err error) {
-		if err != nil {
-			lastAtFailure = testutil.ToFloat64(m.lastSuccess.WithLabelValues(IPv4))
+	l := startLoop(t, 0, 0, 1, func(r *Runner) {
+		r.RetryInterval = 50 * time.Millisecond
+		r.Metrics = m
+		r.OnSync = func(full bool, took time.Duration, err error) {
+			if err != nil {
+				lastAtFailure = testutil.ToFloat64(m.lastSuccess.WithLabelValues(IPv4))
+			}
 		}
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go r.Run(ctx)
-	waitFor(t, "retry", func() bool { return rec.count() == 2 })
-	waitFor(t, "metrics of the retry", func() bool { return testutil.ToFloat64(m.ownLastSuccess) > 0 })
-	cancel()
+	})
+	l.expect("the first sync, failing", true)
+	l.waiters("the retry timer", 1)
+	l.clk.Step(50 * time.Millisecond)
+	l.expect("the retry", true)
 	if lastAtFailure != 0 {
 		t.Errorf("last timestamp after the failed first sync = %v, want 0", lastAtFailure)
+	}
+	if got, want := testutil.ToFloat64(m.ownLastSuccess), float64(l.clk.Now().UnixNano())/1e9; got != want {
+		t.Errorf("own last success = %v, want the retry's time %v", got, want)
 	}
 	if got := testutil.ToFloat64(m.ownFailures.WithLabelValues("full")); got != 1 {
 		t.Errorf("failures = %v, want 1", got)
@@ -190,7 +192,7 @@ func TestTriggerSetsQueuedTimestamp(t *testing.T) {
 	r := New(func(context.Context, bool) error { return nil }, 0, 0)
 	r.Metrics = m
 	at := time.Unix(1_800_000_000, 500_000_000)
-	r.Now = func() time.Time { return at }
+	r.Clock = clocktesting.NewFakeClock(at)
 	r.Trigger()
 	r.Trigger() // coalesced, still recorded
 	if got := testutil.ToFloat64(m.lastQueued.WithLabelValues(IPv4)); got != 1_800_000_000.5 {

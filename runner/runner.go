@@ -10,10 +10,15 @@ package runner
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
+
+	"k8s.io/utils/clock"
 )
 
-// Runner runs Sync when triggered, no more often than MinInterval.
+// Runner runs Sync when triggered, no more often than MinInterval. It is
+// the one place syncs are coalesced: sources write into the Store as
+// changes come, and the Runner decides when a mode applies them.
 type Runner struct {
 	// Sync does the work; full asks it to rewrite and prune everything
 	// rather than only what changed. An error schedules a retry.
@@ -28,10 +33,12 @@ type Runner struct {
 	// Metrics, if set, records every trigger and sync: durations always,
 	// the last-success timestamp only when a sync succeeded, failures.
 	Metrics *Metrics
-	// Now is the clock for metric timestamps; nil means time.Now.
-	Now func() time.Time
+	// Clock times the intervals and the metrics; nil means the real clock
+	// (tests inject k8s.io/utils/clock/testing's FakeClock).
+	Clock clock.WithTicker
 
-	trigger chan struct{}
+	trigger  chan struct{}
+	wantFull atomic.Bool // TriggerFull was called since the last sync started
 }
 
 // New returns a Runner for sync.
@@ -43,8 +50,19 @@ func New(sync func(ctx context.Context, full bool) error, minInterval, maxInterv
 // coalesce into one sync.
 func (r *Runner) Trigger() {
 	if r.Metrics != nil {
-		r.Metrics.queued(r.now())
+		r.Metrics.queued(r.clock().Now())
 	}
+	select {
+	case r.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// TriggerFull asks for a full sync, as soon as MinInterval allows: for
+// when the rules may have been changed behind the mode's back (a tamper
+// notification). It never blocks and coalesces like Trigger.
+func (r *Runner) TriggerFull() {
+	r.wantFull.Store(true)
 	select {
 	case r.trigger <- struct{}{}:
 	default:
@@ -53,63 +71,75 @@ func (r *Runner) Trigger() {
 
 // Run syncs once at once (full), then on triggers and timers until ctx ends.
 func (r *Runner) Run(ctx context.Context) {
+	clk := r.clock()
 	if r.Metrics != nil {
-		r.Metrics.queued(r.now()) // the first sync is queued now, as kube-proxy's loop says at start
+		r.Metrics.queued(clk.Now()) // the first sync is queued now, as kube-proxy's loop says at start
 	}
-	retry := r.RetryInterval
-	if retry == 0 {
-		retry = max(r.MinInterval, time.Second)
+	retryInterval := r.RetryInterval
+	if retryInterval == 0 {
+		retryInterval = max(r.MinInterval, time.Second)
 	}
 	var last time.Time
 	full := true
-	var retryC <-chan time.Time
 	var fullC <-chan time.Time
 	if r.MaxInterval > 0 {
-		t := time.NewTicker(r.MaxInterval)
+		t := clk.NewTicker(r.MaxInterval)
 		defer t.Stop()
-		fullC = t.C
+		fullC = t.C()
 	}
 	for {
-		if wait := r.MinInterval - time.Since(last); !last.IsZero() && wait > 0 {
+		if d := r.MinInterval - clk.Since(last); !last.IsZero() && d > 0 {
+			t := clk.NewTimer(d)
 			select {
 			case <-ctx.Done():
+				t.Stop()
 				return
-			case <-time.After(wait):
+			case <-t.C():
 			}
 		}
 		select { // triggers that came while waiting are served by this sync
 		case <-r.trigger:
 		default:
 		}
-		start := time.Now()
+		if r.wantFull.Swap(false) {
+			full = true
+		}
+		start := clk.Now()
 		err := r.Sync(ctx, full)
-		last = time.Now()
+		last = clk.Now()
 		if r.Metrics != nil {
-			r.Metrics.synced(full, last.Sub(start), err, r.now())
+			r.Metrics.synced(full, last.Sub(start), err, last)
 		}
 		if r.OnSync != nil {
 			r.OnSync(full, last.Sub(start), err)
 		}
-		retryC = nil
+		var retry clock.Timer
+		var retryC <-chan time.Time
 		if err != nil {
-			retryC = time.After(retry)
+			retry = clk.NewTimer(retryInterval)
+			retryC = retry.C()
 		}
 		full = false
 		select {
 		case <-ctx.Done():
-			return
 		case <-r.trigger:
 		case <-retryC:
 			full = true
 		case <-fullC:
 			full = true
 		}
+		if retry != nil {
+			retry.Stop()
+		}
+		if ctx.Err() != nil {
+			return
+		}
 	}
 }
 
-func (r *Runner) now() time.Time {
-	if r.Now != nil {
-		return r.Now()
+func (r *Runner) clock() clock.WithTicker {
+	if r.Clock != nil {
+		return r.Clock
 	}
-	return time.Now()
+	return clock.RealClock{}
 }

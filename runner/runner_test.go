@@ -3,94 +3,207 @@ package runner
 import (
 	"context"
 	"errors"
-	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
-type recorder struct {
-	mu    sync.Mutex
-	calls []bool
-	fail  int
+// loop runs a Runner on a fake clock. Each sync, once done (OnSync), is
+// handed to the test (expect), so the test knows where the loop is:
+// nothing here sleeps to let time pass.
+type loop struct {
+	t     *testing.T
+	r     *Runner
+	clk   *clocktesting.FakeClock
+	calls chan bool // each sync's full flag, unbuffered: the loop waits for the test
+	fail  atomic.Int32
+	n     int // syncs seen
 }
 
-func (r *recorder) sync(_ context.Context, full bool) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.calls = append(r.calls, full)
-	if r.fail > 0 {
-		r.fail--
-		return errors.New("injected")
-	}
-	return nil
-}
-
-func (r *recorder) count() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.calls)
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
+// startLoop runs a Runner with the intervals given on a fake clock; its
+// first fail syncs fail. edit, if set, changes the Runner before it runs.
+func startLoop(t *testing.T, minInterval, maxInterval time.Duration, fail int, edit func(*Runner)) *loop {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+	l := &loop{t: t, clk: clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0)), calls: make(chan bool)}
+	l.fail.Store(int32(fail))
+	ctx, cancel := context.WithCancel(context.Background())
+	l.r = New(func(ctx context.Context, full bool) error {
+		if l.fail.Add(-1) >= 0 {
+			return errors.New("injected")
 		}
-		time.Sleep(5 * time.Millisecond)
+		return nil
+	}, minInterval, maxInterval)
+	l.r.Clock = l.clk
+	if edit != nil {
+		edit(l.r)
+	}
+	onSync := l.r.OnSync
+	l.r.OnSync = func(full bool, took time.Duration, err error) {
+		if onSync != nil {
+			onSync(full, took, err)
+		}
+		select {
+		case l.calls <- full:
+		case <-ctx.Done():
+		}
+	}
+	done := make(chan struct{})
+	go func() { l.r.Run(ctx); close(done) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Error("Run did not return after its context ended")
+		}
+	})
+	return l
+}
+
+// expect waits for the next sync and checks it is full or not.
+func (l *loop) expect(what string, full bool) {
+	l.t.Helper()
+	select {
+	case got := <-l.calls:
+		l.n++
+		if got != full {
+			l.t.Fatalf("%s: sync %d full = %v, want %v", what, l.n, got, full)
+		}
+	case <-time.After(5 * time.Second):
+		l.t.Fatalf("%s: no sync (the fake clock at %v, %d waiters)", what, l.clk.Now(), l.clk.Waiters())
 	}
 }
 
-func TestRunner(t *testing.T) {
-	t.Run("first sync is full, triggers coalesce", func(t *testing.T) {
-		rec := &recorder{}
-		r := New(rec.sync, 200*time.Millisecond, 0)
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		go r.Run(ctx)
-		waitFor(t, "first sync", func() bool { return rec.count() == 1 })
-		for i := 0; i < 50; i++ {
-			r.Trigger()
+// none checks no sync is under way. Where the loop is waiting for a timer
+// that is not due, it cannot be: the fake clock has not fired it.
+func (l *loop) none(what string) {
+	l.t.Helper()
+	select {
+	case full := <-l.calls:
+		l.t.Fatalf("%s: unexpected sync (full %v) after %d", what, full, l.n)
+	default:
+	}
+}
+
+// waiters waits until the loop waits on n timers and tickers: it has
+// settled, and stepping the clock now reaches it.
+func (l *loop) waiters(what string, n int) {
+	l.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for l.clk.Waiters() != n {
+		if time.Now().After(deadline) {
+			l.t.Fatalf("%s: the loop waits on %d timers, want %d", what, l.clk.Waiters(), n)
 		}
-		waitFor(t, "second sync", func() bool { return rec.count() == 2 })
-		time.Sleep(300 * time.Millisecond)
-		if n := rec.count(); n != 2 {
-			t.Fatalf("50 triggers in a burst gave %d syncs after the first, want 1", n-1)
-		}
-		rec.mu.Lock()
-		defer rec.mu.Unlock()
-		if !rec.calls[0] || rec.calls[1] {
-			t.Fatalf("full flags = %v, want [true false]", rec.calls)
-		}
-	})
-	t.Run("failure retries with a full sync", func(t *testing.T) {
-		rec := &recorder{fail: 1}
-		r := New(rec.sync, 0, 0)
-		r.RetryInterval = 50 * time.Millisecond
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		go r.Run(ctx)
-		waitFor(t, "retry", func() bool { return rec.count() == 2 })
-		rec.mu.Lock()
-		defer rec.mu.Unlock()
-		if !rec.calls[1] {
-			t.Fatal("retry was not a full sync")
-		}
-	})
-	t.Run("max interval forces full syncs", func(t *testing.T) {
-		rec := &recorder{}
-		r := New(rec.sync, 0, 50*time.Millisecond)
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		go r.Run(ctx)
-		waitFor(t, "periodic syncs", func() bool { return rec.count() >= 3 })
-		rec.mu.Lock()
-		defer rec.mu.Unlock()
-		for i, full := range rec.calls {
-			if !full {
-				t.Fatalf("sync %d not full", i)
+		time.Sleep(time.Millisecond) // polling the loop's state, not letting time pass
+	}
+}
+
+func (l *loop) triggers(n int) {
+	for range n {
+		l.r.Trigger()
+	}
+}
+
+// TestRunCoalesces: the first sync is full and at once; a burst of
+// triggers, however long, gives one sync per MinInterval.
+func TestRunCoalesces(t *testing.T) {
+	l := startLoop(t, time.Second, 0, 0, nil)
+	l.expect("the first sync", true)
+
+	l.triggers(50)
+	l.waiters("a burst right after a sync", 1) // waiting out MinInterval
+	l.clk.Step(500 * time.Millisecond)
+	l.triggers(50) // the burst goes on
+	l.clk.Step(499 * time.Millisecond)
+	l.none("before MinInterval")
+	l.clk.Step(time.Millisecond)
+	l.expect("MinInterval after the last sync", false)
+
+	// Triggers during the sync's MinInterval are served by the next one.
+	l.triggers(10)
+	l.waiters("the next burst", 1)
+	l.clk.Step(999 * time.Millisecond)
+	l.none("before MinInterval again")
+	l.clk.Step(time.Millisecond)
+	l.expect("the next burst", false)
+
+	// A trigger long after the last sync is served at once.
+	l.waiters("idle", 0)
+	l.clk.Step(time.Hour)
+	l.none("idle, no trigger")
+	l.triggers(1)
+	l.expect("a lone trigger", false)
+}
+
+// TestRunFullEveryMaxInterval: a full sync every MaxInterval, whatever
+// partial syncs came between.
+func TestRunFullEveryMaxInterval(t *testing.T) {
+	l := startLoop(t, 0, 30*time.Second, 0, nil)
+	l.expect("the first sync", true)
+	l.waiters("the full-sync ticker", 1)
+	l.clk.Step(29 * time.Second)
+	l.none("before MaxInterval")
+	l.clk.Step(time.Second)
+	l.expect("MaxInterval", true)
+	l.triggers(1)
+	l.expect("a trigger between", false)
+	l.clk.Step(30 * time.Second)
+	l.expect("MaxInterval again", true)
+}
+
+// TestRunTriggerFull: TriggerFull asks for a full sync, within
+// MinInterval like any trigger, and coalesces with partial triggers into
+// that one full sync.
+func TestRunTriggerFull(t *testing.T) {
+	l := startLoop(t, time.Second, time.Hour, 0, nil)
+	l.expect("the first sync", true)
+	l.triggers(3)
+	l.r.TriggerFull()
+	l.triggers(3)
+	l.waiters("MinInterval after the first sync", 2) // and the full-sync ticker
+	l.clk.Step(time.Second)
+	l.expect("a tamper notification among changes", true)
+	l.triggers(1)
+	l.clk.Step(time.Second)
+	l.expect("a change after it", false)
+	l.clk.Step(time.Second)
+	l.r.TriggerFull()
+	l.expect("a lone tamper notification", true)
+	l.none("nothing after it")
+}
+
+// TestRunRetries: a failed sync is retried, full, after RetryInterval
+// (default MinInterval, at least 1s), until one succeeds; then triggers
+// give partial syncs again.
+func TestRunRetries(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		min, retry, want time.Duration
+	}{
+		{"RetryInterval", time.Second, 5 * time.Second, 5 * time.Second},
+		{"default: MinInterval", 3 * time.Second, 0, 3 * time.Second},
+		{"default: at least 1s", 0, 0, time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := startLoop(t, tc.min, 0, 2, func(r *Runner) { r.RetryInterval = tc.retry })
+			l.expect("the first sync, failing", true)
+			l.waiters("the retry timer", 1)
+			l.clk.Step(tc.want - time.Millisecond)
+			l.none("before the retry interval")
+			l.clk.Step(time.Millisecond)
+			l.expect("the retry, failing", true)
+			l.waiters("the next retry timer", 1)
+			l.clk.Step(tc.want)
+			l.expect("the second retry, succeeding", true)
+
+			l.triggers(1)
+			if tc.min > 0 {
+				l.waiters("MinInterval after the retry", 1)
+				l.clk.Step(tc.min)
 			}
-		}
-	})
+			l.expect("a trigger after success", false)
+		})
+	}
 }

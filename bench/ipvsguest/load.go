@@ -40,9 +40,9 @@ type server struct {
 	wg    sync.WaitGroup
 }
 
-func startServer(h host, port uint16) (*server, error) {
+func startServer(h vmtest.GuestHost, port uint16) (*server, error) {
 	s := &server{conns: map[net.Conn]struct{}{}}
-	if err := vmtest.InNetNS(h.ns, func() error {
+	if err := vmtest.InNetNS(h.NS, func() error {
 		var err error
 		s.ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", port))
 		return err
@@ -144,9 +144,9 @@ func readResponse(rd *bufio.Reader) error {
 }
 
 // dial connects from h to target; the socket lives in h's namespace.
-func dial(ctx context.Context, h host, target netip.AddrPort) (net.Conn, error) {
+func dial(ctx context.Context, h vmtest.GuestHost, target netip.AddrPort) (net.Conn, error) {
 	var c net.Conn
-	err := vmtest.InNetNS(h.ns, func() error {
+	err := vmtest.InNetNS(h.NS, func() error {
 		var err error
 		d := net.Dialer{Timeout: 2 * time.Second}
 		c, err = d.DialContext(ctx, "tcp4", target.String())
@@ -156,7 +156,7 @@ func dial(ctx context.Context, h host, target netip.AddrPort) (net.Conn, error) 
 }
 
 // request makes one request on a new connection from h to target.
-func request(ctx context.Context, h host, target netip.AddrPort) error {
+func request(ctx context.Context, h vmtest.GuestHost, target netip.AddrPort) error {
 	c, err := dial(ctx, h, target)
 	if err != nil {
 		return err
@@ -227,7 +227,7 @@ func (e *errCounts) add(kind string) {
 
 // keepAlive sends requests over conns keep-alive connections from h for d,
 // one request in flight on each.
-func keepAlive(ctx context.Context, h host, target netip.AddrPort, conns int, d time.Duration) (*loadResult, error) {
+func keepAlive(ctx context.Context, h vmtest.GuestHost, target netip.AddrPort, conns int, d time.Duration) (*loadResult, error) {
 	cs := make([]net.Conn, 0, conns)
 	defer func() {
 		for _, c := range cs {
@@ -285,7 +285,7 @@ func keepAlive(ctx context.Context, h host, target netip.AddrPort, conns int, d 
 // connRate makes a new connection per request from h for d, conns at a
 // time, each closed once its response is in (Connection: close: the server
 // closes too).
-func connRate(ctx context.Context, h host, target netip.AddrPort, conns int, d time.Duration) (*loadResult, error) {
+func connRate(ctx context.Context, h vmtest.GuestHost, target netip.AddrPort, conns int, d time.Duration) (*loadResult, error) {
 	var errs errCounts
 	var total atomic.Int64
 	start := time.Now()
@@ -347,9 +347,9 @@ func cpuBusy() (float64, error) {
 }
 
 // synRetrans is TcpExt TCPSynRetrans of h's namespace.
-func synRetrans(h host) (int64, error) {
+func synRetrans(h vmtest.GuestHost) (int64, error) {
 	var out int64
-	err := vmtest.InNetNS(h.ns, func() error {
+	err := vmtest.InNetNS(h.NS, func() error {
 		b, err := os.ReadFile("/proc/thread-self/net/netstat")
 		if err != nil {
 			return err

@@ -51,29 +51,22 @@ import (
 )
 
 func main() {
-	r, done := vmtest.StartGuest("ipvsguest (the bench's IPVS VM)")
-	defer done()
 	start := time.Now()
-	if !r.Check("mount /proc, /sys", vmtest.MountBasics()) {
-		return
-	}
-	mods, err := vmtest.LoadModules()
-	if !r.Check("load modules", err) {
-		return
-	}
-	r.Note("step loaded %d modules in %v", len(mods), time.Since(start).Round(time.Millisecond))
-	g := &guest{r: r, start: start, modes: map[string]*vmwire.Mode{}}
-	if err := g.run(context.Background()); err != nil {
-		r.Fail("setup", "%v", err)
-		for _, name := range g.cfg.Modes {
-			m := g.mode(name)
-			if m.Status == "" {
-				m.Status = "failed"
-				m.Errors = append(m.Errors, "the VM's set-up failed: "+err.Error())
+	vmtest.Guest{Name: "ipvsguest (the bench's IPVS VM)", Modules: true}.Run(func(r *vmtest.Reporter) error {
+		g := &guest{r: r, start: start, modes: map[string]*vmwire.Mode{}}
+		if err := g.run(context.Background()); err != nil {
+			r.Fail("setup", "%v", err)
+			for _, name := range g.cfg.Modes {
+				m := g.mode(name)
+				if m.Status == "" {
+					m.Status = "failed"
+					m.Errors = append(m.Errors, "the VM's set-up failed: "+err.Error())
+				}
 			}
 		}
-	}
-	g.finish()
+		g.finish()
+		return nil
+	})
 }
 
 type guest struct {
@@ -130,7 +123,7 @@ func (g *guest) run(ctx context.Context) error {
 	g.info = describeGuest()
 	g.emit(vmwire.Record{Info: &g.info})
 
-	if err := initNode(); err != nil {
+	if err := vmtest.InitNode(); err != nil {
 		return fmt.Errorf("setting up the node: %w", err)
 	}
 	if err := ipvs.Available(); err != nil {
@@ -309,12 +302,12 @@ func (g *guest) dataRound(ctx context.Context, round int, mode string) {
 	if g.runs(vmwire.TestConnRate) {
 		g.r.Note("step round %d/%d · %s · new connections", round, g.cfg.Rounds, mode)
 		c0, _ := synRetrans(topo.pod)
-		n0, _ := synRetrans(host{ns: netns.None()})
+		n0, _ := synRetrans(vmtest.GuestHost{NS: netns.None()})
 		cpu0, _ := cpuBusy()
 		res, err := connRate(ctx, topo.pod, target, g.cfg.Conns, d)
 		cpu1, _ := cpuBusy()
 		c1, _ := synRetrans(topo.pod)
-		n1, _ := synRetrans(host{ns: netns.None()})
+		n1, _ := synRetrans(vmtest.GuestHost{NS: netns.None()})
 		if err != nil {
 			g.fail(mode, "round %d: new connections: %v", round, err)
 		} else {

@@ -191,7 +191,19 @@ func run(o *options) error {
 		}
 		stopAccepting = h.StopAccepting
 	}
+	// Health-check node ports follow the applied snapshots (only Kubernetes
+	// Services have them).
+	var hc *healthcheck.Server
+	if kubeClient != nil {
+		hc = healthcheck.New(healthcheck.Config{Healthy: func() bool { return tracker.Status().Healthy }, Logger: log})
+		defer hc.Close()
+	}
 	syncer := newSyncer(store, dp, m, tracker, o.minSyncPeriod, o.syncPeriod, func(ctx context.Context, snap *lb.Snapshot) {
+		if hc != nil {
+			if err := hc.Sync(snap); err != nil {
+				log.Warn("serving health-check node ports; retrying on the next sync", zap.Error(err))
+			}
+		}
 		unserved.check(snap)
 		memory.Applied(snap)
 		succ.serving(ctx, sockets, stopAccepting)
@@ -232,12 +244,10 @@ func run(o *options) error {
 	}
 	watchErr := make(chan error, 1)
 	if kubeClient != nil {
-		hc := healthcheck.New(healthcheck.Config{Healthy: func() bool { return tracker.Status().Healthy }, Logger: log})
-		defer hc.Close()
 		go func() {
 			watchErr <- kube.Run(ctx, kube.Options{Client: kubeClient, NodeName: o.hostname, Zone: o.zone, ProxyName: o.proxyName,
-				MinSyncPeriod: o.minSyncPeriod, ResyncPeriod: o.configSyncPeriod,
-				Logger: log, Metrics: kube.NewMetrics(reg), Health: tracker, HealthCheck: hc, Changes: m.changes, OnSync: sourceLoaded}, store)
+				ResyncPeriod: o.configSyncPeriod, Logger: log, Metrics: kube.NewMetrics(reg), Health: tracker,
+				Changes: m.changes, OnSync: sourceLoaded}, store)
 		}()
 	} else {
 		go func() { watchErr <- watcher.Run(ctx) }()

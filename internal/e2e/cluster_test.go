@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -13,11 +12,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/svcproxy/svcproxy/internal/proctest"
 	"github.com/svcproxy/svcproxy/internal/topology"
 )
 
@@ -47,12 +46,8 @@ func TestMain(m *testing.M) {
 		{bins.svcproxyNoRace, "github.com/svcproxy/svcproxy/cmd/svcproxy", false},
 		{bins.backend, "github.com/svcproxy/svcproxy/cmd/svcproxy-backend", false},
 	} {
-		args := []string{"build", "-o", b.out, b.pkg}
-		if b.race {
-			args = []string{"build", "-race", "-o", b.out, b.pkg}
-		}
-		if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
-			bins.err = fmt.Errorf("building %s: %v\n%s", b.pkg, err, out)
+		if err := proctest.Build("", b.out, b.pkg, b.race); err != nil {
+			bins.err = err
 		}
 	}
 	code := m.Run()
@@ -68,7 +63,7 @@ type cluster struct {
 	dir       string
 	backends  []*backendProc
 	proxy     *exec.Cmd
-	proxyOut  *syncBuffer
+	proxyOut  *proctest.Output
 	proxyArgs []string // extra svcproxy flags
 	proxyBin  string   // the svcproxy binary; empty: bins.svcproxy
 	saved     string   // the node's iptables-save before svcproxy started
@@ -92,16 +87,6 @@ const (
 	emptyVIP   = "198.19.0.99"
 	proxyDebug = false
 )
-
-// needTools skips unless every named program is installed.
-func needTools(t *testing.T, tools ...string) {
-	t.Helper()
-	for _, tool := range tools {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("skipping: %s is not installed (.ci/run installs it)", tool)
-		}
-	}
-}
 
 // newClusterWith is newCluster running the given svcproxy binary.
 func newClusterWith(t *testing.T, backends int, bin string) *cluster {
@@ -129,7 +114,7 @@ func newNode(t *testing.T, backends int, extraServices string) *cluster {
 	if bins.err != nil {
 		t.Fatal(bins.err)
 	}
-	needTools(t, "iptables", "iptables-save", "ipset")
+	proctest.NeedTools(t, "iptables", "iptables-save", "ipset")
 	topo := topology.NewT(t, topology.Options{Backends: backends, Clients: 1})
 	c := &cluster{t: t, topo: topo, dir: t.TempDir()}
 	// The node's own connections to a Service IP need a route before the
@@ -232,7 +217,6 @@ func (c *cluster) writeServices(extra string) {
 
 func (c *cluster) startProxy() {
 	c.t.Helper()
-	c.proxyOut = &syncBuffer{}
 	args := append([]string{
 		"--services", filepath.Join(c.dir, "services.yaml"),
 		"--steering=redirect",
@@ -248,9 +232,27 @@ func (c *cluster) startProxy() {
 	if bin == "" {
 		bin = bins.svcproxy
 	}
+	c.launch(bin, args...)
+	// Ready when a ClusterIP answers from the client.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := c.get(c.topo.Clients[0], webVIP+":80"); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("svcproxy did not start steering within 20s; output:\n%s", c.proxyOut)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// launch starts svcproxy (bin with args) on the node, its output in
+// c.proxyOut; stopProxy stops it when the test ends.
+func (c *cluster) launch(bin string, args ...string) {
+	c.t.Helper()
+	c.proxyOut = &proctest.Output{}
 	cmd := c.topo.Node.Command(context.Background(), bin, args...)
-	cmd.Stdout = c.proxyOut
-	cmd.Stderr = c.proxyOut
+	cmd.Stdout, cmd.Stderr = c.proxyOut, c.proxyOut
 	// A successor started by SIGUSR2 inherits the output pipe; Wait must
 	// not wait for it once this process has gone.
 	cmd.WaitDelay = 5 * time.Second
@@ -264,17 +266,6 @@ func (c *cluster) startProxy() {
 			c.t.Logf("svcproxy output:\n%s", c.proxyOut)
 		}
 	})
-	// Ready when a ClusterIP answers from the client.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if _, err := c.get(c.topo.Clients[0], webVIP+":80"); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("svcproxy did not start steering within 20s; output:\n%s", c.proxyOut)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 func (c *cluster) pidFile() string { return filepath.Join(c.dir, "svcproxy.pid") }
@@ -301,9 +292,9 @@ func (c *cluster) stopProxy() {
 		// by PID, and if it will not go, have it print its goroutines
 		// (SIGQUIT) into the shared output and kill it.
 		_ = syscall.Kill(pid, syscall.SIGINT)
-		if !waitGone(pid, 15*time.Second) {
+		if !proctest.WaitGone(pid, 15*time.Second) {
 			c.t.Errorf("svcproxy successor %d did not exit within 15s of SIGINT", pid)
-			quit(pid)
+			proctest.Quit(pid)
 		}
 	}
 	_ = c.proxy.Process.Signal(os.Interrupt)
@@ -313,42 +304,8 @@ func (c *cluster) stopProxy() {
 	case <-done:
 	case <-time.After(15 * time.Second):
 		c.t.Error("svcproxy did not exit within 15s of SIGINT")
-		quit(c.proxy.Process.Pid)
+		proctest.Quit(c.proxy.Process.Pid)
 		<-done
-	}
-}
-
-// waitGone reports whether process pid ended within d (an exited child
-// not yet waited for counts as ended).
-func waitGone(pid int, d time.Duration) bool {
-	for deadline := time.Now().Add(d); ; {
-		if !running(pid) {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// running reports whether process pid exists and is not a zombie.
-func running(pid int) bool {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// pid (comm) state ...: comm may hold spaces and parentheses.
-	i := bytes.LastIndexByte(stat, ')')
-	return i < 0 || i+2 >= len(stat) || stat[i+2] != 'Z'
-}
-
-// quit has a stuck Go process print its goroutines (SIGQUIT), so the test
-// log says where it hung, then kills it.
-func quit(pid int) {
-	_ = syscall.Kill(pid, syscall.SIGQUIT)
-	if !waitGone(pid, 3*time.Second) {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 }
 
@@ -429,51 +386,6 @@ func (c *cluster) spread(h *topology.Host, addr string, n int) {
 			c.t.Errorf("%s from %s: backend %s got none of %d requests (%v)", addr, h.Name, b.name, n, seen)
 		}
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the several processes writing.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// parallel runs fn n times over w workers and returns the failures.
-func parallel(n, w int, fn func(i int) error) []error {
-	var mu sync.Mutex
-	var errs []error
-	var wg sync.WaitGroup
-	next := make(chan int)
-	for k := 0; k < w; k++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				if err := fn(i); err != nil {
-					mu.Lock()
-					errs = append(errs, fmt.Errorf("%d: %w", i, err))
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-	for i := 0; i < n; i++ {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	return errs
 }
 
 // dialTimed connects from h to addr and returns the error and how long it

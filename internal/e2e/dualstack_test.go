@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcproxy/svcproxy/internal/proctest"
 	"github.com/svcproxy/svcproxy/internal/topology"
 )
 
@@ -56,7 +57,7 @@ func dualStackServices(backends []*topology.Host) string {
 // node itself) through the forwarder to backends' IPv6 addresses, while
 // its IPv4 ClusterIP, and the IPv4-only Services, keep working.
 func TestPrivilegedDualStackUserspace(t *testing.T) {
-	needTools(t, "ip6tables", "ip6tables-save")
+	proctest.NeedTools(t, "ip6tables", "ip6tables-save")
 	c := newCluster(t, 2, "")
 	c.checkDualStack(t)
 
@@ -90,7 +91,7 @@ func TestPrivilegedDualStackUserspace(t *testing.T) {
 // TestPrivilegedDualStackIPTables: the same dual-stack traffic through the
 // iptables mode, where the kernel DNATs IPv6 with ip6tables rules.
 func TestPrivilegedDualStackIPTables(t *testing.T) {
-	needTools(t, "ip6tables", "ip6tables-save")
+	proctest.NeedTools(t, "ip6tables", "ip6tables-save")
 	c := newCluster(t, 2, "", "--proxy-mode=iptables")
 	if got := c.metric(t, `svcproxy_proxy_mode{mode="iptables",requested="iptables"}`); got != 1 {
 		t.Fatalf("not in the iptables mode; output:\n%s", c.proxyOut)

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcproxy/svcproxy/internal/proctest"
 	"github.com/svcproxy/svcproxy/internal/topology"
 )
 
@@ -126,7 +127,7 @@ func TestPrivilegedBackendKilledMidRun(t *testing.T) {
 	const n = 600
 	var killedAt atomic.Int64
 	var inFlightLost atomic.Int64
-	errs := parallel(n, 8, func(i int) error {
+	errs := proctest.Parallel(n, 8, func(i int) error {
 		if i == n/3 {
 			c.backends[1].kill()
 			killedAt.Store(time.Now().UnixNano())
@@ -160,7 +161,7 @@ func TestPrivilegedBackendKilledMidRun(t *testing.T) {
 // TestPrivilegedDNS: a real resolver (dig) against real DNS servers
 // (dnsmasq) through a UDP ClusterIP, then with one server down.
 func TestPrivilegedDNS(t *testing.T) {
-	needTools(t, "dig", "dnsmasq")
+	proctest.NeedTools(t, "dig", "dnsmasq")
 	// The base cluster plus a dns Service on every backend's port 53.
 	topoBackends := 2
 	var eps strings.Builder

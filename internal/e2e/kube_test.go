@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/svcproxy/svcproxy/internal/proctest"
 	"github.com/svcproxy/svcproxy/internal/topology"
 )
 
@@ -57,7 +58,7 @@ func newKubeCluster(t *testing.T, backends int) *kubeCluster {
 	if !bytes.Contains(help, []byte("-kubeconfig")) {
 		t.Skip("skipping: this svcproxy has no --kubeconfig flag yet (source/kube is not wired into cmd/svcproxy)")
 	}
-	needTools(t, "iptables", "iptables-save", "ipset")
+	proctest.NeedTools(t, "iptables", "iptables-save", "ipset")
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +141,6 @@ func relayInto(t *testing.T, h *topology.Host, addr string) {
 
 func (c *kubeCluster) startKubeProxy(kubeconfig, help string) {
 	c.t.Helper()
-	c.proxyOut = &syncBuffer{}
 	args := []string{
 		"--kubeconfig", kubeconfig,
 		"--steering=redirect",
@@ -155,18 +155,7 @@ func (c *kubeCluster) startKubeProxy(kubeconfig, help string) {
 	if strings.Contains(help, "-proxy-mode") {
 		args = append(args, "--proxy-mode", "userspace")
 	}
-	cmd := c.topo.Node.Command(context.Background(), bins.svcproxy, args...)
-	cmd.Stdout, cmd.Stderr = c.proxyOut, c.proxyOut
-	if err := cmd.Start(); err != nil {
-		c.t.Fatalf("starting svcproxy: %v", err)
-	}
-	c.proxy = cmd
-	c.t.Cleanup(func() {
-		c.stopProxy()
-		if c.t.Failed() || proxyDebug {
-			c.t.Logf("svcproxy output:\n%s", c.proxyOut)
-		}
-	})
+	c.launch(bins.svcproxy, args...)
 }
 
 func (c *kubeCluster) createService(name, clusterIP string) {

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/svcproxy/svcproxy/internal/proctest"
 	"github.com/svcproxy/svcproxy/internal/topology"
 )
 
@@ -380,26 +380,7 @@ func (c *cluster) usage(t *testing.T, pid int) usage {
 // metric reads one sample from svcproxy's /metrics, from inside the node.
 func (c *cluster) metric(t *testing.T, name string) float64 {
 	t.Helper()
-	hc := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		DialContext:       c.topo.Node.Dial, // from inside the node's namespace
-		DisableKeepAlives: true,
-	}}
-	resp, err := hc.Get("http://127.0.0.1:10249/metrics")
-	if err != nil {
-		t.Fatalf("reading metrics: %v", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("reading metrics: %v", err)
-	}
-	for _, line := range strings.Split(string(body), "\n") {
-		if rest, ok := strings.CutPrefix(line, name+" "); ok {
-			v, _ := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-			return v
-		}
-	}
-	return 0
+	return proctest.Scrape(t, c.topo.Node.Dial, "http://127.0.0.1:10249/metrics").Value(name)
 }
 
 // raiseFileLimit raises this process's file limit towards n and returns

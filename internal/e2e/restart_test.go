@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/svcproxy/svcproxy/internal/proctest"
 )
 
 // TestPrivilegedRestartUnderLoad restarts svcproxy three times (SIGUSR2:
@@ -119,9 +121,9 @@ func TestPrivilegedRestartUnderLoad(t *testing.T) {
 		t.Errorf("%d of 3 successors took over their predecessor's sockets", n)
 	}
 	for _, pid := range predecessors {
-		if !waitGone(pid, 15*time.Second) {
+		if !proctest.WaitGone(pid, 15*time.Second) {
 			t.Errorf("predecessor %d still runs 15s after its last connection ended", pid)
-			quit(pid)
+			proctest.Quit(pid)
 		}
 	}
 	if failed > 0 || t.Failed() {

@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/svcproxy/svcproxy/internal/proctest"
 	"github.com/svcproxy/svcproxy/internal/topology"
 )
 
@@ -28,7 +29,7 @@ import (
 // process must neither exit before it is told to (kubelet would restart
 // it) nor leave the node unsteered.
 func TestPrivilegedRolloutUnderLoad(t *testing.T) {
-	needTools(t, "unshare", "mount")
+	proctest.NeedTools(t, "unshare", "mount")
 	c := newNode(t, 3, "")
 	pod := newPodSpec(t, c)
 	client := c.topo.Clients[0]
@@ -44,27 +45,27 @@ func TestPrivilegedRolloutUnderLoad(t *testing.T) {
 		before := load.ok.Load()
 		p = pod.start(fmt.Sprintf("pod-%d", i+1))
 		if sigtermAt == "at once" {
-			old.signal(t, syscall.SIGTERM)
+			old.Signal(t, syscall.SIGTERM)
 		}
-		if !waitFor(30*time.Second, func() bool { return strings.Contains(p.out.String(), "taking over the sockets") }) {
-			t.Fatalf("rollout %d: the new pod did not take over within 30s; new:\n%s\nold:\n%s", i+1, p.out, old.out)
+		if !waitFor(30*time.Second, func() bool { return strings.Contains(p.Out.String(), "taking over the sockets") }) {
+			t.Fatalf("rollout %d: the new pod did not take over within 30s; new:\n%s\nold:\n%s", i+1, p.Out, old.Out)
 		}
 		if sigtermAt == "after the takeover" {
-			if !waitFor(10*time.Second, func() bool { return strings.Contains(old.out.String(), "waiting to be terminated") }) {
-				t.Fatalf("rollout %d: the old pod did not finish its handover within 10s:\n%s", i+1, old.out)
+			if !waitFor(10*time.Second, func() bool { return strings.Contains(old.Out.String(), "waiting to be terminated") }) {
+				t.Fatalf("rollout %d: the old pod did not finish its handover within 10s:\n%s", i+1, old.Out)
 			}
 			time.Sleep(time.Second)
-			if old.exited() {
-				t.Fatalf("rollout %d: the old pod exited before it was terminated (kubelet would restart it):\n%s", i+1, old.out)
+			if old.Exited() {
+				t.Fatalf("rollout %d: the old pod exited before it was terminated (kubelet would restart it):\n%s", i+1, old.Out)
 			}
-			old.signal(t, syscall.SIGTERM)
+			old.Signal(t, syscall.SIGTERM)
 		}
-		if err := old.wait(15 * time.Second); err != nil {
-			t.Fatalf("rollout %d: the old pod: %v\n%s", i+1, err, old.out)
+		if err := old.Wait(15 * time.Second); err != nil {
+			t.Fatalf("rollout %d: the old pod: %v\n%s", i+1, err, old.Out)
 		}
 		time.Sleep(time.Second) // the new pod alone serves
 		t.Logf("rollout %d (SIGTERM %s): %d requests meanwhile", i+1, sigtermAt, load.ok.Load()-before)
-		if strings.Contains(old.out.String(), "removed steering rules") {
+		if strings.Contains(old.Out.String(), "removed steering rules") {
 			t.Errorf("rollout %d: the old pod removed the steering rules the new one serves by", i+1)
 		}
 	}
@@ -210,18 +211,9 @@ shift
 mount -o remount,ro /run
 exec "$@"`
 
-// podProc is one pod's svcproxy process.
-type podProc struct {
-	name string
-	cmd  *exec.Cmd
-	out  *syncBuffer
-	done chan struct{}
-	err  error
-}
-
 // start starts a pod: svcproxy in a fresh mount namespace on the node's
 // network namespace, as kubelet starts the DaemonSet's container.
-func (p *podSpec) start(name string) *podProc {
+func (p *podSpec) start(name string) *proctest.Process {
 	t := p.c.t
 	t.Helper()
 	args := []string{"netns", "exec", p.c.topo.Node.NS, "unshare", "--mount", "--propagation", "private", "sh", "-c", podScript, name}
@@ -230,63 +222,16 @@ func (p *podSpec) start(name string) *podProc {
 	}
 	args = append(args, "--", bins.svcproxy)
 	args = append(args, p.args...)
-	pp := &podProc{name: name, cmd: exec.Command("ip", args...), out: &syncBuffer{}, done: make(chan struct{})}
-	pp.cmd.Stdout, pp.cmd.Stderr = pp.out, pp.out
-	pp.cmd.WaitDelay = 5 * time.Second
-	if err := pp.cmd.Start(); err != nil { // ip, unshare and sh exec: the PID is svcproxy's
-		t.Fatalf("starting %s: %v", name, err)
-	}
-	go func() { pp.err = pp.cmd.Wait(); close(pp.done) }()
-	t.Cleanup(func() {
-		if !pp.exited() {
-			_ = pp.cmd.Process.Signal(os.Interrupt)
-			if err := pp.wait(15 * time.Second); err != nil {
-				t.Errorf("%s at the end: %v", name, err)
-			}
-		}
-		if t.Failed() {
-			t.Logf("%s output:\n%s", name, pp.out)
-		}
-	})
-	return pp
-}
-
-func (pp *podProc) signal(t *testing.T, sig syscall.Signal) {
-	t.Helper()
-	if err := pp.cmd.Process.Signal(sig); err != nil {
-		t.Fatalf("signalling %s: %v", pp.name, err)
-	}
-}
-
-func (pp *podProc) exited() bool {
-	select {
-	case <-pp.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// wait waits up to d for the process to exit, and says how it did.
-func (pp *podProc) wait(d time.Duration) error {
-	select {
-	case <-pp.done:
-		if pp.err != nil {
-			return fmt.Errorf("%s exited: %w", pp.name, pp.err)
-		}
-		return nil
-	case <-time.After(d):
-		quit(pp.cmd.Process.Pid)
-		<-pp.done
-		return fmt.Errorf("%s still running %v after it was told to stop", pp.name, d)
-	}
+	cmd := exec.Command("ip", args...)
+	cmd.WaitDelay = 5 * time.Second
+	return proctest.Start(t, name, cmd) // ip, unshare and sh exec: the PID is svcproxy's
 }
 
 // waitServing waits until a ClusterIP answers from the client.
-func (c *cluster) waitServing(t *testing.T, pp *podProc) {
+func (c *cluster) waitServing(t *testing.T, pp *proctest.Process) {
 	t.Helper()
 	if !waitFor(20*time.Second, func() bool { _, err := c.get(c.topo.Clients[0], webVIP+":80"); return err == nil }) {
-		t.Fatalf("%s did not start steering within 20s; output:\n%s", pp.name, pp.out)
+		t.Fatalf("%s did not start steering within 20s; output:\n%s", pp.Name, pp.Out)
 	}
 }
 

@@ -21,7 +21,11 @@
 //   - ParseResults: the guest prints "VMTEST PASS name", "VMTEST FAIL name:
 //     why", "VMTEST NOTE ..." and finally "VMTEST DONE".
 //
-// The guest side lives in the test program (see kernelmodes/ipvs/vmguest):
-// it mounts /proc and /sys, loads the modules listed in /modules/order with
-// finit_module, and reports on the console.
+// The guest side: a test program is the VM's /init, and its main is
+// Guest.Run with its scenario (kernelmodes/ipvs/vmguest, bench/ipvsguest,
+// internal/e2e/soakguest): it refuses to run but as PID 1, mounts /proc and
+// /sys, loads the modules listed in /modules/order with finit_module, runs
+// the scenario with a Reporter on the console and powers off. InitNode and
+// AddGuestHost build the guests' topology: the initial namespace is the
+// node, each other host a namespace behind a CNI-ptp-shaped veth.
 package vmtest

@@ -187,6 +187,41 @@ func StartGuest(name string) (*Reporter, func()) {
 	}
 }
 
+// Guest is a guest /init's runner: the boot steps every VM test program
+// takes, then its scenario.
+type Guest struct {
+	// Name says what the program is, in its refusal to run anywhere but
+	// as a VM's PID 1.
+	Name string
+	// Modules: load the modules ModuleOrder lists (the initramfs has them).
+	Modules bool
+}
+
+// Run is the whole of a guest /init's main: StartGuest, MountBasics, a
+// note with KernelNote, the modules when g.Modules (a "step" note says
+// how many, in how long, which), then scenario with the console Reporter;
+// an error from it fails the check "setup". Then DONE, and the VM powers
+// off. A failed boot step is reported and skips the scenario.
+func (g Guest) Run(scenario func(r *Reporter) error) {
+	r, done := StartGuest(g.Name)
+	defer done()
+	if !r.Check("mount /proc, /sys", MountBasics()) {
+		return
+	}
+	r.Note("%s", KernelNote())
+	if g.Modules {
+		start := time.Now()
+		mods, err := LoadModules()
+		if !r.Check("load modules", err) {
+			return
+		}
+		r.Note("step loaded %d modules in %v: %s", len(mods), time.Since(start).Round(time.Millisecond), strings.Join(mods, " "))
+	}
+	if err := scenario(r); err != nil {
+		r.Fail("setup", "%v", err)
+	}
+}
+
 // KernelNote says which kernel runs and how long after boot /init started
 // (once /proc is mounted).
 func KernelNote() string {

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/svcproxy/svcproxy/internal/kerneltest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 )
@@ -19,10 +20,7 @@ func BenchmarkPlan(b *testing.B) {
 	for _, n := range []int{10, 100, 1000, 10000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			m, _ := newFakeMode(b, Config{Logger: zap.NewNop()})
-			svcs := make([]lb.Service, n)
-			for i := range svcs {
-				svcs[i] = scaleService(i)
-			}
+			svcs := kerneltest.ScaleServices(n)
 			snap, _ := lb.NewStore(lb.StoreOptions{}).Replace(svcs)
 			b.ReportAllocs()
 			for b.Loop() {
@@ -38,10 +36,7 @@ func BenchmarkApply(b *testing.B) {
 	for _, n := range []int{10, 100, 1000, 10000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			m, f := newFakeMode(b, Config{Logger: zap.NewNop()})
-			svcs := make([]lb.Service, n)
-			for i := range svcs {
-				svcs[i] = scaleService(i)
-			}
+			svcs := kerneltest.ScaleServices(n)
 			st := lb.NewStore(lb.StoreOptions{})
 			snap, _ := st.Replace(svcs)
 			if err := m.Apply(context.Background(), snap, true); err != nil {

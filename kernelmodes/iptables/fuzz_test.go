@@ -7,92 +7,18 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
-	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/svcproxy/svcproxy/internal/kerneltest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 )
 
-// byteReader hands out fuzz input; past the end it returns zeros.
-type byteReader struct {
-	b []byte
-	i int
-}
-
-func (r *byteReader) next() byte {
-	if r.i >= len(r.b) {
-		return 0
-	}
-	r.i++
-	return r.b[r.i-1]
-}
-
-func (r *byteReader) pick(n int) int { return int(r.next()) % n }
-
-// Small pools, so Services collide on frontends, NodePorts and node
-// addresses, and endpoints are shared between Services.
-var (
-	fuzzVIPs = []netip.Addr{
-		ip("10.96.0.1"), ip("10.96.0.2"), ip("fd00::1"), ip("203.0.113.1"),
-		nodeIP, nodeIP6, // an ExternalIP that is a node address
-	}
-	fuzzPorts     = []uint16{53, 80}
-	fuzzNodePorts = []uint16{0, 30000, 30001, 80}
-	fuzzPrefixes  = [][]netip.Prefix{
-		nil,
-		{netip.MustParsePrefix("192.0.2.0/24")},
-		{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("2001:db8::/64")},
-		{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")},
-	}
-	fuzzEndpoints = []netip.AddrPort{
-		ap("10.244.0.1:8080"), ap("10.244.0.2:8080"), ap("10.244.0.3:9090"), ap("10.244.1.1:8080"),
-		ap("[fd00:244::1]:8080"), ap("[fd00:244::2]:8080"),
-	}
-)
-
-// fuzzServices decodes up to six Services.
-func fuzzServices(r *byteReader) []lb.Service {
-	n := r.pick(7)
-	out := make([]lb.Service, 0, n)
-	for range n {
-		svc := lb.Service{
-			Name:                  lb.ServicePortName{Namespace: "ns", Name: fmt.Sprintf("s%d", r.pick(8))},
-			Protocol:              lb.Protocol(r.pick(3)), // TCP, UDP or SCTP
-			Port:                  fuzzPorts[r.pick(len(fuzzPorts))],
-			NodePort:              fuzzNodePorts[r.pick(len(fuzzNodePorts))],
-			ExternalTrafficPolicy: lb.TrafficPolicy(r.pick(2)),
-			InternalTrafficPolicy: lb.TrafficPolicy(r.pick(2)),
-		}
-		if r.pick(4) == 0 {
-			svc.AffinityTimeout = time.Duration(1+r.pick(100)) * time.Second
-		}
-		for range r.pick(3) {
-			svc.ClusterIPs = append(svc.ClusterIPs, fuzzVIPs[r.pick(len(fuzzVIPs))])
-		}
-		for range r.pick(2) {
-			svc.ExternalIPs = append(svc.ExternalIPs, fuzzVIPs[r.pick(len(fuzzVIPs))])
-		}
-		for range r.pick(2) {
-			svc.LoadBalancerIPs = append(svc.LoadBalancerIPs, fuzzVIPs[r.pick(len(fuzzVIPs))])
-		}
-		for range r.pick(4) {
-			flags := r.next()
-			node := "node-b"
-			if flags&1 != 0 {
-				node = nodeName
-			}
-			svc.Endpoints = append(svc.Endpoints, lb.Endpoint{
-				Addr:     fuzzEndpoints[r.pick(len(fuzzEndpoints))],
-				Ready:    flags&2 != 0,
-				Serving:  flags&4 != 0,
-				NodeName: node,
-			})
-		}
-		out = append(out, svc)
-	}
-	return out
+// fuzzEndpoints are shared between the fuzzed Services.
+var fuzzEndpoints = []netip.AddrPort{
+	ap("10.244.0.1:8080"), ap("10.244.0.2:8080"), ap("10.244.0.3:9090"), ap("10.244.1.1:8080"),
+	ap("[fd00:244::1]:8080"), ap("[fd00:244::2]:8080"),
 }
 
 // expect computes, straight from the snapshot and the configuration, where
@@ -156,19 +82,8 @@ func expect(snap *lb.Snapshot, m *Mode, p netfilter.Packet) want {
 
 // fuzzPackets are the packets worth tracing for services.
 func fuzzPackets(services []lb.Service) []netfilter.Packet {
-	dsts := map[netip.AddrPort]bool{ap("8.8.8.8:53"): true, ap("[2001:4860::8888]:80"): true}
-	for _, s := range services {
-		for _, a := range slices.Concat(s.ClusterIPs, s.ExternalIPs, s.LoadBalancerIPs) {
-			dsts[netip.AddrPortFrom(a, s.Port)] = true
-		}
-		if s.NodePort != 0 {
-			for _, a := range []netip.Addr{nodeIP, nodeIP2, nodeIP6, ip("127.0.0.1"), ip("::1"), ip("192.0.2.99")} {
-				dsts[netip.AddrPortFrom(a, s.NodePort)] = true
-			}
-		}
-	}
 	var pkts []netfilter.Packet
-	for d := range dsts {
+	for _, d := range kerneltest.Destinations(services, nodeIP, nodeIP2, nodeIP6) {
 		for _, proto := range []lb.Protocol{lb.TCP, lb.UDP, lb.SCTP} {
 			for _, hook := range []netfilter.Hook{pre, out} {
 				if d.Addr().IsLoopback() && hook == pre {
@@ -226,9 +141,9 @@ func FuzzApply(f *testing.F) {
 	f.Add([]byte{6, 0, 1, 1, 3, 1, 0, 2, 4, 5, 1, 4, 1, 5, 2, 6, 7, 1, 0, 1, 2, 3, 0, 1, 1, 2, 1, 0, 0, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17})
 	f.Add([]byte{5, 2, 1, 1, 1, 1, 0, 1, 4, 1, 1, 0, 1, 7, 3, 1, 1, 1, 1, 1, 0, 1, 0, 2, 6, 4, 1, 1, 1, 1, 1, 1, 2, 7, 7, 2, 1, 0, 3, 1, 1})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		in := &byteReader{b: data}
-		flags := in.next()
-		cfg := Config{IPv6: flags&1 != 0, MasqueradeAll: flags&2 != 0, NodePortAddresses: fuzzPrefixes[in.pick(len(fuzzPrefixes))], Logger: zap.NewNop()}
+		in := kerneltest.NewInput(data)
+		flags := in.Next()
+		cfg := Config{IPv6: flags&1 != 0, MasqueradeAll: flags&2 != 0, NodePortAddresses: in.NodePortAddresses(), Logger: zap.NewNop()}
 		if flags&4 != 0 {
 			cfg.ClusterCIDRs = []netip.Prefix{podCIDR, netip.MustParsePrefix("fd00:244::/64")}
 		}
@@ -240,15 +155,15 @@ func FuzzApply(f *testing.F) {
 		}
 		st := lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: nodeName}})
 		for round := range 4 {
-			services := fuzzServices(in)
+			services := in.Services(kerneltest.ServiceOptions{Node: nodeName, NodeIPs: []netip.Addr{nodeIP, nodeIP6}, Affinity: true, MaxEndpoints: 3, Endpoints: fuzzEndpoints})
 			var snap *lb.Snapshot
-			if round > 0 && in.next()&1 != 0 {
+			if round > 0 && in.Next()&1 != 0 {
 				// Change some Services and keep the others, as sources do.
 				snap, _ = st.Update(services, nil)
 			} else {
 				snap, _ = st.Replace(services) // conflicts and invalid Services are part of the game
 			}
-			full := round == 0 || in.next()&3 == 0
+			full := round == 0 || in.Next()&3 == 0
 			if err := m.Apply(context.Background(), snap, full); err != nil {
 				t.Fatalf("round %d: Apply: %v", round, err)
 			}

@@ -240,23 +240,6 @@ func checkTrace(t *testing.T, f *netfilter.Fake, p netfilter.Packet, w want) {
 	}
 }
 
-// scaleService is the i-th of many Services: one ClusterIP, ten endpoints.
-func scaleService(i int) lb.Service {
-	e := make([]lb.Endpoint, 10)
-	for j := range e {
-		e[j] = lb.Endpoint{
-			Addr:  netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(128 + i>>14), byte(i >> 6), byte(i&63<<2 | j&3)}), uint16(8080+j)),
-			Ready: true, Serving: true,
-		}
-	}
-	return lb.Service{
-		Name:       lb.ServicePortName{Namespace: "scale", Name: fmt.Sprintf("svc-%05d", i)},
-		Port:       80,
-		ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(96 + i>>16), byte(i >> 8), byte(i)})},
-		Endpoints:  e,
-	}
-}
-
 // desiredChains is every chain st needs in family fam, with its rules.
 func (m *Mode) desiredChains(st *state, fam netfilter.Family) map[netfilter.ChainKey][]string {
 	return m.ruleset(st).AllChains(fam)

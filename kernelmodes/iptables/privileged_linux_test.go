@@ -5,145 +5,41 @@ package iptables
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
-	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/svcproxy/svcproxy/internal/kerneltest"
 	"github.com/svcproxy/svcproxy/internal/topology"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 )
 
-// Privileged tests touch only network namespaces they create, never the
-// caller's: every tool runs through `ip netns exec`, every socket is made on
-// a thread moved into a namespace.
-
-var (
-	privOnce sync.Once
-	privSkip string
-)
-
-// requirePrivileged skips t unless it runs as root with ip, iptables,
-// ip6tables and ipset, on a kernel with what the mode needs (Available, in
-// a throwaway namespace).
-func requirePrivileged(t testing.TB) {
-	t.Helper()
-	privOnce.Do(func() {
-		if os.Geteuid() != 0 {
-			privSkip = "needs root: run `sudo go test ./kernelmodes/iptables/` (the privileged tests only touch namespaces they create)"
-			return
-		}
-		for _, tool := range []string{"ip", "iptables", "iptables-restore", "iptables-save", "ip6tables-restore", "ip6tables-save", "ipset"} {
-			if _, err := exec.LookPath(tool); err != nil {
-				privSkip = fmt.Sprintf("needs %s on PATH (apt-get install iproute2 iptables ipset): %v", tool, err)
-				return
-			}
-		}
-		name := "svcproxy-dnat-probe-" + randHex(4)
-		if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-			privSkip = fmt.Sprintf("cannot create a network namespace: %v: %s", err, out)
-			return
-		}
-		defer exec.Command("ip", "netns", "del", name).Run()
-		m, err := New(Config{IPv6: true, Exec: netfilter.NewExec(name)})
+// privileged gates the privileged tests: root, the tools, and a kernel
+// with what the mode needs (Available, in a throwaway namespace).
+var privileged = kerneltest.Gate{
+	Package: "./kernelmodes/iptables/",
+	Prefix:  "svcproxy-dnat-test-",
+	Tools:   []string{"ip", "iptables", "iptables-restore", "iptables-save", "ip6tables-restore", "ip6tables-save", "ipset"},
+	Probe: func(ns string) error {
+		m, err := New(Config{IPv6: true, Exec: netfilter.NewExec(ns)})
 		if err == nil {
 			err = m.Available(context.Background())
 		}
 		if err != nil {
-			privSkip = fmt.Sprintf("this kernel or these tools cannot run the DNAT mode: %v", err)
+			return fmt.Errorf("this kernel or these tools cannot run the DNAT mode: %w", err)
 		}
-	})
-	if privSkip != "" {
-		t.Skip(privSkip)
-	}
-}
-
-func randHex(n int) string {
-	b := make([]byte, n)
-	rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-func run(t testing.TB, name string, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
-
-// newNS creates a namespace with lo up, deleted when t ends.
-func newNS(t testing.TB) string {
-	t.Helper()
-	name := "svcproxy-dnat-test-" + randHex(4)
-	run(t, "ip", "netns", "add", name)
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("deleting namespace %s: %v: %s", name, err, out)
-		}
-	})
-	run(t, "ip", "-n", name, "link", "set", "lo", "up")
-	return name
-}
-
-// variants are the iptables backends the privileged tests run against: the
-// one on PATH (nf_tables here) and legacy, when installed.
-func variants() []string {
-	v := []string{""}
-	if _, err := exec.LookPath("iptables-legacy-restore"); err == nil {
-		v = append(v, "legacy")
-	}
-	return v
-}
-
-func variantName(v string) string {
-	if v == "" {
-		return "default"
-	}
-	return v
-}
-
-// kernelState is what a namespace's tables and sets look like, counters
-// and initvals stripped.
-func kernelState(t testing.TB, ns, variant string) string {
-	t.Helper()
-	e := &netfilter.Exec{NetNS: ns, Variant: variant}
-	var b strings.Builder
-	counters := regexp.MustCompile(`\[\d+:\d+\]`)
-	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
-		for _, tbl := range []string{"nat", "filter"} {
-			out, err := e.IPTablesSave(context.Background(), fam, tbl)
-			if err != nil {
-				t.Fatalf("saving %v %s: %v", fam, tbl, err)
-			}
-			for line := range strings.Lines(string(out)) {
-				if !strings.HasPrefix(line, "#") {
-					b.WriteString(counters.ReplaceAllString(line, "[0:0]"))
-				}
-			}
-		}
-	}
-	out, err := exec.Command("ip", "netns", "exec", ns, "ipset", "save").CombinedOutput()
-	if err != nil {
-		t.Fatalf("ipset save: %v: %s", err, out)
-	}
-	b.WriteString(regexp.MustCompile(` initval 0x[0-9a-f]+`).ReplaceAllString(string(out), ""))
-	return b.String()
+		return nil
+	},
 }
 
 // ownState is this mode's chains in a namespace (or a Fake's dump), one
@@ -175,11 +71,11 @@ var foreignRules = map[netfilter.Family]string{
 // full sync finds exactly what it wrote, tampering is repaired and counted,
 // and Cleanup leaves the tables as they were.
 func TestPrivilegedApplyCleanup(t *testing.T) {
-	requirePrivileged(t)
-	for _, variant := range variants() {
-		t.Run(variantName(variant), func(t *testing.T) {
+	privileged.Require(t)
+	for _, variant := range kerneltest.Variants() {
+		t.Run(kerneltest.VariantName(variant), func(t *testing.T) {
 			ctx := context.Background()
-			ns := newNS(t)
+			ns := privileged.NewNS(t)
 			e := &netfilter.Exec{NetNS: ns, Variant: variant}
 			if err := e.IPSetRestore(ctx, []byte("create foreign-set hash:net family inet\nadd foreign-set 10.0.0.0/8\n")); err != nil {
 				t.Fatal(err)
@@ -189,7 +85,7 @@ func TestPrivilegedApplyCleanup(t *testing.T) {
 					t.Fatalf("foreign %v rules: %v", fam, err)
 				}
 			}
-			before := kernelState(t, ns, variant)
+			before := kerneltest.State(t, ns, variant)
 
 			cfg := Config{IPv6: true, ClusterCIDRs: []netip.Prefix{podCIDR},
 				NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/24"), netip.MustParsePrefix("2001:db8::/64")}}
@@ -205,12 +101,12 @@ func TestPrivilegedApplyCleanup(t *testing.T) {
 			if err := m.Available(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if after := kernelState(t, ns, variant); after != before {
+			if after := kerneltest.State(t, ns, variant); after != before {
 				t.Errorf("Available left:\n%s", after)
 			}
 			st := store(t, testServices()...)
 			mustApply(t, m, st.Snapshot(), true)
-			state := kernelState(t, ns, variant)
+			state := kerneltest.State(t, ns, variant)
 			t.Logf("after the first Apply:\n%s", state)
 
 			// Fake-vs-kernel parity: the same Apply on the Fake holds the
@@ -248,18 +144,18 @@ func TestPrivilegedApplyCleanup(t *testing.T) {
 
 			// Tamper with the real thing.
 			webChain := chainName(kindService, &svcs[0], netip.AddrPort{})
-			run(t, "ip", "netns", "exec", ns, e.Tool(netfilter.IPv4, ""), "-t", "nat", "-F", webChain)
-			run(t, "ip", "netns", "exec", ns, e.Tool(netfilter.IPv6, ""), "-t", "filter", "-D", "INPUT", "-j", chainFilter)
-			run(t, "ip", "netns", "exec", ns, e.Tool(netfilter.IPv4, ""), "-t", "nat", "-D", chainServices, "-d", "10.96.0.11/32", "-p", "tcp", "-m", "tcp", "--dport", "80", "-j", chainName(kindService, &svcs[1], netip.AddrPort{}))
-			run(t, "ip", "netns", "exec", ns, "ipset", "del", hairpinSet(netfilter.IPv4), "10.244.1.2,tcp:8080,10.244.1.2")
-			run(t, "ip", "netns", "exec", ns, "ipset", "create", setPrefix+"old", "hash:ip,port")
+			kerneltest.Run(t, "ip", "netns", "exec", ns, e.Tool(netfilter.IPv4, ""), "-t", "nat", "-F", webChain)
+			kerneltest.Run(t, "ip", "netns", "exec", ns, e.Tool(netfilter.IPv6, ""), "-t", "filter", "-D", "INPUT", "-j", chainFilter)
+			kerneltest.Run(t, "ip", "netns", "exec", ns, e.Tool(netfilter.IPv4, ""), "-t", "nat", "-D", chainServices, "-d", "10.96.0.11/32", "-p", "tcp", "-m", "tcp", "--dport", "80", "-j", chainName(kindService, &svcs[1], netip.AddrPort{}))
+			kerneltest.Run(t, "ip", "netns", "exec", ns, "ipset", "del", hairpinSet(netfilter.IPv4), "10.244.1.2,tcp:8080,10.244.1.2")
+			kerneltest.Run(t, "ip", "netns", "exec", ns, "ipset", "create", setPrefix+"old", "hash:ip,port")
 			if err := e.IPTablesRestore(ctx, netfilter.IPv4, []byte("*nat\n:SVCPROXY-DNAT-OLD - [0:0]\n"+
 				"-A SVCPROXY-DNAT-OLD -m set --match-set svcproxy-dnat-old dst,dst -m comment --comment \"old svcproxy\" -j RETURN\n"+
 				"-I PREROUTING 1 -m comment --comment \"old svcproxy\" -s 10.0.0.0/8 -j SVCPROXY-DNAT-OLD\n"+
 				"-A OUTPUT -p tcp -j "+chainServices+"\nCOMMIT\n")); err != nil {
 				t.Fatalf("leaving stray rules: %v", err)
 			}
-			tampered := kernelState(t, ns, variant)
+			tampered := kerneltest.State(t, ns, variant)
 			mustApply(t, m, snap, true)
 			if m.Repairs() != 1 {
 				t.Errorf("Repairs = %d after tampering, want 1", m.Repairs())
@@ -268,7 +164,7 @@ func TestPrivilegedApplyCleanup(t *testing.T) {
 			if m.Repairs() != 1 {
 				t.Errorf("Repairs = %d after a clean full sync, want 1", m.Repairs())
 			}
-			repaired := kernelState(t, ns, variant)
+			repaired := kerneltest.State(t, ns, variant)
 			if repaired == tampered {
 				t.Errorf("the repair changed nothing")
 			}
@@ -279,7 +175,7 @@ func TestPrivilegedApplyCleanup(t *testing.T) {
 			if err := m.Cleanup(ctx); err != nil {
 				t.Fatalf("Cleanup: %v", err)
 			}
-			if after := kernelState(t, ns, variant); after != before {
+			if after := kerneltest.State(t, ns, variant); after != before {
 				t.Errorf("after Cleanup:\n%s\nbefore the first Apply:\n%s", after, before)
 			}
 		})
@@ -291,9 +187,9 @@ func TestPrivilegedApplyCleanup(t *testing.T) {
 // namespaces ("pods" on this node) routed through the node namespace, which
 // runs the mode.
 func TestPrivilegedTraffic(t *testing.T) {
-	requirePrivileged(t)
-	for _, variant := range variants() {
-		t.Run(variantName(variant), func(t *testing.T) { testTraffic(t, variant) })
+	privileged.Require(t)
+	for _, variant := range kerneltest.Variants() {
+		t.Run(kerneltest.VariantName(variant), func(t *testing.T) { testTraffic(t, variant) })
 	}
 }
 
@@ -364,7 +260,7 @@ func ask(h *topology.Host, network, addr string, timeout time.Duration) (name, p
 // IPs need a route for nat OUTPUT to see them.
 func serviceTopology(t *testing.T) *topology.Topology {
 	top := topology.NewT(t, topology.Options{Backends: 2, Clients: 1})
-	run(t, "ip", "-n", top.Node.NS, "route", "add", topology.FreeRange.String(), "dev", "lo")
+	kerneltest.Run(t, "ip", "-n", top.Node.NS, "route", "add", topology.FreeRange.String(), "dev", "lo")
 	return top
 }
 

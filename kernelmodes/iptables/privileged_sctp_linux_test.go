@@ -16,6 +16,7 @@ import (
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
 
+	"github.com/svcproxy/svcproxy/internal/kerneltest"
 	"github.com/svcproxy/svcproxy/internal/sctp"
 	"github.com/svcproxy/svcproxy/internal/topology"
 	"github.com/svcproxy/svcproxy/lb"
@@ -70,9 +71,9 @@ func sctpBackend(t *testing.T, h *topology.Host, ch chan<- arrival) {
 // its checksum rewritten; a frontend without endpoints answers with ICMP
 // port unreachable at once.
 func TestPrivilegedSCTPTraffic(t *testing.T) {
-	requirePrivileged(t)
-	for _, variant := range variants() {
-		t.Run(variantName(variant), func(t *testing.T) { testSCTPTraffic(t, variant) })
+	privileged.Require(t)
+	for _, variant := range kerneltest.Variants() {
+		t.Run(kerneltest.VariantName(variant), func(t *testing.T) { testSCTPTraffic(t, variant) })
 	}
 }
 

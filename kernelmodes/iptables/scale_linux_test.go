@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/svcproxy/svcproxy/internal/kerneltest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 )
@@ -71,7 +72,7 @@ func (e *timingExec) IPSetRestore(ctx context.Context, data []byte) error {
 // removes it, rounds times each, and returns the times.
 func measureScale(t testing.TB, variant string, n, rounds int) scaleFigures {
 	ctx := context.Background()
-	ns := newNS(t)
+	ns := privileged.NewNS(t)
 	e := &netfilter.Exec{NetNS: ns, Variant: variant}
 	te := &timingExec{Executor: e}
 	te.reset()
@@ -79,10 +80,7 @@ func measureScale(t testing.TB, variant string, n, rounds int) scaleFigures {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svcs := make([]lb.Service, n)
-	for i := range svcs {
-		svcs[i] = scaleService(i)
-	}
+	svcs := kerneltest.ScaleServices(n)
 	st := lb.NewStore(lb.StoreOptions{})
 	snap, err := st.Replace(svcs)
 	if err != nil {
@@ -94,8 +92,8 @@ func measureScale(t testing.TB, variant string, n, rounds int) scaleFigures {
 	f.scratch = time.Since(start)
 	spent := te.reset()
 	f.scratchTools = fmt.Sprintf("iptables-restore %s, ipset restore %s, iptables-save %s, the rest (Go) %s",
-		ms(spent["iptables-restore"]), ms(spent["ipset-restore"]), ms(spent["iptables-save"]),
-		ms(f.scratch-spent["iptables-restore"]-spent["ipset-restore"]-spent["iptables-save"]))
+		kerneltest.Ms(spent["iptables-restore"]), kerneltest.Ms(spent["ipset-restore"]), kerneltest.Ms(spent["iptables-save"]),
+		kerneltest.Ms(f.scratch-spent["iptables-restore"]-spent["ipset-restore"]-spent["iptables-save"]))
 	start = time.Now()
 	mustApply(t, m, snap, true)
 	f.check = time.Since(start)
@@ -129,7 +127,7 @@ func measureScale(t testing.TB, variant string, n, rounds int) scaleFigures {
 		eps = append(eps, time.Since(start))
 		restores = append(restores, te.reset()["iptables-restore"])
 
-		extra := scaleService(n + i)
+		extra := kerneltest.ScaleService(n + i)
 		snap, err = st.Update([]lb.Service{extra}, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -145,9 +143,9 @@ func measureScale(t testing.TB, variant string, n, rounds int) scaleFigures {
 		mustApply(t, m, snap, false)
 		removes = append(removes, time.Since(start))
 	}
-	f.endpoint, f.add, f.remove = median(eps), median(adds), median(removes)
+	f.endpoint, f.add, f.remove = kerneltest.Median(eps), kerneltest.Median(adds), kerneltest.Median(removes)
 	f.endpointMax = slices.Max(eps)
-	f.endpointRestore = median(restores)
+	f.endpointRestore = kerneltest.Median(restores)
 	// The incremental syncs left exactly what a full sync expects.
 	m.now = func() time.Time { return time.Now().Add(2 * time.Hour) }
 	mustApply(t, m, st.Snapshot(), true)
@@ -160,14 +158,6 @@ func measureScale(t testing.TB, variant string, n, rounds int) scaleFigures {
 	return f
 }
 
-func median(d []time.Duration) time.Duration {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
-func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
-
 // TestPrivilegedScale logs how long programming 1,000 and 10,000 Services
 // × 10 endpoints takes on each backend, and one endpoint change, one Service
 // added and one removed at that scale (medians of 20). Targets: from
@@ -178,16 +168,16 @@ func TestPrivilegedScale(t *testing.T) {
 	if testing.Short() {
 		t.Skip("scale test skipped in -short mode")
 	}
-	requirePrivileged(t)
-	for _, variant := range variants() {
+	privileged.Require(t)
+	for _, variant := range kerneltest.Variants() {
 		for _, n := range []int{1000, 10000} {
-			t.Run(fmt.Sprintf("%s/services=%d", variantName(variant), n), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/services=%d", kerneltest.VariantName(variant), n), func(t *testing.T) {
 				f := measureScale(t, variant, n, 20)
 				t.Logf("backend %s, %d Services x (1 ClusterIP, 10 endpoints), %d nat rules: from scratch %s (%s), full resync %s, periodic check %s, "+
 					"one endpoint changed %s (iptables-restore %s; max %s), one Service added %s, removed %s (medians of 20); "+
 					"targets: from scratch well under kube-proxy's minutes, an endpoint change < 200 ms on nf_tables",
-					variantName(variant), n, f.rules, ms(f.scratch), f.scratchTools, ms(f.resync), ms(f.check),
-					ms(f.endpoint), ms(f.endpointRestore), ms(f.endpointMax), ms(f.add), ms(f.remove))
+					kerneltest.VariantName(variant), n, f.rules, kerneltest.Ms(f.scratch), f.scratchTools, kerneltest.Ms(f.resync), kerneltest.Ms(f.check),
+					kerneltest.Ms(f.endpoint), kerneltest.Ms(f.endpointRestore), kerneltest.Ms(f.endpointMax), kerneltest.Ms(f.add), kerneltest.Ms(f.remove))
 			})
 		}
 	}
@@ -197,19 +187,16 @@ func TestPrivilegedScale(t *testing.T) {
 // and back) at each size on the real tools; from-scratch-ms reports the
 // first full sync.
 func BenchmarkPrivilegedApply(b *testing.B) {
-	requirePrivileged(b)
-	for _, variant := range variants() {
+	privileged.Require(b)
+	for _, variant := range kerneltest.Variants() {
 		for _, n := range []int{10, 100, 1000, 10000} {
-			b.Run(fmt.Sprintf("%s/services=%d", variantName(variant), n), func(b *testing.B) {
-				ns := newNS(b)
+			b.Run(fmt.Sprintf("%s/services=%d", kerneltest.VariantName(variant), n), func(b *testing.B) {
+				ns := privileged.NewNS(b)
 				m, err := New(Config{Exec: &netfilter.Exec{NetNS: ns, Variant: variant}, Logger: zap.NewNop()})
 				if err != nil {
 					b.Fatal(err)
 				}
-				svcs := make([]lb.Service, n)
-				for i := range svcs {
-					svcs[i] = scaleService(i)
-				}
+				svcs := kerneltest.ScaleServices(n)
 				st := lb.NewStore(lb.StoreOptions{})
 				snap, _ := st.Replace(svcs)
 				start := time.Now()

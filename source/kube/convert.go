@@ -245,6 +245,7 @@ func (c *converter) frontends() lb.Service {
 	if externallyAccessible(c.svc) && spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal {
 		s.ExternalTrafficPolicy = lb.PolicyLocal
 	}
+	s.HealthCheckNodePort = HealthCheckNodePort(c.svc)
 	return s
 }
 
@@ -449,24 +450,6 @@ func HealthCheckNodePort(svc *v1.Service) uint16 {
 		return uint16(p)
 	}
 	return 0
-}
-
-// LocalReadyEndpoints counts the distinct addresses of ready endpoints on
-// nodeName across every port of one Service (as kube-proxy: 10.0.0.1:80
-// and 10.0.0.1:443 are one endpoint). It is the health check's count.
-func LocalReadyEndpoints(ports []lb.Service, nodeName string) int {
-	if nodeName == "" {
-		return 0
-	}
-	seen := map[netip.Addr]bool{}
-	for i := range ports {
-		for _, ep := range ports[i].Endpoints {
-			if ep.Ready && ep.NodeName == nodeName {
-				seen[ep.Addr.Addr()] = true
-			}
-		}
-	}
-	return len(seen)
 }
 
 // ProxyMode returns the Node's net.experimental.kubernetes.io/proxy-mode

@@ -595,14 +595,28 @@ func TestSkipped(t *testing.T) {
 	}
 }
 
-func TestHealthCheckNodePortAndLocalEndpoints(t *testing.T) {
+// TestHealthCheckNodePort: only a LoadBalancer Service with
+// externalTrafficPolicy Local has one, and Convert carries it on each of
+// its ports (the local endpoint count is healthcheck's, from the applied
+// snapshot: see healthcheck.TestFromSnapshot).
+func TestHealthCheckNodePort(t *testing.T) {
 	lbLocal := svc(func(s *v1.Service) {
 		s.Spec.Type = v1.ServiceTypeLoadBalancer
 		s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
 		s.Spec.HealthCheckNodePort = 32000
+		s.Spec.Ports = []v1.ServicePort{{Name: "http", Protocol: v1.ProtocolTCP, Port: 80, NodePort: 30080}, {Name: "dns", Protocol: v1.ProtocolUDP, Port: 53, NodePort: 30053}}
 	})
 	if got := HealthCheckNodePort(lbLocal); got != 32000 {
 		t.Errorf("LoadBalancer, Local: port %d, want 32000", got)
+	}
+	ports, errs := Convert(lbLocal, nil, "", "node-a")
+	if len(errs) > 0 || len(ports) != 2 {
+		t.Fatalf("Convert: %d ports, problems %v; want 2, none", len(ports), errs)
+	}
+	for _, p := range ports {
+		if p.HealthCheckNodePort != 32000 {
+			t.Errorf("port %v: HealthCheckNodePort %d, want 32000", p.Name, p.HealthCheckNodePort)
+		}
 	}
 	for name, s := range map[string]*v1.Service{
 		"NodePort, Local": svc(func(s *v1.Service) { *s = *lbLocal.DeepCopy(); s.Spec.Type = v1.ServiceTypeNodePort }),
@@ -614,17 +628,12 @@ func TestHealthCheckNodePortAndLocalEndpoints(t *testing.T) {
 		if got := HealthCheckNodePort(s); got != 0 {
 			t.Errorf("%s: port %d, want 0", name, got)
 		}
-	}
-	ports := []lb.Service{
-		base(withEndpoints(lbep("10.1.0.1:80", true, true, false, "node-a"), lbep("10.1.0.2:80", true, true, false, "node-b"),
-			lbep("10.1.0.3:80", false, true, true, "node-a"))),
-		base(withEndpoints(lbep("10.1.0.1:443", true, true, false, "node-a"), lbep("10.1.0.4:443", true, true, false, "node-a"))),
-	}
-	if got := LocalReadyEndpoints(ports, "node-a"); got != 2 {
-		t.Errorf("LocalReadyEndpoints = %d, want 2 (10.1.0.1 on two ports counts once; terminating not counted)", got)
-	}
-	if got := LocalReadyEndpoints(ports, ""); got != 0 {
-		t.Errorf("LocalReadyEndpoints with no node name = %d, want 0", got)
+		ports, _ := Convert(s, nil, "", "node-a")
+		for _, p := range ports {
+			if p.HealthCheckNodePort != 0 {
+				t.Errorf("%s: port %v: HealthCheckNodePort %d, want 0", name, p.Name, p.HealthCheckNodePort)
+			}
+		}
 	}
 }
 

@@ -12,9 +12,10 @@
 // endpoint, a port), and never affects another Service.
 //
 // Run is the live part: informer events mark Services dirty, and a loop
-// writes the dirty ones into the Store with one Store.Update at most every
-// MinSyncPeriod (a full Store.Replace on the initial sync and after the
-// watch recovers from an error). While the API server is unreachable the
+// writes the dirty ones into the Store with one Store.Update as they come,
+// those arriving during a write together in the next (a full Store.Replace
+// on the initial sync and after the watch recovers from an error); the
+// sync runner, not the source, holds syncs to --min-sync-period. While the API server is unreachable the
 // Store keeps the last state it was given. Each change is also handed to
 // an optional ChangeTracker with when it was triggered (an EndpointSlice's
 // endpoints.kubernetes.io/last-change-trigger-time, a new Service's

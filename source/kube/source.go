@@ -17,7 +17,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/svcproxy/svcproxy/healthcheck"
 	"github.com/svcproxy/svcproxy/lb"
 )
 
@@ -63,12 +62,6 @@ type ChangeTracker interface {
 	Written(version uint64)
 }
 
-// HealthCheckServer receives every health-check node port and its local
-// endpoint count after each flush (healthcheck.Server implements it).
-type HealthCheckServer interface {
-	Sync(services map[healthcheck.ServiceName]healthcheck.Service) error
-}
-
 // Options configure Run.
 type Options struct {
 	Client   kubernetes.Interface // required
@@ -84,19 +77,14 @@ type Options struct {
 	// default) serves exactly the Services without that label.
 	ProxyName string
 
-	// MinSyncPeriod is the shortest time between two writes into the
-	// Store; changes meanwhile are coalesced. Zero: write as soon as a
-	// change arrives (changes arriving during a write still coalesce).
-	MinSyncPeriod time.Duration
 	// ResyncPeriod is the informers' resync period; zero: none (changes
 	// arrive by watch; a resync would only re-deliver the same objects).
 	ResyncPeriod time.Duration
 
-	Logger      *zap.Logger       // nil: no logging
-	Metrics     *Metrics          // nil: none
-	Health      NodeHealth        // nil: none
-	HealthCheck HealthCheckServer // nil: health-check node ports are not served
-	Changes     ChangeTracker     // nil: changes are not followed
+	Logger  *zap.Logger   // nil: no logging
+	Metrics *Metrics      // nil: none
+	Health  NodeHealth    // nil: none
+	Changes ChangeTracker // nil: changes are not followed
 
 	// OnSync, if set, is called after every write into the Store with the
 	// number of Service ports the source has written and the write's
@@ -112,7 +100,9 @@ type Options struct {
 // Run feeds store from the API server until ctx ends, then returns nil. It
 // waits for the informers' first list (logging while the API server is
 // unreachable), writes every Service with Store.Replace, then writes the
-// changed ones with Store.Update at most every MinSyncPeriod. After a
+// changed ones with Store.Update as they arrive: changes arriving during a
+// write go together in the next (the sync runner coalesces the snapshots
+// it applies, --min-sync-period). After a
 // watch error, the first write once the watch is back is a full Replace,
 // so anything deleted meanwhile is removed. Invalid objects are logged and
 // counted, never fatal. It returns an error only for unusable Options.
@@ -141,12 +131,9 @@ type source struct {
 	needFull bool                // a watch failed: the next write is a full Replace
 
 	// Owned by the flush loop.
-	written      map[string][]lb.Service // per Service, what the Store was given
-	ports        int
-	healthChecks map[healthcheck.ServiceName]healthcheck.Service
-	lastHC       map[healthcheck.ServiceName]healthcheck.Service
-	conflicts    map[string]bool // Store conflicts already logged
-	lastFlush    time.Time
+	written   map[string][]lb.Service // per Service, what the Store was given
+	ports     int
+	conflicts map[string]bool // Store conflicts already logged
 }
 
 func newSource(opts Options, store *lb.Store) (*source, error) {
@@ -164,14 +151,13 @@ func newSource(opts Options, store *lb.Store) (*source, error) {
 		log = zap.NewNop()
 	}
 	s := &source{
-		opts:         opts,
-		store:        store,
-		log:          log.Named("source.kube"),
-		kick:         make(chan struct{}, 1),
-		dirty:        map[string]struct{}{},
-		written:      map[string][]lb.Service{},
-		healthChecks: map[healthcheck.ServiceName]healthcheck.Service{},
-		conflicts:    map[string]bool{},
+		opts:      opts,
+		store:     store,
+		log:       log.Named("source.kube"),
+		kick:      make(chan struct{}, 1),
+		dirty:     map[string]struct{}{},
+		written:   map[string][]lb.Service{},
+		conflicts: map[string]bool{},
 	}
 
 	svcSelector := "!" + LabelServiceProxyName
@@ -464,15 +450,6 @@ func (s *source) run(ctx context.Context) error {
 			return nil
 		case <-s.kick:
 		}
-		if wait := s.opts.MinSyncPeriod - time.Since(s.lastFlush); wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return nil
-			case <-t.C:
-			}
-		}
 		s.flush()
 	}
 }
@@ -502,7 +479,6 @@ func (s *source) flush() {
 		kind = "full"
 		all := map[string][]lb.Service{}
 		var flat []lb.Service
-		clear(s.healthChecks)
 		for _, obj := range s.services.GetStore().List() {
 			svc, ok := obj.(*v1.Service)
 			if !ok {
@@ -529,8 +505,6 @@ func (s *source) flush() {
 				var errs []error
 				ports, errs = s.convert(key, svc)
 				problems = append(problems, errs...)
-			} else {
-				delete(s.healthChecks, nameOf(key))
 			}
 			prev := s.written[key]
 			if reflect.DeepEqual(prev, ports) {
@@ -553,8 +527,8 @@ func (s *source) flush() {
 			snap, storeErr = s.store.Update(upserts, deletes)
 		}
 	}
-	s.lastFlush = time.Now()
-	took := s.lastFlush.Sub(start)
+	end := time.Now()
+	took := end.Sub(start)
 	if c := s.opts.Changes; c != nil {
 		var version uint64
 		if snap != nil {
@@ -563,13 +537,12 @@ func (s *source) flush() {
 		c.Written(version)
 	}
 	s.reportStoreErrors(storeErr)
-	s.syncHealthChecks()
 
 	if m := s.opts.Metrics; m != nil {
 		m.flushes.WithLabelValues(kind).Inc()
 		m.flushDuration.WithLabelValues(kind).Observe(took.Seconds())
 		m.servicePorts.Set(float64(s.ports))
-		m.lastFlush.Set(float64(s.lastFlush.UnixNano()) / 1e9)
+		m.lastFlush.Set(float64(end.UnixNano()) / 1e9)
 	}
 	if snap != nil {
 		log := s.log.Debug
@@ -584,8 +557,8 @@ func (s *source) flush() {
 	}
 }
 
-// convert converts one Service with its slices, reports its problems
-// (logged, counted by kind) and records its health check.
+// convert converts one Service with its slices and reports its problems
+// (logged, counted by kind).
 func (s *source) convert(key string, svc *v1.Service) ([]lb.Service, []error) {
 	objs, _ := s.endpointSlice.GetIndexer().ByIndex(byServiceIndex, key)
 	eps := make([]*discovery.EndpointSlice, 0, len(objs))
@@ -596,19 +569,7 @@ func (s *source) convert(key string, svc *v1.Service) ([]lb.Service, []error) {
 	}
 	ports, errs := Convert(svc, eps, s.opts.ProxyName, s.opts.NodeName)
 	s.report(svc, errs)
-
-	name := nameOf(key)
-	if port := HealthCheckNodePort(svc); port != 0 && len(ports) > 0 {
-		s.healthChecks[name] = healthcheck.Service{Port: port, LocalEndpoints: LocalReadyEndpoints(ports, s.opts.NodeName)}
-	} else {
-		delete(s.healthChecks, name)
-	}
 	return ports, errs
-}
-
-func nameOf(key string) healthcheck.ServiceName {
-	ns, name, _ := cache.SplitMetaNamespaceKey(key)
-	return healthcheck.ServiceName{Namespace: ns, Name: name}
 }
 
 // report logs one conversion's problems, a few per object, and counts each
@@ -673,20 +634,4 @@ func (s *source) reportStoreErrors(err error) {
 	}
 	each(err)
 	s.conflicts = now
-}
-
-func (s *source) syncHealthChecks() {
-	if s.opts.HealthCheck == nil || healthcheck.Equal(s.healthChecks, s.lastHC) {
-		return
-	}
-	hc := make(map[healthcheck.ServiceName]healthcheck.Service, len(s.healthChecks))
-	for k, v := range s.healthChecks {
-		hc[k] = v
-	}
-	if err := s.opts.HealthCheck.Sync(hc); err != nil {
-		s.log.Warn("serving health-check node ports; retrying on the next write", zap.Error(err))
-		s.lastHC = nil
-		return
-	}
-	s.lastHC = hc
 }

@@ -3,11 +3,13 @@ package kube
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,23 +39,6 @@ func (h *fakeHealth) SetNodeEligible(e bool) {
 	h.mu.Unlock()
 }
 func (h *fakeHealth) get() (int, bool) { h.mu.Lock(); defer h.mu.Unlock(); return h.queued, h.deleting }
-
-type fakeHC struct {
-	mu   sync.Mutex
-	last map[healthcheck.ServiceName]healthcheck.Service
-}
-
-func (f *fakeHC) Sync(m map[healthcheck.ServiceName]healthcheck.Service) error {
-	f.mu.Lock()
-	f.last = m
-	f.mu.Unlock()
-	return nil
-}
-func (f *fakeHC) get() map[healthcheck.ServiceName]healthcheck.Service {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.last
-}
 
 // fakeChanges records what Run tells a ChangeTracker, in order.
 type fakeChanges struct {
@@ -91,20 +76,19 @@ type harness struct {
 	store   *lb.Store
 	metrics *Metrics
 	health  *fakeHealth
-	hc      *fakeHC
 	changes *fakeChanges
 	nodes   chan *v1.Node
 	cancel  context.CancelFunc
 	done    chan error
 }
 
-func start(t *testing.T, minSync time.Duration, objs ...runtime.Object) *harness {
+func start(t *testing.T, objs ...runtime.Object) *harness {
 	t.Helper()
-	return startWith(t, nil, minSync, objs...)
+	return startWith(t, nil, objs...)
 }
 
 // startWith is start with edit applied to the Options.
-func startWith(t *testing.T, edit func(*Options), minSync time.Duration, objs ...runtime.Object) *harness {
+func startWith(t *testing.T, edit func(*Options), objs ...runtime.Object) *harness {
 	t.Helper()
 	h := &harness{
 		t:       t,
@@ -112,7 +96,6 @@ func startWith(t *testing.T, edit func(*Options), minSync time.Duration, objs ..
 		store:   lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: "node-a"}}),
 		metrics: NewMetrics(prometheus.NewRegistry()),
 		health:  &fakeHealth{},
-		hc:      &fakeHC{},
 		changes: &fakeChanges{},
 		nodes:   make(chan *v1.Node, 16),
 		done:    make(chan error, 1),
@@ -120,8 +103,8 @@ func startWith(t *testing.T, edit func(*Options), minSync time.Duration, objs ..
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
 	opts := Options{
-		Client: h.client, NodeName: "node-a", MinSyncPeriod: minSync,
-		Logger: zaptest.NewLogger(t), Metrics: h.metrics, Health: h.health, HealthCheck: h.hc, Changes: h.changes,
+		Client: h.client, NodeName: "node-a",
+		Logger: zaptest.NewLogger(t), Metrics: h.metrics, Health: h.health, Changes: h.changes,
 		OnNode: func(n *v1.Node) {
 			select {
 			case h.nodes <- n:
@@ -209,7 +192,7 @@ var webHTTP = lb.ServicePortName{Namespace: "ns", Name: "web", Port: "http"}
 
 func TestRunFollowsTheAPI(t *testing.T) {
 	es := slice("web-1", discovery.AddressTypeIPv4, httpPort, ep("10.1.0.1", "", ""), ep("10.1.0.2", "-", ""))
-	h := start(t, 0, svc(), es)
+	h := start(t, svc(), es)
 	ctx := context.Background()
 
 	// The initial sync: a Replace with ready and non-ready endpoints alike
@@ -258,15 +241,24 @@ func TestRunFollowsTheAPI(t *testing.T) {
 	}
 }
 
-// TestRunCoalesces: a burst of changes within MinSyncPeriod reaches the
-// Store in a few writes, not one per change.
+// TestRunCoalesces: changes arriving while a write is under way reach the
+// Store together in the next write, not one write per change. (Coalescing
+// over time, --min-sync-period, is the sync runner's: runner.TestRunCoalesces.)
 func TestRunCoalesces(t *testing.T) {
-	h := start(t, 300*time.Millisecond)
-	snap := h.waitFor("the initial sync", func(s *lb.Snapshot) bool { return s.Version >= 1 })
-	first := snap.Version
+	entered, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	h := startWith(t, func(o *Options) {
+		o.OnSync = func(int, error) {
+			if calls.Add(1) == 1 { // the initial write: hold it while the burst arrives
+				close(entered)
+				<-release
+			}
+		}
+	})
+	<-entered
+	first := h.store.Snapshot().Version
 	ctx := context.Background()
 	const n = 100
-	began := time.Now()
 	for i := 0; i < n; i++ {
 		s := svc(func(s *v1.Service) {
 			s.Name = fmt.Sprintf("svc-%d", i)
@@ -277,13 +269,16 @@ func TestRunCoalesces(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	snap = h.waitFor("every Service", func(s *lb.Snapshot) bool { return s.Len() == n })
-	// At most one write per MinSyncPeriod while the burst lasted, and one
-	// more for the tail: never one per change.
-	took := time.Since(began)
-	limit := uint64(took/(300*time.Millisecond)) + 2
-	if writes := snap.Version - first; writes > limit || writes > n/4 {
-		t.Errorf("%d Services created over %v took %d Store writes, want at most %d", n, took, writes, min(limit, n/4))
+	for deadline := time.Now().Add(5 * time.Second); counter(h.metrics.pending) != n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			close(release)
+			t.Fatalf("%v Services pending, want %d", counter(h.metrics.pending), n)
+		}
+	}
+	close(release)
+	snap := h.waitFor("every Service", func(s *lb.Snapshot) bool { return s.Len() == n })
+	if writes := snap.Version - first; writes != 1 {
+		t.Errorf("%d Services created during a write took %d more Store writes, want 1", n, writes)
 	}
 	if got := counter(h.metrics.servicePorts); got != n {
 		t.Errorf("service_ports = %v, want %d", got, n)
@@ -302,7 +297,7 @@ func TestRunInvalidObjects(t *testing.T) {
 	for i := 0; i < 10000; i++ {
 		huge.Endpoints = append(huge.Endpoints, ep(fmt.Sprintf("10.3.%d.%d", i/250, i%250+1), "", ""))
 	}
-	h := start(t, 0, svc(), bad, badSlice, huge)
+	h := start(t, svc(), bad, badSlice, huge)
 	h.waitFor("the good Service with the good endpoint", hasEndpoints(webHTTP, "10.1.0.9:8080"))
 	if h.store.Snapshot().Len() != 1 {
 		t.Errorf("store has %d Service ports, want 1", h.store.Snapshot().Len())
@@ -329,7 +324,7 @@ func TestRunNodeAndHealthChecks(t *testing.T) {
 		s.Spec.Ports[0].NodePort = 30080
 	})
 	es := slice("web-1", discovery.AddressTypeIPv4, httpPort, ep("10.1.0.1", "", "node-a"), ep("10.1.0.2", "", "node-b"))
-	h := start(t, 0, node, other, lbSvc, es)
+	h := start(t, node, other, lbSvc, es)
 	h.waitFor("the Service", hasEndpoints(webHTTP, "10.1.0.1:8080", "10.1.0.2:8080"))
 
 	select {
@@ -340,13 +335,11 @@ func TestRunNodeAndHealthChecks(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("OnNode was not called")
 	}
+	// The health check is served from the snapshot once applied: the Store
+	// has what it needs.
 	want := map[healthcheck.ServiceName]healthcheck.Service{{Namespace: "ns", Name: "web"}: {Port: 32000, LocalEndpoints: 1}}
-	deadline := time.Now().Add(5 * time.Second)
-	for !healthcheck.Equal(h.hc.get(), want) {
-		if time.Now().After(deadline) {
-			t.Fatalf("health checks %v, want %v", h.hc.get(), want)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if got := healthcheck.FromSnapshot(h.store.Snapshot()); !maps.Equal(got, want) {
+		t.Fatalf("health checks %v, want %v", got, want)
 	}
 
 	// The Node is being deleted: /healthz must fail.
@@ -357,7 +350,7 @@ func TestRunNodeAndHealthChecks(t *testing.T) {
 	if _, err := h.client.CoreV1().Nodes().Update(context.Background(), node, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(5 * time.Second)
 	for {
 		if _, deleting := h.health.get(); deleting {
 			break
@@ -372,12 +365,9 @@ func TestRunNodeAndHealthChecks(t *testing.T) {
 	if err := h.client.CoreV1().Services("ns").Delete(context.Background(), "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(5 * time.Second)
-	for len(h.hc.get()) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("health checks after deletion: %v", h.hc.get())
-		}
-		time.Sleep(10 * time.Millisecond)
+	snap := h.waitFor("the Service deleted", func(s *lb.Snapshot) bool { return s.Len() == 0 })
+	if got := healthcheck.FromSnapshot(snap); len(got) != 0 {
+		t.Fatalf("health checks after deletion: %v", got)
 	}
 }
 
@@ -390,7 +380,7 @@ func TestRunOnlyOwnServices(t *testing.T) {
 		s.Labels = map[string]string{LabelServiceProxyName: "other"}
 		s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.0.0.11", []string{"10.0.0.11"}
 	})
-	h := start(t, 0, mine, theirs)
+	h := start(t, mine, theirs)
 	h.waitFor("my Service", func(s *lb.Snapshot) bool { return s.Len() == 1 && s.Balancer(webHTTP) != nil })
 
 	mine = mine.DeepCopy()
@@ -423,7 +413,7 @@ func TestRunDualStackAddresses(t *testing.T) {
 		s.Spec.ClusterIPs = []string{"10.0.0.10", "fd00::10"}
 		s.Spec.IPFamilies = []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
 	})
-	h := start(t, 0, s,
+	h := start(t, s,
 		slice("web-v4", discovery.AddressTypeIPv4, httpPort, ep("10.1.0.1", "", "")),
 		slice("web-v6", discovery.AddressTypeIPv6, httpPort, ep("fd00:1::1", "", "")))
 	snap := h.waitFor("both families", hasEndpoints(webHTTP, "10.1.0.1:8080", "[fd00:1::1]:8080"))
@@ -438,7 +428,7 @@ func TestRunDualStackAddresses(t *testing.T) {
 // trigger time (a slice's annotation, a new Service's creation), is cut
 // with the write that carries it and written at that write's Store version.
 func TestRunFollowsChanges(t *testing.T) {
-	h := start(t, 0, svc(), slice("web-1", discovery.AddressTypeIPv4, httpPort, ep("10.1.0.1", "", "")))
+	h := start(t, svc(), slice("web-1", discovery.AddressTypeIPv4, httpPort, ep("10.1.0.1", "", "")))
 	h.waitFor("the initial sync", hasEndpoints(webHTTP, "10.1.0.1:8080"))
 	waitEvents := func(what string, want []string) {
 		t.Helper()
@@ -591,7 +581,7 @@ func TestRunFollowsZone(t *testing.T) {
 	}
 
 	t.Run("followed", func(t *testing.T) {
-		h := start(t, 0, node, web, es)
+		h := start(t, node, web, es)
 		h.waitFor("zone z1's endpoint", poolOf(webHTTP, "10.1.0.1:8080"))
 		relabel(h, "z2")
 		h.waitFor("zone z2's endpoint after the label changed", poolOf(webHTTP, "10.1.0.2:8080"))
@@ -603,7 +593,7 @@ func TestRunFollowsZone(t *testing.T) {
 	})
 
 	t.Run("fixed by --zone", func(t *testing.T) {
-		h := startWith(t, func(o *Options) { o.Zone = "z1" }, 0, node, web, es)
+		h := startWith(t, func(o *Options) { o.Zone = "z1" }, node, web, es)
 		if _, err := h.store.SetNode(lb.Node{Name: "node-a", Zone: "z1"}); err != nil { // as main does with --zone
 			t.Fatal(err)
 		}

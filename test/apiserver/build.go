@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/svcproxy/svcproxy/internal/proctest"
 )
 
 // The versions built: kube-apiserver from k8s.io/kubernetes with every
@@ -121,7 +123,7 @@ func Build(ctx context.Context, logf func(format string, args ...any)) (Binaries
 		logf("building %s into %s (first time only; kube-apiserver takes several minutes)", b.name, dir)
 		start := time.Now()
 		tmp := b.out + ".tmp"
-		cmd := exec.CommandContext(ctx, goTool(), "build", "-trimpath", "-ldflags=-s -w", "-o", tmp, b.pkg)
+		cmd := exec.CommandContext(ctx, proctest.GoTool(), "build", "-trimpath", "-ldflags=-s -w", "-o", tmp, b.pkg)
 		cmd.Dir = src
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off", "GOFLAGS=-mod=readonly")
 		var out bytes.Buffer
@@ -138,18 +140,6 @@ func Build(ctx context.Context, logf func(format string, args ...any)) (Binaries
 		logf("built %s in %v", b.name, time.Since(start).Round(time.Second))
 	}
 	return bins, nil
-}
-
-func goTool() string {
-	if g := os.Getenv("GO"); g != "" {
-		return g
-	}
-	if root := os.Getenv("GOROOT"); root != "" {
-		if p := filepath.Join(root, "bin", "go"); exists(p) {
-			return p
-		}
-	}
-	return "go"
 }
 
 func exists(p string) bool { _, err := os.Stat(p); return err == nil }

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/svcproxy/svcproxy/forwarder"
+	"github.com/svcproxy/svcproxy/internal/proctest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/redirect"
 )
@@ -50,7 +51,7 @@ func ensureServices(b *testing.B, n int) string {
 	}
 	start := time.Now()
 	from := benchServices.n
-	err := parallel(n-from, 24, func(k int) error {
+	errs := proctest.Parallel(n-from, 24, func(k int) error {
 		i := from + k
 		name := fmt.Sprintf("svc-%05d", i)
 		s := service(ns, name, "", 80) // ClusterIP allocated by the API server
@@ -61,8 +62,8 @@ func ensureServices(b *testing.B, n int) string {
 		_, err := srv.Client.DiscoveryV1().EndpointSlices(ns).Create(ctx, es, metav1.CreateOptions{})
 		return err
 	})
-	if err != nil {
-		b.Fatalf("creating Services: %v", err)
+	if len(errs) > 0 {
+		b.Fatalf("creating Services: %v", errs[0])
 	}
 	benchServices.n = n
 	b.Logf("created Services %d-%d and their slices in %v", from, n-1, time.Since(start).Round(time.Millisecond))

@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/svcproxy/svcproxy/internal/proctest"
 	"github.com/svcproxy/svcproxy/test/apiserver"
 )
 
@@ -169,35 +170,10 @@ func deleteAll(t testing.TB, c kubernetes.Interface, ns string) {
 		t.Errorf("listing Services in %s: %v", ns, err)
 		return
 	}
-	parallel(len(list.Items), 16, func(i int) error {
+	proctest.Parallel(len(list.Items), 16, func(i int) error {
 		return c.CoreV1().Services(ns).Delete(ctx, list.Items[i].Name, metav1.DeleteOptions{})
 	})
 	_ = c.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
-}
-
-// parallel runs fn for 0..n-1 on w workers and returns the first error.
-func parallel(n, w int, fn func(i int) error) error {
-	var wg sync.WaitGroup
-	var once sync.Once
-	var first error
-	next := make(chan int)
-	for k := 0; k < w; k++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				if err := fn(i); err != nil {
-					once.Do(func() { first = fmt.Errorf("%d: %w", i, err) })
-				}
-			}
-		}()
-	}
-	for i := 0; i < n; i++ {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	return first
 }
 
 // service is a ClusterIP Service with one TCP port "http" on port.

@@ -10,10 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"net/url"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -25,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/svcproxy/svcproxy/internal/proctest"
 	"github.com/svcproxy/svcproxy/internal/topology"
 	"github.com/svcproxy/svcproxy/test/apiserver"
 )
@@ -71,7 +69,7 @@ const (
 // deleted one no longer does.
 func TestPrivilegedKubeAPIServerOutage(t *testing.T) {
 	needPrivate(t)
-	needTools(t, "iptables", "ipset")
+	proctest.NeedTools(t, "iptables", "ipset")
 	bins, err := buildBinaries(t)
 	if err != nil {
 		t.Skipf("skipping: kube-apiserver and etcd cannot be built here: %v", err)
@@ -196,13 +194,13 @@ func TestPrivilegedKubeAPIServerOutage(t *testing.T) {
 	// its snapshot does not move, backend2 still gets web's connections
 	// and the new Service is not served.
 	for time.Since(killed) < *outageFlag {
-		proxy.alive(t)
+		proxy.Alive(t)
 		time.Sleep(min(time.Second, *outageFlag-time.Since(killed)))
 	}
 	if err := peer.Stop(); err != nil {
 		t.Errorf("stopping the peer: %v", err)
 	}
-	proxy.alive(t)
+	proxy.Alive(t)
 	if v := proxy.metric(t, "svcproxy_forwarder_snapshot_version"); v != versionBefore {
 		t.Errorf("the forwarder's snapshot moved from version %v to %v while the API server was down", versionBefore, v)
 	}
@@ -241,7 +239,7 @@ func TestPrivilegedKubeAPIServerOutage(t *testing.T) {
 			t.Fatalf("not converged %v after the API server came back: new Service served after %v, deleted one gone after %v, backend2 out of web after %v (0: not yet)",
 				bound, newAt, goneAt, webAt)
 		}
-		proxy.alive(t)
+		proxy.Alive(t)
 		time.Sleep(200 * time.Millisecond)
 		since := time.Since(back)
 		if newAt == 0 {
@@ -327,11 +325,11 @@ func TestPrivilegedKubeAPIServerOutage(t *testing.T) {
 		t.Error("the deleted Service's backends got connections after svcproxy converged")
 	}
 
-	proxy.alive(t)
+	proxy.Alive(t)
 	watchErrors := proxy.metric(t, "svcproxy_kube_watch_errors_total") - watchErrorsBefore
 	full := proxy.metric(t, `svcproxy_kube_flushes_total{type="full"}`) - fullBefore
 	t.Logf("svcproxy: %v watch errors counted, %v full writes after the outage, %d \"keeping the last state\" warnings logged; forwarder snapshot %v → %v",
-		watchErrors, full, strings.Count(proxy.out.String(), "keeping the last state"), versionBefore, proxy.metric(t, "svcproxy_forwarder_snapshot_version"))
+		watchErrors, full, strings.Count(proxy.Out.String(), "keeping the last state"), versionBefore, proxy.metric(t, "svcproxy_forwarder_snapshot_version"))
 	// Not asserted: client-go's reflectors retry a refused watch inside
 	// their watch loop, with backoff, without telling the source's watch
 	// error handler; svcproxy may count none for a whole outage. Every one
@@ -372,32 +370,17 @@ func buildSvcproxy(t *testing.T) string {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(t.TempDir(), "svcproxy")
-	cmd := exec.Command(goTool(), "build", "-race", "-o", bin, "./cmd/svcproxy")
-	cmd.Dir = mainModule
-	cmd.Env = append(os.Environ(), "GOWORK=off")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building svcproxy: %v\n%s", err, out)
+	if err := proctest.Build(mainModule, bin, "./cmd/svcproxy", true); err != nil {
+		t.Fatal(err)
 	}
 	return bin
 }
 
-// needTools skips unless every named program is installed.
-func needTools(t *testing.T, tools ...string) {
-	t.Helper()
-	for _, tool := range tools {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("skipping: %s is not installed (.ci/run installs it)", tool)
-		}
-	}
-}
-
 // outageProxy is the svcproxy process on the topology's node.
 type outageProxy struct {
-	relay  *relay // the API server's address in the node's namespace, relayed to this process's loopback
-	cmd    *exec.Cmd
-	node   *topology.Host
-	out    *lockedBuffer
-	exited chan struct{} // closed when it exits
+	*proctest.Process
+	relay *relay // the API server's address in the node's namespace, relayed to this process's loopback
+	node  *topology.Host
 }
 
 // startOutageProxy starts svcproxy on topo's node with srv's admin
@@ -412,10 +395,10 @@ func startOutageProxy(t *testing.T, topo *topology.Topology, bin string, srv *ap
 	}
 	// The Node svcproxy reads at start (zone, proxy-mode annotation) is
 	// created by the caller.
-	p := &outageProxy{relay: startRelayOn(t, u.Host, u.Host, func(addr string) (net.Listener, error) {
+	relay := startRelayOn(t, u.Host, u.Host, func(addr string) (net.Listener, error) {
 		return topo.Node.Listen(context.Background(), "tcp", addr)
-	}), node: topo.Node, out: &lockedBuffer{}, exited: make(chan struct{})}
-	p.cmd = topo.Node.Command(context.Background(), bin,
+	})
+	cmd := topo.Node.Command(context.Background(), bin,
 		"--kubeconfig", srv.Kubeconfig,
 		"--proxy-mode", "userspace",
 		"--steering=redirect",
@@ -427,39 +410,7 @@ func startOutageProxy(t *testing.T, topo *topology.Topology, bin string, srv *ap
 		"--healthz-bind-address", "127.0.0.1:10256",
 		"--drain-timeout", "5s",
 		"--log-level", "info")
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("starting svcproxy: %v", err)
-	}
-	go func() { _ = p.cmd.Wait(); close(p.exited) }()
-	t.Cleanup(func() {
-		select {
-		case <-p.exited:
-		default:
-			_ = p.cmd.Process.Signal(os.Interrupt)
-			select {
-			case <-p.exited:
-			case <-time.After(15 * time.Second):
-				_ = p.cmd.Process.Kill()
-				<-p.exited
-				t.Error("svcproxy did not exit within 15s of SIGINT")
-			}
-		}
-		if t.Failed() {
-			t.Logf("svcproxy output:\n%s", p.out)
-		}
-	})
-	return p
-}
-
-// alive fails t if svcproxy has exited.
-func (p *outageProxy) alive(t *testing.T) {
-	t.Helper()
-	select {
-	case <-p.exited:
-		t.Fatalf("svcproxy exited (%v); output:\n%s", p.cmd.ProcessState, p.out)
-	default:
-	}
+	return &outageProxy{Process: proctest.Start(t, "svcproxy", cmd), relay: relay, node: topo.Node}
 }
 
 // metric sums the series of svcproxy's /metrics whose name, or name with
@@ -467,48 +418,7 @@ func (p *outageProxy) alive(t *testing.T) {
 // at least its labels.
 func (p *outageProxy) metric(t *testing.T, name string) float64 {
 	t.Helper()
-	hc := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: p.node.Dial, DisableKeepAlives: true}}
-	resp, err := hc.Get("http://127.0.0.1:10249/metrics")
-	if err != nil {
-		t.Fatalf("reading svcproxy's metrics: %v", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("reading svcproxy's metrics: %v", err)
-	}
-	var sum float64
-	for _, line := range strings.Split(string(body), "\n") {
-		series, value, ok := strings.Cut(line, " ")
-		if !ok || strings.HasPrefix(line, "#") {
-			continue
-		}
-		if series == name || (!strings.Contains(name, "{") && strings.HasPrefix(series, name+"{")) || hasLabels(series, name) {
-			v, _ := strconv.ParseFloat(strings.TrimSpace(value), 64)
-			sum += v
-		}
-	}
-	return sum
-}
-
-// hasLabels says whether series (name{a="x",b="y"}) has the name of want
-// and every label of it.
-func hasLabels(series, want string) bool {
-	wname, wlabels, ok := strings.Cut(want, "{")
-	sname, slabels, _ := strings.Cut(series, "{")
-	if !ok || wname != sname {
-		return false
-	}
-	have := map[string]bool{}
-	for _, l := range strings.Split(strings.TrimSuffix(slabels, "}"), ",") {
-		have[l] = true
-	}
-	for _, l := range strings.Split(strings.TrimSuffix(wlabels, "}"), ",") {
-		if !have[l] {
-			return false
-		}
-	}
-	return true
+	return proctest.Scrape(t, p.node.Dial, "http://127.0.0.1:10249/metrics").Sum(name)
 }
 
 // outageBackend listens on several ports of a backend host; each
@@ -764,23 +674,4 @@ func (s *outageStream) stop() {
 		close(s.quit)
 	}
 	<-s.done
-}
-
-// lockedBuffer is a bytes.Buffer safe for a process's stdout and stderr
-// and the test reading it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }

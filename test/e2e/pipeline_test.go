@@ -37,8 +37,8 @@ type pipeline struct {
 
 type pipelineOptions struct {
 	client        kubernetes.Interface
-	minSyncPeriod time.Duration
-	forward       bool // run the forwarder (binds frontends)
+	minSyncPeriod time.Duration // unused: the source no longer coalesces (the runner does); remove with its callers
+	forward       bool          // run the forwarder (binds frontends)
 	logger        *zap.Logger
 }
 
@@ -82,7 +82,7 @@ func startPipeline(t testing.TB, o pipelineOptions) *pipeline {
 	p.done.Add(1)
 	go func() {
 		defer p.done.Done()
-		err := kube.Run(ctx, kube.Options{Client: o.client, NodeName: "node-a", MinSyncPeriod: o.minSyncPeriod,
+		err := kube.Run(ctx, kube.Options{Client: o.client, NodeName: "node-a",
 			Logger: o.logger, Metrics: metrics}, p.store)
 		if err != nil {
 			t.Errorf("kube.Run: %v", err)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcproxy/svcproxy/internal/proctest"
 	"github.com/svcproxy/svcproxy/test/apiserver"
 )
 
@@ -40,7 +41,7 @@ func TestPrivilegedKubeTopology(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, goTool(), "test", "-race", "-count=1", "-v", "-run", "^TestPrivilegedKube", "./internal/e2e")
+	cmd := exec.CommandContext(ctx, proctest.GoTool(), "test", "-race", "-count=1", "-v", "-run", "^TestPrivilegedKube", "./internal/e2e")
 	cmd.Dir = mainModule
 	cmd.Env = append(os.Environ(), "SVCPROXY_E2E_KUBECONFIG="+srv.Kubeconfig, "GOWORK=off")
 	var out bytes.Buffer
@@ -58,14 +59,3 @@ func TestPrivilegedKubeTopology(t *testing.T) {
 		t.Fatal("TestPrivilegedKubeBinary did not pass (skipped?); see the output above")
 	}
 }
-
-func goTool() string {
-	if root := os.Getenv("GOROOT"); root != "" {
-		if p := filepath.Join(root, "bin", "go"); fileExists(p) {
-			return p
-		}
-	}
-	return "go"
-}
-
-func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }

@@ -98,8 +98,11 @@ type options struct {
 }
 
 func main() {
-	r, done := vmtest.StartGuest("soakguest (the soak VM test)")
-	defer done()
+	vmtest.Guest{Name: "soakguest (the soak VM test)"}.Run(scenario)
+}
+
+// scenario is the soak; it reports its own failures.
+func scenario(r *vmtest.Reporter) error {
 	var o options
 	fs := flag.NewFlagSet("soakguest", flag.ContinueOnError)
 	fs.IntVar(&o.conns, "conns", 10000, "connections held open through svcproxy")
@@ -118,20 +121,18 @@ func main() {
 	// The kernel passes what follows "--" on its command line as arguments.
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		r.Fail("arguments", "%v", err)
-		return
+		return nil
 	}
-	if !r.Check("mount /proc, /sys", vmtest.MountBasics()) {
-		return
-	}
-	r.Note("%s; %d CPUs; conns=%d churn=%v workers=%d", vmtest.KernelNote(), runtime.NumCPU(), o.conns, o.churn, o.workers)
+	r.Note("%d CPUs; conns=%d churn=%v workers=%d", runtime.NumCPU(), o.conns, o.churn, o.workers)
 	if !r.Check("raise limits, bring up lo", setup(r, o.thp)) {
-		return
+		return nil
 	}
 	s := &soak{r: r, o: o}
 	if err := s.run(); err != nil {
 		r.Fail("soak", "%v", err)
 	}
 	s.stopProxy()
+	return nil
 }
 
 // setup raises the kernel's and this process's file limits (svcproxy

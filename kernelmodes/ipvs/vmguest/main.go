@@ -40,21 +40,7 @@ import (
 )
 
 func main() {
-	r, done := vmtest.StartGuest("the IPVS VM test's guest")
-	defer done()
-	if !r.Check("mount /proc, /sys", vmtest.MountBasics()) {
-		return
-	}
-	r.Note("%s", vmtest.KernelNote())
-	start := time.Now()
-	mods, err := vmtest.LoadModules()
-	if !r.Check("load modules", err) {
-		return
-	}
-	r.Note("loaded %d modules in %v: %s", len(mods), time.Since(start).Round(time.Millisecond), strings.Join(mods, " "))
-	if err := run(r); err != nil {
-		r.Fail("setup", "%v", err)
-	}
+	vmtest.Guest{Name: "the IPVS VM test's guest", Modules: true}.Run(run)
 }
 
 // host is one network namespace of the topology.
