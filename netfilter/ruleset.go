@@ -295,30 +295,71 @@ func (rs *Ruleset) AllChains(f Family) map[ChainKey][]string {
 	return all
 }
 
-// MemberNames keeps the ipset form of a translator's members across syncs,
-// so an Apply formats only the members that are new.
-type MemberNames[M interface {
+// MemberSets turns a translator's members (of a comparable type that
+// prints in ipset's form) into a Ruleset's sets. It formats each member once
+// across syncs, and reuses the member maps of the Ruleset written before the
+// last one, which the Reconciler no longer holds.
+type MemberSets[M interface {
 	comparable
 	String() string
-}] struct{ names map[M]string }
-
-// Of returns m.String(), formatted once.
-func (n *MemberNames[M]) Of(m M) string {
-	s, ok := n.names[m]
-	if !ok {
-		if n.names == nil {
-			n.names = map[M]string{}
-		}
-		s = m.String()
-		n.names[m] = s
-	}
-	return s
+}] struct {
+	names       map[M]string
+	last, spare map[string]map[string]struct{} // by set name
 }
 
-// Keep forgets the members long gone when the cache holds far more than
-// the live members.
-func (n *MemberNames[M]) Keep(live int) {
-	if len(n.names) > 2*live+1024 {
-		n.names = nil
+// Fill adds the sets defs to rs (an entry without a Name is skipped), each
+// with the members m for which set(m) is its index in defs.
+func (b *MemberSets[M]) Fill(rs *Ruleset, defs []SetDef, members map[M]struct{}, set func(M) int) {
+	if len(b.names) > 2*len(members)+1024 {
+		b.names = nil // forget the members long gone
+	}
+	if b.names == nil {
+		b.names = make(map[M]string, len(members))
+	}
+	sets := make([]map[string]struct{}, len(defs))
+	for i, d := range defs {
+		if d.Name == "" {
+			continue
+		}
+		ms := b.spare[d.Name]
+		if ms == nil {
+			ms = make(map[string]struct{}, len(b.last[d.Name]))
+		}
+		sets[i] = ms
+		rs.Sets[d.Name] = d.With(ms)
+	}
+	b.spare = nil
+	for m := range members {
+		i := set(m)
+		if i < 0 || i >= len(sets) || sets[i] == nil {
+			continue
+		}
+		s, ok := b.names[m]
+		if !ok {
+			s = m.String()
+			b.names[m] = s
+		}
+		sets[i][s] = struct{}{}
+	}
+}
+
+// Written notes that rs, the last one filled, was written: the member
+// maps of the one before it are free for the next Fill (unless sized for
+// far more than now: a map never shrinks). Written(nil), after a failed
+// sync, reuses nothing.
+func (b *MemberSets[M]) Written(rs *Ruleset) {
+	old := b.last
+	b.last, b.spare = map[string]map[string]struct{}{}, map[string]map[string]struct{}{}
+	if rs == nil {
+		return
+	}
+	for name, s := range rs.Sets {
+		b.last[name] = s.Members
+	}
+	for name, o := range old {
+		if n, ok := b.last[name]; ok && len(o) <= 2*len(n)+1024 {
+			clear(o)
+			b.spare[name] = o
+		}
 	}
 }

@@ -74,10 +74,7 @@ type Redirector struct {
 	// wrote nothing yet or a sync failed (the next Apply is a full one).
 	cur   *desired
 	spare map[member]struct{} // an emptied members map for the next compute
-	names netfilter.MemberNames[member]
-	// The sets' member maps of the last written Ruleset, and emptied ones
-	// of the one before (the Reconciler no longer holds them) for the next.
-	lastSets, spareSets [numSets]map[string]struct{}
+	sets  netfilter.MemberSets[member]
 }
 
 // New validates cfg and detects the iptables backend.
@@ -139,19 +136,26 @@ func (r *Redirector) RestoreFailures(family netfilter.Family) uint64 {
 	return r.rec.RestoreFailures(family)
 }
 
-// wantedSets are the sets this configuration uses.
-func (r *Redirector) wantedSets() []setID {
-	ids := []setID{setSvc4, setReject4}
-	if r.npRestricted[netfilter.IPv4] {
-		ids = append(ids, setNPAddrs4)
-	}
-	if r.cfg.IPv6 {
-		ids = append(ids, setSvc6, setReject6)
-		if r.npRestricted[netfilter.IPv6] {
-			ids = append(ids, setNPAddrs6)
+// wantedSets are the sets this configuration uses, by setID (the others
+// have no Name).
+func (r *Redirector) wantedSets() []netfilter.SetDef {
+	defs := make([]netfilter.SetDef, numSets)
+	for id, d := range setDefs {
+		switch setID(id) {
+		case setSvc6, setReject6, setNPAddrs6:
+			if !r.cfg.IPv6 {
+				continue
+			}
 		}
+		switch setID(id) {
+		case setNPAddrs4, setNPAddrs6:
+			if !r.npRestricted[d.Family] {
+				continue
+			}
+		}
+		defs[id] = d
 	}
-	return append(ids, setNPTCP, setNPUDP, setNPRejectTCP, setNPRejectUDP)
+	return defs
 }
 
 // Apply makes the kernel steer snap's Services to ports. It is idempotent.
@@ -184,10 +188,10 @@ func (r *Redirector) Apply(ctx context.Context, snap *lb.Snapshot, ports Ports, 
 	old := r.cur
 	if err != nil {
 		r.cur = nil
-		r.lastSets, r.spareSets = [numSets]map[string]struct{}{}, [numSets]map[string]struct{}{}
+		r.sets.Written(nil)
 	} else {
 		r.cur = want
-		r.recycleSets(rs)
+		r.sets.Written(rs)
 	}
 	// Reusing the old members map saves the garbage collector a
 	// 10,000-entry map per Apply; but not one sized for far more than
@@ -213,39 +217,8 @@ func (r *Redirector) ruleset(want *desired) *netfilter.Ruleset {
 		rs.Chains[fam] = want.rules[fam]
 		rs.Entries[fam] = ourJumps
 	}
-	sets := r.spareSets
-	r.spareSets = [numSets]map[string]struct{}{}
-	for _, id := range r.wantedSets() {
-		d := setDefs[id]
-		if sets[id] == nil {
-			sets[id] = make(map[string]struct{}, len(r.lastSets[id]))
-		}
-		rs.Sets[d.Name] = d.With(sets[id])
-	}
-	r.names.Keep(len(want.members))
-	for m := range want.members {
-		if s := sets[m.set]; s != nil {
-			s[r.names.Of(m)] = struct{}{}
-		}
-	}
+	r.sets.Fill(rs, r.wantedSets(), want.members, func(m member) int { return int(m.set) })
 	return rs
-}
-
-// recycleSets notes the member maps of rs, just written, and keeps the
-// ones of the Ruleset before it, emptied, for the next Apply (unless they
-// were sized for far more than now: a map never shrinks).
-func (r *Redirector) recycleSets(rs *netfilter.Ruleset) {
-	old := r.lastSets
-	for id := range numSets {
-		r.lastSets[id] = nil
-		if s := rs.Sets[setDefs[id].Name]; s != nil {
-			r.lastSets[id] = s.Members
-		}
-		if o := old[id]; o != nil && len(o) <= 2*len(r.lastSets[id])+1024 {
-			clear(o)
-			r.spareSets[id] = o
-		}
-	}
 }
 
 // Cleanup removes every rule, chain and set svcproxy installs, found by name

@@ -63,9 +63,12 @@ func (m *Mode) fullSync(ctx context.Context, want *desired, nodeIPs []netip.Addr
 	// Sets and rules first (the Reconciler reads, repairs and prunes
 	// them), then addresses, IPVS.
 	m.ruleDiffs = nil
-	if err := m.rec.Sync(ctx, m.ruleset(want), true); err != nil {
+	rs := m.ruleset(want)
+	if err := m.rec.Sync(ctx, rs, true); err != nil {
+		m.sets.Written(nil)
 		return err
 	}
+	m.sets.Written(rs)
 	if diffs = append(diffs, m.ruleDiffs...); len(diffs) > 0 {
 		slices.Sort(diffs)
 		m.repairs.Add(1)

@@ -100,7 +100,7 @@ type Mode struct {
 	// differences its last full sync found.
 	rec       *netfilter.Reconciler
 	ruleDiffs []string
-	names     netfilter.MemberNames[member]
+	sets      netfilter.MemberSets[member]
 }
 
 // state is the kernel state this Mode owns.
@@ -320,9 +320,12 @@ func (m *Mode) partialSync(ctx context.Context, want *desired) error {
 	cur := m.cur
 	// Set members first: a new frontend is marked (or rejected) from its
 	// first packet.
-	if err := m.rec.Sync(ctx, m.ruleset(want), false); err != nil {
+	rs := m.ruleset(want)
+	if err := m.rec.Sync(ctx, rs, false); err != nil {
+		m.sets.Written(nil)
 		return err
 	}
+	m.sets.Written(rs)
 	for _, vip := range sortedAddrs(want.vips) {
 		if _, ok := cur.vips[vip]; ok {
 			continue

@@ -125,16 +125,16 @@ func (m member) String() string {
 	}
 }
 
-// wantedSets are the sets this configuration uses.
-func (m *Mode) wantedSets() []setID {
-	var ids []setID
-	for id := range numSets {
-		d := setDefs[id]
+// wantedSets are the sets this configuration uses, by setID (the others
+// have no Name).
+func (m *Mode) wantedSets() []netfilter.SetDef {
+	defs := make([]netfilter.SetDef, numSets)
+	for id, d := range setDefs {
 		if d.Type == typePort || d.Family == IPv4 || m.cfg.IPv6 {
-			ids = append(ids, id)
+			defs[id] = d
 		}
 	}
-	return ids
+	return defs
 }
 
 // ruleset is the rules and sets for want's members.
@@ -144,18 +144,7 @@ func (m *Mode) ruleset(want *desired) *netfilter.Ruleset {
 		rs.Chains[fam] = m.chainRules(fam)
 		rs.Entries[fam] = ourJumps
 	}
-	sets := [numSets]map[string]struct{}{}
-	for _, id := range m.wantedSets() {
-		d := setDefs[id]
-		sets[id] = map[string]struct{}{}
-		rs.Sets[d.Name] = d.With(sets[id])
-	}
-	m.names.Keep(len(want.members))
-	for mem := range want.members {
-		if s := sets[mem.set]; s != nil {
-			s[m.names.Of(mem)] = struct{}{}
-		}
-	}
+	m.sets.Fill(rs, m.wantedSets(), want.members, func(mem member) int { return int(mem.set) })
 	return rs
 }
 
