@@ -1,15 +1,22 @@
-// Package netfilter owns svcproxy's boundary to iptables and ipset: the
+// Package netfilter owns svcproxy's boundary to iptables and ipset: one
+// declarative Ruleset and the Reconciler that makes the kernel hold it, the
 // executor that runs iptables-restore/-save and ipset, and an in-memory Fake
 // that parses the same input, refuses what the tools refuse, and traces
 // packets through the tables.
 //
 // Every mode that programs netfilter (redirect's REDIRECT steering, the
-// iptables DNAT mode, the IPVS mode's helper rules) talks to an Executor:
-// Exec runs the real tools (optionally in a network namespace, with the
-// legacy or nft variant of iptables), Fake keeps the nat and filter tables of
-// both families and the ipsets in memory. (The IPVS mode runs its helper
-// rules through the same Exec; its own narrower Rules interface has a fake
-// beside it that also models IPVS.)
+// iptables DNAT mode, the IPVS mode's helper rules) is a translator: it turns
+// a snapshot into a Ruleset (per family its owned chains with their rules in
+// canonical form, the jumps into them from built-in chains, Parts that change
+// on their own such as one Service's chains, rules and set members; and the
+// ipsets) and hands it to its Reconciler's Sync. An incremental Sync writes
+// only what differs from what it last wrote (one iptables-restore per family
+// that changed, one ipset restore, no read); a full one reads what the mode
+// owns, counts a repair when it was tampered with, swaps in differing sets,
+// rewrites the chains and prunes what the mode owns but does not want. The
+// Reconciler runs Tools: Exec runs the real tools (optionally in a network
+// namespace, with the legacy or nft variant of iptables), Fake keeps the nat
+// and filter tables of both families and the ipsets in memory.
 //
 // The Fake models the subset of the rule language svcproxy writes: -s, -d,
 // -p with --dport; the mark, addrtype (--dst-type), conntrack (--ctstate),

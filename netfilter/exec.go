@@ -61,6 +61,9 @@ type Executor interface {
 	// IPSetList returns the members of the named set as ipset prints them.
 	// A missing set returns an error wrapping ErrNoSet.
 	IPSetList(ctx context.Context, name string) ([]string, error)
+	// IPSetSave returns `ipset save`: the create and add lines of every
+	// set.
+	IPSetSave(ctx context.Context) ([]byte, error)
 	// IPSetNames returns the names of every set.
 	IPSetNames(ctx context.Context) ([]string, error)
 	// IPSetDestroy destroys the named set: ErrNoSet when it does not exist,
@@ -295,8 +298,7 @@ func (e *Exec) IPSetList(ctx context.Context, name string) ([]string, error) {
 	return members, nil
 }
 
-// IPSetSave returns `ipset save`: the create and add lines of every set.
-// It is not part of Executor (the IPVS mode's Rules call it).
+// IPSetSave implements Executor.
 func (e *Exec) IPSetSave(ctx context.Context) ([]byte, error) {
 	return e.run(ctx, nil, "ipset", "save")
 }

@@ -213,6 +213,18 @@ func (f *Fake) IPSetList(ctx context.Context, name string) ([]string, error) {
 	return s.sortedMembers(), nil
 }
 
+// IPSetSave implements Executor: the sets as Dump shows them.
+func (f *Fake) IPSetSave(ctx context.Context) ([]byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.record(Call{Op: "ipset-save"}); err != nil {
+		return nil, err
+	}
+	var b strings.Builder
+	f.saveSets(&b)
+	return []byte(b.String()), nil
+}
+
 // IPSetNames implements Executor.
 func (f *Fake) IPSetNames(ctx context.Context) ([]string, error) {
 	f.mu.Lock()
@@ -285,20 +297,6 @@ func (f *Fake) Dump() string {
 	}
 	f.saveSets(&b)
 	return b.String()
-}
-
-// IPSetSave returns what `ipset save` prints: the create and add lines of
-// every set, in a stable order. Like Exec's, it is not part of Executor
-// (the IPVS mode's Rules call it).
-func (f *Fake) IPSetSave(ctx context.Context) ([]byte, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.record(Call{Op: "ipset-save"}); err != nil {
-		return nil, err
-	}
-	var b strings.Builder
-	f.saveSets(&b)
-	return []byte(b.String()), nil
 }
 
 // saveSets writes every set as ipset save would. Callers hold f.mu.

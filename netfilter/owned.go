@@ -27,7 +27,7 @@ type Jump struct {
 	Chain  string // the chain holding the rule, e.g. "PREROUTING"
 	Spec   string // the rule as iptables-save printed it: what -D takes
 	Target string // the owned chain it jumps to
-	Plain  bool   // the rule is just "-j Target", without matches
+	Rule   string // the rule in canonical form
 }
 
 // ReadOwned parses iptables-save output of tableName for family and returns the
@@ -56,7 +56,7 @@ func ReadOwned(family Family, tableName string, save []byte, prefix string) (*Ow
 		}
 		for _, x := range c.rules {
 			if strings.HasPrefix(x.target, prefix) {
-				o.Jumps = append(o.Jumps, Jump{Chain: name, Spec: x.text, Target: x.target, Plain: x.String() == "-j "+x.target})
+				o.Jumps = append(o.Jumps, Jump{Chain: name, Spec: x.text, Target: x.target, Rule: x.String()})
 			}
 		}
 	}
@@ -79,7 +79,7 @@ func Canonical(family Family, spec string) (string, error) {
 // (one of the Set* types; bitmap:port with the range 0-65535) and family,
 // as `ipset save` prints them.
 func CanonicalMembers(typ string, family Family, m string) ([]string, error) {
-	s := &ipset{typ: typ, family: inetName(family), lo: 0, hi: 65535}
+	s := &ipset{typ: typ, family: InetName(family), lo: 0, hi: 65535}
 	return s.canon(m)
 }
 
@@ -95,17 +95,12 @@ func ProtoName(p lb.Protocol) string {
 	return "tcp"
 }
 
-func inetName(f Family) string {
-	if f == IPv6 {
-		return "inet6"
-	}
-	return "inet"
-}
-
 // DestroySet destroys a set, waiting out references the nf_tables backend
 // releases asynchronously after their rule is deleted. A set that does not
 // exist is not an error.
-func DestroySet(ctx context.Context, e Executor, name string) error {
+func DestroySet(ctx context.Context, e interface {
+	IPSetDestroy(ctx context.Context, name string) error
+}, name string) error {
 	delay := 20 * time.Millisecond
 	for attempt := 0; ; attempt++ {
 		err := e.IPSetDestroy(ctx, name)
@@ -130,20 +125,20 @@ func DestroySet(ctx context.Context, e Executor, name string) error {
 // family), then the sets whose names start with setPrefix. Everything else
 // stays as it was, also what another process installed under those names.
 // IPv6 failures count only when ipv6 is set: a node may have no ip6tables.
-func Cleanup(ctx context.Context, e Executor, chainPrefix, setPrefix string, ipv6 bool) error {
+func Cleanup(ctx context.Context, e Tools, chainPrefix, setPrefix string, ipv6 bool) error {
 	var errs []error
 	for _, fam := range []Family{IPv4, IPv6} {
 		if err := removeOwned(ctx, e, fam, chainPrefix); err != nil && (fam == IPv4 || ipv6) {
 			errs = append(errs, err)
 		}
 	}
-	names, err := e.IPSetNames(ctx)
+	out, err := e.IPSetSave(ctx)
 	if err != nil {
 		errs = append(errs, fmt.Errorf("listing ipsets: %w", err))
 	}
-	for _, n := range names {
-		if strings.HasPrefix(n, setPrefix) {
-			if err := DestroySet(ctx, e, n); err != nil {
+	for line := range strings.Lines(string(out)) {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "create" && strings.HasPrefix(f[1], setPrefix) {
+			if err := DestroySet(ctx, e, f[1]); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -156,7 +151,9 @@ var OwnedTables = []string{"nat", "filter"}
 
 // ReadOwnedTables reads each of OwnedTables of family with iptables-save
 // and returns, by table name, what ReadOwned finds there for prefix.
-func ReadOwnedTables(ctx context.Context, e Executor, family Family, prefix string) (map[string]*Owned, error) {
+func ReadOwnedTables(ctx context.Context, e interface {
+	IPTablesSave(ctx context.Context, family Family, table string) ([]byte, error)
+}, family Family, prefix string) (map[string]*Owned, error) {
 	owned := make(map[string]*Owned, len(OwnedTables))
 	for _, tbl := range OwnedTables {
 		save, err := e.IPTablesSave(ctx, family, tbl)
@@ -172,7 +169,7 @@ func ReadOwnedTables(ctx context.Context, e Executor, family Family, prefix stri
 
 // removeOwned removes family's chains starting with prefix, and the jumps
 // into them, from OwnedTables.
-func removeOwned(ctx context.Context, e Executor, family Family, prefix string) error {
+func removeOwned(ctx context.Context, e Tools, family Family, prefix string) error {
 	owned, err := ReadOwnedTables(ctx, e, family, prefix)
 	if err != nil {
 		return err

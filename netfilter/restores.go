@@ -5,20 +5,14 @@ import (
 	"sync/atomic"
 )
 
-// Restorer is what runs iptables-restore: an Executor, or the IPVS mode's
-// narrower Rules.
-type Restorer interface {
-	IPTablesRestore(ctx context.Context, family Family, data []byte) error
-}
-
-// RestoreFailures counts a mode's iptables-restore runs that failed, by
-// family: kube-proxy's kubeproxy_sync_proxy_rules_iptables_restore_failures_total,
-// which each mode that writes its rules with iptables-restore exports. The
-// zero value is ready; it is safe for concurrent use.
+// RestoreFailures counts a Reconciler's iptables-restore runs that failed,
+// by family: kube-proxy's
+// kubeproxy_sync_proxy_rules_iptables_restore_failures_total, which each
+// mode exports. The zero value is ready; it is safe for concurrent use.
 type RestoreFailures struct{ n [2]atomic.Uint64 }
 
 // Restore runs r.IPTablesRestore and counts it when it fails.
-func (c *RestoreFailures) Restore(ctx context.Context, r Restorer, family Family, data []byte) error {
+func (c *RestoreFailures) Restore(ctx context.Context, r Tools, family Family, data []byte) error {
 	err := r.IPTablesRestore(ctx, family, data)
 	if err != nil && int(family) < len(c.n) {
 		c.n[family].Add(1)

@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
@@ -21,24 +20,13 @@ const (
 	chainReject    = "SVCPROXY-REJECT"
 )
 
-type chainKey struct{ table, chain string }
+type chainKey = netfilter.ChainKey
 
-// ourChains are the chains a sync writes, in the order it declares them.
-var ourChains = []chainKey{
-	{"nat", chainServices}, {"nat", chainUDP}, {"nat", chainNodePorts}, {"nat", chainNPUDP},
-	{"filter", chainReject},
-}
-
-// jump is a rule "-j to" at the top of a builtin chain.
-type jump struct{ table, from, to string }
-
-var ourJumps = []jump{
-	{"nat", "PREROUTING", chainServices},
-	{"nat", "OUTPUT", chainServices},
-	{"filter", "INPUT", chainReject},
-	{"filter", "FORWARD", chainReject},
-	{"filter", "OUTPUT", chainReject},
-}
+// ourJumps are the rules "-j To" at the top of builtin chains.
+var ourJumps = slices.Concat(
+	netfilter.Jumps("nat", chainServices, "PREROUTING", "OUTPUT"),
+	netfilter.Jumps("filter", chainReject, "INPUT", "FORWARD", "OUTPUT"),
+)
 
 // udpRedirect steers one UDP frontend (or NodePort, when dst is not valid)
 // to its forwarder socket.
@@ -51,7 +39,7 @@ type udpRedirect struct {
 // desired is everything one Apply should leave in the kernel.
 type desired struct {
 	members map[member]struct{}
-	// rules holds, per family, the rules of each of ourChains.
+	// rules holds, per family, the rules of each of its chains.
 	rules [2]map[chainKey][]string
 }
 
@@ -176,39 +164,39 @@ func unspecified(f netfilter.Family) netip.Addr {
 	return netip.IPv4Unspecified()
 }
 
-// chainRules renders the rules of each of ourChains for one family, in
+// chainRules renders the rules of each chain for one family, in
 // iptables-save's canonical form.
 func (r *Redirector) chainRules(fam netfilter.Family, tcpPort uint16, udp, npUDP []udpRedirect) map[chainKey][]string {
 	mark := fmt.Sprintf("-m mark --mark %#x/%#x -j RETURN", r.cfg.Mark, r.cfg.Mark)
-	svc, reject := setDefs[svcSet(fam)].name, setDefs[rejectSet(fam)].name
+	svc, reject := setDefs[svcSet(fam)].Name, setDefs[rejectSet(fam)].Name
 	to := strconv.Itoa(int(tcpPort))
 	local := "-m addrtype --dst-type LOCAL"
 	if r.npRestricted[fam] {
-		local += " -m set --match-set " + setDefs[npAddrsSet(fam)].name + " dst"
+		local += " -m set --match-set " + setDefs[npAddrsSet(fam)].Name + " dst"
 	}
 	unreachable := "icmp-port-unreachable"
 	if fam == netfilter.IPv6 {
 		unreachable = "icmp6-port-unreachable"
 	}
 	rules := map[chainKey][]string{
-		{"nat", chainServices}: {
+		netfilter.Nat(chainServices): {
 			mark,
 			"-p tcp -m set --match-set " + svc + " dst,dst -j REDIRECT --to-ports " + to,
 			"-p udp -m set --match-set " + svc + " dst,dst -j " + chainUDP,
 			"-m set --match-set " + reject + " dst,dst -j RETURN",
 			local + " -j " + chainNodePorts,
 		},
-		{"nat", chainNodePorts}: {
-			"-p tcp -m set --match-set " + setDefs[setNPTCP].name + " dst -j REDIRECT --to-ports " + to,
-			"-p udp -m set --match-set " + setDefs[setNPUDP].name + " dst -j " + chainNPUDP,
+		netfilter.Nat(chainNodePorts): {
+			"-p tcp -m set --match-set " + setDefs[setNPTCP].Name + " dst -j REDIRECT --to-ports " + to,
+			"-p udp -m set --match-set " + setDefs[setNPUDP].Name + " dst -j " + chainNPUDP,
 		},
-		{"filter", chainReject}: {
+		netfilter.Filter(chainReject): {
 			mark,
 			"-m conntrack --ctstate DNAT -j RETURN",
 			"-p tcp -m set --match-set " + reject + " dst,dst -j REJECT --reject-with tcp-reset",
 			"-p udp -m set --match-set " + reject + " dst,dst -j REJECT --reject-with " + unreachable,
-			"-p tcp " + local + " -m set --match-set " + setDefs[setNPRejectTCP].name + " dst -j REJECT --reject-with tcp-reset",
-			"-p udp " + local + " -m set --match-set " + setDefs[setNPRejectUDP].name + " dst -j REJECT --reject-with " + unreachable,
+			"-p tcp " + local + " -m set --match-set " + setDefs[setNPRejectTCP].Name + " dst -j REJECT --reject-with tcp-reset",
+			"-p udp " + local + " -m set --match-set " + setDefs[setNPRejectUDP].Name + " dst -j REJECT --reject-with " + unreachable,
 		},
 	}
 	sortUDP := func(u []udpRedirect) []udpRedirect {
@@ -222,12 +210,12 @@ func (r *Redirector) chainRules(fam netfilter.Family, tcpPort uint16, udp, npUDP
 		u = append(u, fmt.Sprintf("-d %v -p udp -m udp --dport %d -j REDIRECT --to-ports %d",
 			netip.PrefixFrom(x.dst, x.dst.BitLen()), x.port, x.to))
 	}
-	rules[chainKey{"nat", chainUDP}] = u
+	rules[netfilter.Nat(chainUDP)] = u
 	var n []string
 	for _, x := range sortUDP(npUDP) {
 		n = append(n, fmt.Sprintf("-p udp -m udp --dport %d -j REDIRECT --to-ports %d", x.port, x.to))
 	}
-	rules[chainKey{"nat", chainNPUDP}] = n
+	rules[netfilter.Nat(chainNPUDP)] = n
 	// Canonicalise through the parser, so what we compare with
 	// iptables-save output is what it prints.
 	for k, rs := range rules {
@@ -239,51 +227,4 @@ func (r *Redirector) chainRules(fam netfilter.Family, tcpPort uint16, udp, npUDP
 		rules[k] = rs
 	}
 	return rules
-}
-
-// ruleScript renders the iptables-restore input that declares (and so
-// flushes) each of ourChains and fills it. extra, when set, adds lines to a
-// table after the declarations (deletions, jumps) and tail after the rules
-// (chain removals).
-func ruleScript(rules map[chainKey][]string, extra, tail map[string][]string) []byte {
-	var b strings.Builder
-	for _, tbl := range []string{"nat", "filter"} {
-		fmt.Fprintf(&b, "*%s\n", tbl)
-		for _, k := range ourChains {
-			if k.table == tbl {
-				fmt.Fprintf(&b, ":%s - [0:0]\n", k.chain)
-			}
-		}
-		for _, line := range extra[tbl] {
-			b.WriteString(line)
-			b.WriteByte('\n')
-		}
-		for _, k := range ourChains {
-			if k.table != tbl {
-				continue
-			}
-			for _, rule := range rules[k] {
-				fmt.Fprintf(&b, "-A %s %s\n", k.chain, rule)
-			}
-		}
-		for _, line := range tail[tbl] {
-			b.WriteString(line)
-			b.WriteByte('\n')
-		}
-		b.WriteString("COMMIT\n")
-	}
-	return []byte(b.String())
-}
-
-func sameRules(a, b map[chainKey][]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, x := range a {
-		y, ok := b[k]
-		if !ok || !slices.Equal(x, y) {
-			return false
-		}
-	}
-	return true
 }

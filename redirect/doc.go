@@ -44,12 +44,14 @@
 //
 // # Syncing
 //
-// A full Apply reads the current rules (iptables-save) and sets, counts a
-// repair when they differ from what it last wrote, then writes the sets in
-// one `ipset restore` (each set filled as a temporary set and swapped in, so
-// packets never see a half-filled set) and every svcproxy chain, the jumps
-// into them and the removal of stray svcproxy chains in one
-// `iptables-restore --noflush` per family. An incremental Apply writes only
+// Apply translates the snapshot into a netfilter.Ruleset and syncs it with
+// a netfilter.Reconciler. A full Apply reads the current rules
+// (iptables-save) and sets, counts a repair when they differ from what it
+// last wrote, then writes the sets whose members differ in one `ipset
+// restore` (each filled as a temporary set and swapped in, so packets never
+// see a half-filled set) and every svcproxy chain, the jumps into them and
+// the removal of stray svcproxy chains in one `iptables-restore --noflush`
+// per family. An incremental Apply writes only
 // the set members that changed (one `ipset restore` of add/del lines) and
 // touches iptables only when the rules' text changed (UDP frontends or the
 // ports). Cleanup removes everything named SVCPROXY-* / svcproxy-*.

@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -69,14 +67,14 @@ type Redirector struct {
 	npRestricted [2]bool
 	npAddrs      [2][]netip.Prefix
 
+	rec *netfilter.Reconciler
+
 	mu sync.Mutex
 	// cur is what the last successful sync wrote; nil when this process
-	// wrote nothing yet or a sync failed (the kernel state is then unknown
-	// and the next Apply is a full one).
-	cur      *desired
-	spare    map[member]struct{} // an emptied members map for the next compute
-	repairs  atomic.Uint64
-	restores netfilter.RestoreFailures
+	// wrote nothing yet or a sync failed (the next Apply is a full one).
+	cur   *desired
+	spare map[member]struct{} // an emptied members map for the next compute
+	sets  netfilter.MemberSets[member]
 }
 
 // New validates cfg and detects the iptables backend.
@@ -94,6 +92,13 @@ func New(cfg Config) (*Redirector, error) {
 	if cfg.IPv6 {
 		r.families = append(r.families, netfilter.IPv6)
 	}
+	r.rec = netfilter.NewReconciler(netfilter.ReconcilerConfig{
+		Tools: cfg.Exec, ChainPrefix: chainPrefix, SetPrefix: setPrefix,
+		Repaired: func(diffs []string) {
+			r.log.Warn("rules or sets were changed behind svcproxy's back; repairing",
+				zap.Strings("differences", diffs[:min(len(diffs), 10)]), zap.Int("count", len(diffs)))
+		},
+	})
 	var err error
 	if r.npRestricted, r.npAddrs, err = netfilter.NodePortPrefixes(cfg.NodePortAddresses); err != nil {
 		return nil, fmt.Errorf("creating redirector: %w", err)
@@ -122,26 +127,35 @@ func (r *Redirector) Backend() string { return r.backend }
 
 // Repairs counts full syncs that found the rules or sets differing from what
 // this Redirector last wrote (someone tampered with them) and rewrote them.
-func (r *Redirector) Repairs() uint64 { return r.repairs.Load() }
+func (r *Redirector) Repairs() uint64 { return r.rec.Repairs() }
 
 // RestoreFailures counts the iptables-restore runs of this Redirector's syncs
 // that failed for family (kube-proxy's
 // kubeproxy_sync_proxy_rules_iptables_restore_failures_total).
-func (r *Redirector) RestoreFailures(family netfilter.Family) uint64 { return r.restores.Count(family) }
+func (r *Redirector) RestoreFailures(family netfilter.Family) uint64 {
+	return r.rec.RestoreFailures(family)
+}
 
-// wantedSets are the sets this configuration uses.
-func (r *Redirector) wantedSets() []setID {
-	ids := []setID{setSvc4, setReject4}
-	if r.npRestricted[netfilter.IPv4] {
-		ids = append(ids, setNPAddrs4)
-	}
-	if r.cfg.IPv6 {
-		ids = append(ids, setSvc6, setReject6)
-		if r.npRestricted[netfilter.IPv6] {
-			ids = append(ids, setNPAddrs6)
+// wantedSets are the sets this configuration uses, by setID (the others
+// have no Name).
+func (r *Redirector) wantedSets() []netfilter.SetDef {
+	defs := make([]netfilter.SetDef, numSets)
+	for id, d := range setDefs {
+		switch setID(id) {
+		case setSvc6, setReject6, setNPAddrs6:
+			if !r.cfg.IPv6 {
+				continue
+			}
 		}
+		switch setID(id) {
+		case setNPAddrs4, setNPAddrs6:
+			if !r.npRestricted[d.Family] {
+				continue
+			}
+		}
+		defs[id] = d
 	}
-	return append(ids, setNPTCP, setNPUDP, setNPRejectTCP, setNPRejectUDP)
+	return defs
 }
 
 // Apply makes the kernel steer snap's Services to ports. It is idempotent.
@@ -163,21 +177,21 @@ func (r *Redirector) Apply(ctx context.Context, snap *lb.Snapshot, ports Ports, 
 	start := time.Now()
 	want, errs := r.compute(snap, ports, r.spare)
 	r.spare = nil
-	var err error
-	switch {
-	case full || r.cur == nil:
-		err = r.fullSync(ctx, want)
-	default:
-		if err = r.partialSync(ctx, want); err != nil {
-			r.log.Warn("incremental sync failed; doing a full one", zap.Error(err))
-			err = r.fullSync(ctx, want)
-		}
+	rs := r.ruleset(want)
+	full = full || r.cur == nil
+	err := r.rec.Sync(ctx, rs, full)
+	if err != nil && !full {
+		r.log.Warn("incremental sync failed; doing a full one", zap.Error(err))
+		full = true
+		err = r.rec.Sync(ctx, rs, true)
 	}
 	old := r.cur
 	if err != nil {
 		r.cur = nil
+		r.sets.Written(nil)
 	} else {
 		r.cur = want
+		r.sets.Written(rs)
 	}
 	// Reusing the old members map saves the garbage collector a
 	// 10,000-entry map per Apply; but not one sized for far more than
@@ -187,304 +201,24 @@ func (r *Redirector) Apply(ctx context.Context, snap *lb.Snapshot, ports Ports, 
 		clear(old.members)
 		r.spare = old.members
 	}
-	r.log.Debug("applied", zap.Bool("full", full), zap.Uint64("version", snap.Version),
+	level := zap.DebugLevel
+	if took := time.Since(start); full && (old == nil || took > time.Second) {
+		level = zap.InfoLevel // the first full sync, the one after a failure, or a slow one
+	}
+	r.log.Log(level, "applied", zap.Bool("full", full), zap.Uint64("version", snap.Version),
 		zap.Int("members", len(want.members)), zap.Duration("duration", time.Since(start)), zap.Error(err))
 	return errors.Join(append(errs, err)...)
 }
 
-// partialSync writes the difference between r.cur and want.
-func (r *Redirector) partialSync(ctx context.Context, want *desired) error {
-	var b strings.Builder
-	for m := range want.members {
-		if _, ok := r.cur.members[m]; !ok {
-			fmt.Fprintf(&b, "add %s %s\n", setDefs[m.set].name, m)
-		}
-	}
-	for m := range r.cur.members {
-		if _, ok := want.members[m]; !ok {
-			fmt.Fprintf(&b, "del %s %s\n", setDefs[m.set].name, m)
-		}
-	}
-	if b.Len() > 0 {
-		if err := r.exec.IPSetRestore(ctx, []byte(b.String())); err != nil {
-			return fmt.Errorf("updating ipsets: %w", err)
-		}
-	}
+// ruleset is want as the Reconciler takes it.
+func (r *Redirector) ruleset(want *desired) *netfilter.Ruleset {
+	rs := netfilter.NewRuleset(r.families...)
 	for _, fam := range r.families {
-		if sameRules(want.rules[fam], r.cur.rules[fam]) {
-			continue
-		}
-		if err := r.restores.Restore(ctx, r.exec, fam, ruleScript(want.rules[fam], nil, nil)); err != nil {
-			return fmt.Errorf("updating %v rules: %w", fam, err)
-		}
+		rs.Chains[fam] = want.rules[fam]
+		rs.Entries[fam] = ourJumps
 	}
-	return nil
-}
-
-// observed is what a full sync found in the kernel.
-type observed struct {
-	// per family: the rules of each SVCPROXY-* chain, and the rules of
-	// other chains that jump to one (as "table chain spec").
-	chains [2]map[chainKey][]string
-	jumps  [2][]jumpRule
-	sets   map[string]bool    // every svcproxy- set that exists
-	member map[setID][]string // canonical members of each wanted set that exists
-}
-
-type jumpRule struct {
-	table, chain, spec, target string
-	plain                      bool // just "-j target"
-}
-
-// observe reads the current rules and sets.
-func (r *Redirector) observe(ctx context.Context) (*observed, error) {
-	o := &observed{sets: map[string]bool{}, member: map[setID][]string{}}
-	for _, fam := range r.families {
-		chains, jumps, err := r.readRules(ctx, fam)
-		if err != nil {
-			return nil, err
-		}
-		o.chains[fam], o.jumps[fam] = chains, jumps
-	}
-	names, err := r.exec.IPSetNames(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("listing ipsets: %w", err)
-	}
-	for _, n := range names {
-		if strings.HasPrefix(n, setPrefix) && (r.cfg.IPv6 || !isV6Set(n)) {
-			o.sets[n] = true
-		}
-	}
-	for _, id := range r.wantedSets() {
-		d := setDefs[id]
-		if !o.sets[d.name] {
-			continue
-		}
-		raw, err := r.exec.IPSetList(ctx, d.name)
-		if errors.Is(err, netfilter.ErrNoSet) {
-			delete(o.sets, d.name)
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("listing ipset %s: %w", d.name, err)
-		}
-		ms := make([]string, 0, len(raw))
-		for _, m := range raw {
-			c, err := netfilter.CanonicalMembers(d.typ, d.family, m)
-			if err != nil {
-				c = []string{"unparsable:" + m}
-			}
-			ms = append(ms, c...)
-		}
-		o.member[id] = ms
-	}
-	return o, nil
-}
-
-// isV6Set reports whether name is (the temporary of) an netfilter.IPv6-only set, which
-// a full sync without netfilter.IPv6 leaves alone: ip6tables rules may still use it
-// until Cleanup.
-func isV6Set(name string) bool {
-	for _, id := range []setID{setSvc6, setReject6, setNPAddrs6} {
-		if n := setDefs[id].name; name == n || name == tmpName(n) {
-			return true
-		}
-	}
-	return false
-}
-
-// readRules parses iptables-save of nat and filter for fam and returns
-// svcproxy's chains and every rule elsewhere that jumps into one.
-func (r *Redirector) readRules(ctx context.Context, fam netfilter.Family) (map[chainKey][]string, []jumpRule, error) {
-	owned, err := netfilter.ReadOwnedTables(ctx, r.exec, fam, chainPrefix)
-	if err != nil {
-		return nil, nil, err
-	}
-	chains := map[chainKey][]string{}
-	var jumps []jumpRule
-	for _, tbl := range netfilter.OwnedTables {
-		owned := owned[tbl]
-		for name, rs := range owned.Chains {
-			chains[chainKey{tbl, name}] = rs
-		}
-		for _, j := range owned.Jumps {
-			jumps = append(jumps, jumpRule{table: tbl, chain: j.Chain, spec: j.Spec, target: j.Target, plain: j.Plain})
-		}
-	}
-	return chains, jumps, nil
-}
-
-// differs lists how o differs from what r.cur says was written.
-func (r *Redirector) differs(o *observed) []string {
-	var diffs []string
-	for _, fam := range r.families {
-		for _, k := range ourChains {
-			got, ok := o.chains[fam][k]
-			if !ok {
-				diffs = append(diffs, fmt.Sprintf("%v %s chain %s missing", fam, k.table, k.chain))
-			} else if !slices.Equal(got, r.cur.rules[fam][k]) {
-				diffs = append(diffs, fmt.Sprintf("%v %s chain %s changed", fam, k.table, k.chain))
-			}
-		}
-		for k := range o.chains[fam] {
-			if !slices.Contains(ourChains, k) {
-				diffs = append(diffs, fmt.Sprintf("%v %s chain %s is not ours", fam, k.table, k.chain))
-			}
-		}
-		keep, del := r.jumpPlan(o.jumps[fam])
-		for _, j := range ourJumps {
-			if !keep[j] {
-				diffs = append(diffs, fmt.Sprintf("%v jump %s %s -> %s missing", fam, j.table, j.from, j.to))
-			}
-		}
-		for _, j := range del {
-			diffs = append(diffs, fmt.Sprintf("%v stray rule %s %s %s", fam, j.table, j.chain, j.spec))
-		}
-	}
-	want := map[setID][]string{}
-	for m := range r.cur.members {
-		want[m.set] = append(want[m.set], m.String())
-	}
-	for _, id := range r.wantedSets() {
-		name := setDefs[id].name
-		if !o.sets[name] {
-			diffs = append(diffs, "set "+name+" missing")
-			continue
-		}
-		got, w := slices.Clone(o.member[id]), want[id]
-		slices.Sort(got)
-		slices.Sort(w)
-		if !slices.Equal(got, w) {
-			diffs = append(diffs, fmt.Sprintf("set %s has %d members, want %d (or different ones)", name, len(got), len(w)))
-		}
-	}
-	for name := range o.sets {
-		if !slices.ContainsFunc(r.wantedSets(), func(id setID) bool { return setDefs[id].name == name }) {
-			diffs = append(diffs, "set "+name+" is not ours")
-		}
-	}
-	slices.Sort(diffs)
-	return diffs
-}
-
-// jumpPlan splits the jump rules found into our wanted jumps (kept, once
-// each) and the rest (to delete).
-func (r *Redirector) jumpPlan(found []jumpRule) (keep map[jump]bool, del []jumpRule) {
-	keep = map[jump]bool{}
-	for _, j := range found {
-		k := jump{j.table, j.chain, j.target}
-		if j.plain && slices.Contains(ourJumps, k) && !keep[k] {
-			keep[k] = true
-			continue
-		}
-		del = append(del, j)
-	}
-	return keep, del
-}
-
-// fullSync rewrites everything and prunes what is not wanted.
-func (r *Redirector) fullSync(ctx context.Context, want *desired) error {
-	start := time.Now()
-	o, err := r.observe(ctx)
-	if err != nil {
-		return err
-	}
-	if r.cur != nil {
-		if diffs := r.differs(o); len(diffs) > 0 {
-			r.repairs.Add(1)
-			r.log.Warn("rules or sets were changed behind svcproxy's back; repairing",
-				zap.Strings("differences", diffs[:min(len(diffs), 10)]), zap.Int("count", len(diffs)))
-		}
-	}
-
-	// Sets first: the rules reference them.
-	bySet := map[setID][]string{}
-	for m := range want.members {
-		bySet[m.set] = append(bySet[m.set], m.String())
-	}
-	var b strings.Builder
-	for _, id := range r.wantedSets() {
-		d := setDefs[id]
-		members := bySet[id]
-		slices.Sort(members)
-		tmp := tmpName(d.name)
-		if !o.sets[d.name] {
-			b.WriteString(d.createLine(d.name, len(members)) + "\n")
-		}
-		if o.sets[tmp] {
-			b.WriteString("destroy " + tmp + "\n")
-		}
-		b.WriteString(d.createLine(tmp, len(members)) + "\n")
-		for _, m := range members {
-			fmt.Fprintf(&b, "add %s %s\n", tmp, m)
-		}
-		fmt.Fprintf(&b, "swap %s %s\ndestroy %s\n", tmp, d.name, tmp)
-		delete(o.sets, tmp)
-	}
-	if err := r.exec.IPSetRestore(ctx, []byte(b.String())); err != nil {
-		return fmt.Errorf("writing ipsets: %w", err)
-	}
-
-	for _, fam := range r.families {
-		extra, tail := map[string][]string{}, map[string][]string{}
-		for k := range o.chains[fam] {
-			if !slices.Contains(ourChains, k) {
-				extra[k.table] = append(extra[k.table], ":"+k.chain+" - [0:0]")
-				tail[k.table] = append(tail[k.table], "-X "+k.chain)
-			}
-		}
-		keep, del := r.jumpPlan(o.jumps[fam])
-		for _, j := range del {
-			extra[j.table] = append(extra[j.table], "-D "+j.chain+" "+j.spec)
-		}
-		for _, j := range ourJumps {
-			if !keep[j] {
-				extra[j.table] = append(extra[j.table], "-I "+j.from+" 1 -j "+j.to)
-			}
-		}
-		for _, lines := range tail {
-			slices.Sort(lines)
-		}
-		if err := r.restores.Restore(ctx, r.exec, fam, ruleScript(want.rules[fam], sortDecl(extra), tail)); err != nil {
-			return fmt.Errorf("writing %v rules: %w", fam, err)
-		}
-	}
-
-	// Sets no rule references any more.
-	var errs []error
-	for name := range o.sets {
-		if slices.ContainsFunc(r.wantedSets(), func(id setID) bool { return setDefs[id].name == name }) {
-			continue
-		}
-		if err := netfilter.DestroySet(ctx, r.exec, name); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	level := zap.DebugLevel
-	if took := time.Since(start); r.cur == nil || took > time.Second {
-		level = zap.InfoLevel // the first one, the one after a failure, or a slow one
-	}
-	r.log.Log(level, "full sync", zap.Int("members", len(want.members)), zap.Duration("duration", time.Since(start)))
-	return errors.Join(errs...)
-}
-
-// sortDecl puts chain declarations before the other lines of each table, as
-// iptables-restore wants them.
-func sortDecl(extra map[string][]string) map[string][]string {
-	for t, lines := range extra {
-		slices.SortStableFunc(lines, func(a, b string) int {
-			ad, bd := strings.HasPrefix(a, ":"), strings.HasPrefix(b, ":")
-			switch {
-			case ad && !bd:
-				return -1
-			case bd && !ad:
-				return 1
-			}
-			return 0
-		})
-		extra[t] = lines
-	}
-	return extra
+	r.sets.Fill(rs, r.wantedSets(), want.members, func(m member) int { return int(m.set) })
+	return rs
 }
 
 // Cleanup removes every rule, chain and set svcproxy installs, found by name
@@ -498,5 +232,6 @@ func (r *Redirector) Cleanup(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.cur = nil
+	r.rec.Forget()
 	return netfilter.Cleanup(ctx, r.exec, chainPrefix, setPrefix, r.cfg.IPv6)
 }

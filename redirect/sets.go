@@ -1,7 +1,6 @@
 package redirect
 
 import (
-	"fmt"
 	"net/netip"
 	"strconv"
 
@@ -39,23 +38,20 @@ const (
 	numSets
 )
 
-type setDef struct {
-	name   string
-	typ    string
-	family netfilter.Family // hash types only
-}
+// maxElem caps the hash:ip,port sets: room for 1M frontends.
+const maxElem = 1 << 20
 
-var setDefs = [numSets]setDef{
-	setSvc4:        {"svcproxy-svc-v4", typeIPPort, netfilter.IPv4},
-	setReject4:     {"svcproxy-reject-v4", typeIPPort, netfilter.IPv4},
-	setNPAddrs4:    {"svcproxy-np-addrs-v4", typeNet, netfilter.IPv4},
-	setSvc6:        {"svcproxy-svc-v6", typeIPPort, netfilter.IPv6},
-	setReject6:     {"svcproxy-reject-v6", typeIPPort, netfilter.IPv6},
-	setNPAddrs6:    {"svcproxy-np-addrs-v6", typeNet, netfilter.IPv6},
-	setNPTCP:       {"svcproxy-np-tcp", typePort, netfilter.IPv4},
-	setNPUDP:       {"svcproxy-np-udp", typePort, netfilter.IPv4},
-	setNPRejectTCP: {"svcproxy-np-reject-tcp", typePort, netfilter.IPv4},
-	setNPRejectUDP: {"svcproxy-np-reject-udp", typePort, netfilter.IPv4},
+var setDefs = [numSets]netfilter.SetDef{
+	setSvc4:        {Name: "svcproxy-svc-v4", Type: typeIPPort, Family: netfilter.IPv4, MaxElem: maxElem},
+	setReject4:     {Name: "svcproxy-reject-v4", Type: typeIPPort, Family: netfilter.IPv4, MaxElem: maxElem},
+	setNPAddrs4:    {Name: "svcproxy-np-addrs-v4", Type: typeNet, Family: netfilter.IPv4, MaxElem: 65536},
+	setSvc6:        {Name: "svcproxy-svc-v6", Type: typeIPPort, Family: netfilter.IPv6, MaxElem: maxElem},
+	setReject6:     {Name: "svcproxy-reject-v6", Type: typeIPPort, Family: netfilter.IPv6, MaxElem: maxElem},
+	setNPAddrs6:    {Name: "svcproxy-np-addrs-v6", Type: typeNet, Family: netfilter.IPv6, MaxElem: 65536},
+	setNPTCP:       {Name: "svcproxy-np-tcp", Type: typePort},
+	setNPUDP:       {Name: "svcproxy-np-udp", Type: typePort},
+	setNPRejectTCP: {Name: "svcproxy-np-reject-tcp", Type: typePort},
+	setNPRejectUDP: {Name: "svcproxy-np-reject-udp", Type: typePort},
 }
 
 // perFamily picks the netfilter.IPv4 or netfilter.IPv6 set of a pair.
@@ -80,35 +76,6 @@ func npAddrsSet(f netfilter.Family) setID {
 	return setNPAddrs4
 }
 
-// createLine is the `ipset restore` create line for set d under name,
-// sized for n members.
-func (d setDef) createLine(name string, n int) string {
-	switch d.typ {
-	case typePort:
-		return fmt.Sprintf("create %s %s range 0-65535", name, d.typ)
-	case typeNet:
-		return fmt.Sprintf("create %s %s family %s hashsize 64 maxelem 65536", name, d.typ, inetName(d.family))
-	}
-	hs := 1024
-	for hs < n && hs < 1<<20 {
-		hs <<= 1
-	}
-	return fmt.Sprintf("create %s %s family %s hashsize %d maxelem %d", name, d.typ, inetName(d.family), hs, maxElem)
-}
-
-// maxElem caps the hash:ip,port sets: room for 1M frontends.
-const maxElem = 1 << 20
-
-func inetName(f netfilter.Family) string {
-	if f == netfilter.IPv6 {
-		return "inet6"
-	}
-	return "inet"
-}
-
-// tmpName is the set a full sync fills before swapping it in.
-func tmpName(name string) string { return name + "-tmp" }
-
 // member is one element of one of svcproxy's sets. It holds no pointers,
 // so a map of 10,000s of them costs the garbage collector nothing to scan.
 type member struct {
@@ -129,7 +96,7 @@ func netMember(set setID, p netip.Prefix) member {
 
 func (m member) ip() netip.Addr {
 	a := netip.AddrFrom16(m.addr)
-	if setDefs[m.set].family == netfilter.IPv4 {
+	if setDefs[m.set].Family == netfilter.IPv4 {
 		return a.Unmap()
 	}
 	return a
@@ -137,7 +104,7 @@ func (m member) ip() netip.Addr {
 
 // String renders m as ipset prints it.
 func (m member) String() string {
-	switch setDefs[m.set].typ {
+	switch setDefs[m.set].Type {
 	case typePort:
 		return strconv.Itoa(int(m.port))
 	case typeNet:

@@ -43,25 +43,19 @@ const (
 	kindAffinity = 'A'
 )
 
-type chainKey struct{ table, chain string }
-
-// jump is a rule "-j to" at the top of a builtin chain.
-type jump struct{ table, from, to string }
-
-var ourJumps = []jump{
-	{"nat", "PREROUTING", chainServices},
-	{"nat", "OUTPUT", chainServices},
-	{"nat", "POSTROUTING", chainPost},
-	{"filter", "INPUT", chainFilter},
-	{"filter", "OUTPUT", chainFilter},
-	{"filter", "FORWARD", chainForward},
-}
+// ourJumps are the rules "-j To" at the top of builtin chains.
+var ourJumps = slices.Concat(
+	netfilter.Jumps("nat", chainServices, "PREROUTING", "OUTPUT"),
+	netfilter.Jumps("nat", chainPost, "POSTROUTING"),
+	netfilter.Jumps("filter", chainFilter, "INPUT", "OUTPUT"),
+	netfilter.Jumps("filter", chainForward, "FORWARD"),
+)
 
 // listChains are the fixed chains whose rules come from the Services, in
 // any order (an incremental sync inserts and deletes single rules): the
 // Services' rules make the head, the fixed ones (listTail) the end.
-var listChains = []chainKey{
-	{"nat", chainServices}, {"nat", chainNodePorts}, {"filter", chainReject}, {"filter", chainNPReject},
+var listChains = []netfilter.ChainKey{
+	netfilter.Nat(chainServices), netfilter.Nat(chainNodePorts), netfilter.Filter(chainReject), netfilter.Filter(chainNPReject),
 }
 
 // chainName is the name of a per-Service chain: kind, then 12 base32
@@ -98,13 +92,26 @@ type ownedChain struct {
 	rules []string
 }
 
-func (r *svcRules) empty() bool {
-	return len(r.chains)+len(r.services)+len(r.nodePorts)+len(r.reject)+len(r.npReject) == 0
+// part is r as the Reconciler takes it.
+func (r *svcRules) part(fam netfilter.Family) *netfilter.Part {
+	p := &netfilter.Part{Chains: make(map[netfilter.ChainKey][]string, len(r.chains)), Rules: map[netfilter.ChainKey][]string{}}
+	for _, c := range r.chains {
+		p.Chains[netfilter.Nat(c.name)] = c.rules
+	}
+	for _, k := range listChains {
+		if l := r.list(k); len(l) > 0 {
+			p.Rules[k] = l
+		}
+	}
+	if len(r.hairpin) > 0 {
+		p.Members = map[string][]string{hairpinSet(fam): r.hairpin}
+	}
+	return p
 }
 
 // list returns r's rules for one of listChains.
-func (r *svcRules) list(k chainKey) []string {
-	switch k.chain {
+func (r *svcRules) list(k netfilter.ChainKey) []string {
+	switch k.Chain {
 	case chainServices:
 		return r.services
 	case chainNodePorts:
@@ -360,7 +367,7 @@ func sortedKeys[V any](m map[string]V) []string {
 
 // fixedRules are the rules of the fixed chains for one family; listChains
 // hold only their tail here (the Services' rules come first).
-func (m *Mode) fixedRules(fam netfilter.Family) map[chainKey][]string {
+func (m *Mode) fixedRules(fam netfilter.Family) map[netfilter.ChainKey][]string {
 	loopback := "127.0.0.0/8"
 	if fam == netfilter.IPv6 {
 		loopback = "::1/128"
@@ -376,78 +383,42 @@ func (m *Mode) fixedRules(fam netfilter.Family) map[chainKey][]string {
 		masq += " --random-fully"
 	}
 	mark := fmt.Sprintf("%#x/%#x", m.cfg.Mark, m.cfg.Mark)
-	rules := map[chainKey][]string{
-		{"nat", chainServices}:  nil,
-		{"nat", chainNodePorts}: nil,
-		{"nat", chainPost}: {
+	rules := map[netfilter.ChainKey][]string{
+		netfilter.Nat(chainServices):  nil,
+		netfilter.Nat(chainNodePorts): nil,
+		netfilter.Nat(chainPost): {
 			"-m conntrack --ctstate DNAT -m set --match-set " + hairpinSet(fam) + " dst,dst,src " + masq,
 			"-m mark ! --mark " + mark + " -j RETURN",
 			fmt.Sprintf("-j MARK --set-xmark %#x/0x0", m.cfg.Mark),
 			masq,
 		},
-		{"filter", chainFilter}: {
+		netfilter.Filter(chainFilter): {
 			"-m conntrack --ctstate DNAT -j RETURN",
 			"-j " + chainReject,
 		},
-		{"filter", chainForward}: {
+		netfilter.Filter(chainForward): {
 			"-j " + chainFilter,
 			"-m mark --mark " + mark + " -j ACCEPT",
 			"-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
 		},
-		{"filter", chainReject}:   nil,
-		{"filter", chainNPReject}: nil,
+		netfilter.Filter(chainReject):   nil,
+		netfilter.Filter(chainNPReject): nil,
 	}
 	if m.nodePorts[fam] {
-		rules[chainKey{"nat", chainServices}] = []string{np + " -j " + chainNodePorts}
-		k := chainKey{"filter", chainFilter}
+		rules[netfilter.Nat(chainServices)] = []string{np + " -j " + chainNodePorts}
+		k := netfilter.Filter(chainFilter)
 		rules[k] = append(rules[k], np+" -j "+chainNPReject)
 	}
 	return rules
 }
 
 // The sets, per family.
-func hairpinSet(fam netfilter.Family) string { return setPrefix + "hairpin-" + famSuffix(fam) }
-func npAddrsSet(fam netfilter.Family) string { return setPrefix + "npaddrs-" + famSuffix(fam) }
-
-func famSuffix(fam netfilter.Family) string {
-	if fam == netfilter.IPv6 {
-		return "v6"
-	}
-	return "v4"
+func hairpinSet(fam netfilter.Family) string {
+	return setPrefix + "hairpin-" + netfilter.FamilySuffix(fam)
 }
 
-func inetName(fam netfilter.Family) string {
-	if fam == netfilter.IPv6 {
-		return "inet6"
-	}
-	return "inet"
-}
-
-// setDef is one of this mode's sets.
-type setDef struct {
-	name string
-	typ  string
-	fam  netfilter.Family
-}
-
-func (d setDef) createLine(name string, n int) string {
-	hs := 1024
-	for hs < n && hs < 1<<20 {
-		hs <<= 1
-	}
-	return fmt.Sprintf("create %s %s family %s hashsize %d maxelem %d", name, d.typ, inetName(d.fam), hs, max(65536, 2*n))
-}
-
-// wantedSets are the sets this configuration uses.
-func (m *Mode) wantedSets() []setDef {
-	var out []setDef
-	for _, fam := range m.families {
-		out = append(out, setDef{hairpinSet(fam), netfilter.SetIPPortIP, fam})
-		if m.npRestricted[fam] && m.nodePorts[fam] {
-			out = append(out, setDef{npAddrsSet(fam), netfilter.SetNet, fam})
-		}
-	}
-	return out
+func npAddrsSet(fam netfilter.Family) string {
+	return setPrefix + "npaddrs-" + netfilter.FamilySuffix(fam)
 }
 
 // canonicalCheck reports the first rule of rules that is not in the form

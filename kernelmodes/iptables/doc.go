@@ -59,9 +59,11 @@
 //
 // # Syncing
 //
+// Each Apply translates the snapshot into a netfilter.Ruleset (the fixed
+// chains, and a Part per Service port) that a netfilter.Reconciler syncs.
 // A full sync reads both tables back (iptables-save) and the sets, counts a
-// repair when they differ from what it last wrote, fills the sets (as
-// temporary sets swapped in), and rewrites every chain in one
+// repair when they differ from what it last wrote, swaps in the sets whose
+// members differ (filled as temporary sets), and rewrites every chain in one
 // `iptables-restore --noflush` per family, deleting stray chains and jumps.
 // At 10,000 Services that costs seconds (most of it nf_tables validating
 // 110,000 rules), so, as kube-proxy does, a full Apply is a full sync only

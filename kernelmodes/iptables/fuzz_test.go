@@ -177,7 +177,7 @@ func FuzzApply(f *testing.F) {
 			for _, fam := range m.families {
 				for k, rules := range m.desiredChains(m.cur, fam) {
 					if err := canonicalCheck(fam, rules); err != nil {
-						t.Fatalf("%v %s: %v", fam, k.chain, err)
+						t.Fatalf("%v %s: %v", fam, k.Chain, err)
 					}
 				}
 			}

@@ -239,3 +239,8 @@ func checkTrace(t *testing.T, f *netfilter.Fake, p netfilter.Packet, w want) {
 		t.Errorf("%v %v -> %v via %v: %s\n%s", p.Proto, p.Src, p.Dst, p.Hook, d, f.Dump())
 	}
 }
+
+// desiredChains is every chain st needs in family fam, with its rules.
+func (m *Mode) desiredChains(st *state, fam netfilter.Family) map[netfilter.ChainKey][]string {
+	return m.ruleset(st).AllChains(fam)
+}

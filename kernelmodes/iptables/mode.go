@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -87,17 +86,17 @@ type Mode struct {
 	npAddrs      [2][]netip.Prefix
 	nodePorts    [2]bool // the family serves NodePorts at all
 	clusterCIDR  [2]netip.Prefix
-	fixed        [2]map[chainKey][]string
+	npMembers    [2]map[string]struct{} // the NodePort address set's members
+	fixed        [2]map[netfilter.ChainKey][]string
+	rec          *netfilter.Reconciler
 
 	mu sync.Mutex
 	// cur is what the last successful sync left in the kernel; nil when
-	// nothing was written yet or a sync failed (the kernel state is then
-	// unknown and the next Apply is a full one).
+	// nothing was written yet or a sync failed (the next Apply is a full
+	// one).
 	cur      *state
 	lastFull time.Time        // when the last full sync succeeded
 	now      func() time.Time // time.Now; tests move it
-	repairs  atomic.Uint64
-	restores netfilter.RestoreFailures
 }
 
 // New validates cfg and detects the iptables backend and version. It does
@@ -135,7 +134,22 @@ func New(cfg Config) (*Mode, error) {
 	}
 	for fam := range m.nodePorts {
 		m.nodePorts[fam] = !m.npRestricted[fam] || len(m.npAddrs[fam]) > 0
+		m.npMembers[fam] = map[string]struct{}{}
+		for _, p := range m.npAddrs[fam] {
+			if p.IsSingleIP() {
+				m.npMembers[fam][p.Addr().String()] = struct{}{}
+			} else {
+				m.npMembers[fam][p.String()] = struct{}{}
+			}
+		}
 	}
+	m.rec = netfilter.NewReconciler(netfilter.ReconcilerConfig{
+		Tools: cfg.Exec, ChainPrefix: chainPrefix, SetPrefix: setPrefix,
+		Repaired: func(diffs []string) {
+			m.log.Warn("rules or sets were changed behind svcproxy's back; repairing",
+				zap.Strings("differences", diffs[:min(len(diffs), 10)]), zap.Int("count", len(diffs)))
+		},
+	})
 	for i, p := range cfg.ClusterCIDRs {
 		if !p.IsValid() || p.Bits() == 0 {
 			return nil, fmt.Errorf("creating iptables mode: clusterCIDRs[%d]: %v is not a pod range", i, p)
@@ -189,12 +203,14 @@ func (m *Mode) Backend() string { return m.backend }
 
 // Repairs counts full syncs that found the rules or sets differing from what
 // this Mode last wrote (someone tampered with them) and rewrote them.
-func (m *Mode) Repairs() uint64 { return m.repairs.Load() }
+func (m *Mode) Repairs() uint64 { return m.rec.Repairs() }
 
 // RestoreFailures counts the iptables-restore runs of this mode's syncs
 // that failed for family (kube-proxy's
 // kubeproxy_sync_proxy_rules_iptables_restore_failures_total).
-func (m *Mode) RestoreFailures(family netfilter.Family) uint64 { return m.restores.Count(family) }
+func (m *Mode) RestoreFailures(family netfilter.Family) uint64 {
+	return m.rec.RestoreFailures(family)
+}
 
 // Apply makes the kernel forward snap's Services. It is idempotent. An
 // incremental Apply (full false) rewrites only the chains of the Services
@@ -215,10 +231,11 @@ func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
 	start := time.Now()
 	prev := m.cur
 	next, changes := m.plan(snap, prev)
+	rs := m.ruleset(next)
 	var err error
 	kind := "incremental"
 	if full && prev != nil && m.cfg.FullSyncPeriod > 0 && m.now().Sub(m.lastFull) < m.cfg.FullSyncPeriod {
-		switch diffs, cerr := m.check(ctx, prev); {
+		switch diffs, cerr := m.rec.Check(ctx); {
 		case cerr != nil:
 			m.log.Warn("checking the rules failed; doing a full sync", zap.Error(cerr))
 		case len(diffs) > 0:
@@ -230,16 +247,16 @@ func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
 	switch {
 	case full || prev == nil:
 		kind = "full"
-		err = m.fullSync(ctx, next, prev, false)
+		err = m.rec.Sync(ctx, rs, true)
 	case len(changes) == 0:
 		if kind != "checked" {
 			kind = "none"
 		}
 	default:
-		if err = m.partialSync(ctx, changes, next); err != nil {
+		if err = m.rec.Sync(ctx, rs, false); err != nil {
 			m.log.Warn("incremental sync failed; doing a full one", zap.Error(err))
 			kind = "full"
-			err = m.fullSync(ctx, next, prev, true)
+			err = m.rec.Sync(ctx, rs, true)
 		}
 	}
 	if err != nil {
@@ -270,6 +287,7 @@ func (m *Mode) Cleanup(ctx context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.cur = nil
+	m.rec.Forget()
 	return netfilter.Cleanup(ctx, m.exec, chainPrefix, setPrefix, m.cfg.IPv6)
 }
 
@@ -296,8 +314,8 @@ func (m *Mode) Available(ctx context.Context) error {
 }
 
 func (m *Mode) probe(ctx context.Context, fam netfilter.Family) error {
-	set := setPrefix + "check-" + famSuffix(fam)
-	if err := m.exec.IPSetRestore(ctx, []byte(setDef{set, netfilter.SetIPPortIP, fam}.createLine(set, 0)+"\n")); err != nil {
+	set := setPrefix + "check-" + netfilter.FamilySuffix(fam)
+	if err := m.exec.IPSetRestore(ctx, []byte("create "+set+" "+netfilter.SetIPPortIP+" family "+netfilter.InetName(fam)+"\n")); err != nil {
 		return fmt.Errorf("creating a hash:ip,port,ip ipset: %w", err)
 	}
 	defer netfilter.DestroySet(context.WithoutCancel(ctx), m.exec, set)

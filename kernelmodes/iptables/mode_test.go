@@ -757,7 +757,7 @@ func TestCanonical(t *testing.T) {
 		for _, fam := range m.families {
 			for k, rules := range m.desiredChains(next, fam) {
 				if err := canonicalCheck(fam, rules); err != nil {
-					t.Errorf("%v %s: %v", fam, k.chain, err)
+					t.Errorf("%v %s: %v", fam, k.Chain, err)
 				}
 			}
 		}

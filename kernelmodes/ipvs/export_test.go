@@ -26,3 +26,11 @@ const FlagHashed = flagHashed
 
 // Config returns the configuration m runs with, its defaults filled in.
 func (m *Mode) Config() Config { return m.cfg }
+
+// SweeperDone is closed when the sweeper running now (or the last one) has
+// stopped; nil when none was ever started.
+func (m *Mode) SweeperDone() <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.sweeperDone
+}

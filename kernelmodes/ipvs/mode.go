@@ -95,8 +95,12 @@ type Mode struct {
 	// needFull: a sync failed part-way; the next Apply reads the kernel.
 	needFull bool
 	repairs  atomic.Uint64
-	restores netfilter.RestoreFailures
 	draining atomic.Int64
+	// rec writes the iptables rules and ipsets; ruleDiffs are the
+	// differences its last full sync found.
+	rec       *netfilter.Reconciler
+	ruleDiffs []string
+	sets      netfilter.MemberSets[member]
 
 	// The sweeper: started by the first Apply, stopped by Close (after
 	// which none starts).
@@ -110,7 +114,6 @@ type state struct {
 	nodeIPs []netip.Addr
 	vips    map[netip.Addr]struct{}
 	vs      map[vsKey]*vsState
-	members map[member]struct{}
 }
 
 type vsState struct {
@@ -180,6 +183,10 @@ func New(cfg Config) (*Mode, error) {
 	if m.rules == nil {
 		m.rules = &netfilter.Exec{}
 	}
+	m.rec = netfilter.NewReconciler(netfilter.ReconcilerConfig{
+		Tools: m.rules, ChainPrefix: chainPrefix, SetPrefix: setPrefix,
+		Repaired: func(diffs []string) { m.ruleDiffs = diffs },
+	})
 	if m.sysctls == nil {
 		m.sysctls = ProcSysctls{}
 	}
@@ -194,7 +201,7 @@ func (m *Mode) Repairs() uint64 { return m.repairs.Load() }
 // RestoreFailures counts the iptables-restore runs of this mode's syncs
 // that failed for family (kube-proxy's
 // kubeproxy_sync_proxy_rules_iptables_restore_failures_total).
-func (m *Mode) RestoreFailures(family Family) uint64 { return m.restores.Count(family) }
+func (m *Mode) RestoreFailures(family Family) uint64 { return m.rec.RestoreFailures(family) }
 
 // Draining is the number of real servers at weight 0 waiting for their
 // connections to end.
@@ -318,24 +325,14 @@ func (m *Mode) nodeIPs(ctx context.Context) ([]netip.Addr, error) {
 // partialSync writes what differs between m.cur and want.
 func (m *Mode) partialSync(ctx context.Context, want *desired) error {
 	cur := m.cur
-	var add, del strings.Builder
-	for mem := range want.members {
-		if _, ok := cur.members[mem]; !ok {
-			fmt.Fprintf(&add, "add %s %s\n", setDefs[mem.set].name, mem)
-		}
-	}
-	for mem := range cur.members {
-		if _, ok := want.members[mem]; !ok {
-			fmt.Fprintf(&del, "del %s %s\n", setDefs[mem.set].name, mem)
-		}
-	}
-	// New members first: a new frontend is marked (or rejected) from its
+	// Set members first: a new frontend is marked (or rejected) from its
 	// first packet.
-	if add.Len() > 0 {
-		if err := m.rules.IPSetRestore(ctx, []byte(add.String())); err != nil {
-			return fmt.Errorf("adding ipset members: %w", err)
-		}
+	rs := m.ruleset(want)
+	if err := m.rec.Sync(ctx, rs, false); err != nil {
+		m.sets.Written(nil)
+		return err
 	}
+	m.sets.Written(rs)
 	for _, vip := range sortedAddrs(want.vips) {
 		if _, ok := cur.vips[vip]; ok {
 			continue
@@ -358,16 +355,7 @@ func (m *Mode) partialSync(ctx context.Context, want *desired) error {
 		}
 		delete(cur.vips, vip)
 	}
-	if del.Len() > 0 {
-		if err := m.rules.IPSetRestore(ctx, []byte(del.String())); err != nil {
-			errs = append(errs, fmt.Errorf("deleting ipset members: %w", err))
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	cur.members = want.members
-	return nil
+	return errors.Join(errs...)
 }
 
 // reconcile makes the virtual servers in have (the kernel's, as known) what

@@ -1,4 +1,4 @@
-package ipvs
+package ipvs_test
 
 import (
 	"context"
@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/internal/cases"
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/ipvstest"
 	"github.com/svcproxy/svcproxy/lb"
 )
 
@@ -15,12 +17,12 @@ import (
 // Apply, which deletes a drained real server without anyone calling Sweep,
 // and Close stops it for good.
 func TestSweeperOwnedByMode(t *testing.T) {
-	w := newWorld(t, Config{SweepInterval: 10 * time.Millisecond})
+	w := newWorld(t, ipvs.Config{SweepInterval: 10 * time.Millisecond})
 	w.apply(true, cases.Web(0, 1))
-	var held *FakeConn
+	var held *ipvstest.Conn
 	for range 10 {
 		c := w.f.Connect(w.packet(cases.Pod, lb.TCP, cases.WebClusterIP))
-		if c.Route.Action == Forwarded && c.Route.Backend.Addr() == cases.Backends[0] {
+		if c.Route.Action == ipvstest.Forwarded && c.Route.Backend.Addr() == cases.Backends[0] {
 			held = c
 			break
 		}
@@ -52,14 +54,12 @@ func TestSweeperOwnedByMode(t *testing.T) {
 		t.Fatalf("Close: %v", err)
 	}
 	select {
-	case <-w.m.sweeperDone:
+	case <-w.m.SweeperDone():
 	default:
 		t.Fatal("Close returned with the sweeper still running")
 	}
 	w.apply(true, cases.Web(1))
-	w.m.mu.Lock()
-	restarted := w.m.sweeperDone
-	w.m.mu.Unlock()
+	restarted := w.m.SweeperDone()
 	select {
 	case <-restarted:
 	default:
