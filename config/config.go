@@ -180,6 +180,9 @@ type Svcproxy struct {
 	// MaxConns and MaxConnsPerService cap open connections; 0 (default): none.
 	MaxConns           int64 `yaml:"maxConns"`
 	MaxConnsPerService int64 `yaml:"maxConnsPerService"`
+	// UDPReceiveBuffer is SO_RCVBUF of the userspace mode's UDP sockets,
+	// in bytes; 0 (default): the kernel's net.core.rmem_default.
+	UDPReceiveBuffer int `yaml:"udpReceiveBuffer"`
 	// Algorithm is the default picker: round-robin (default), random,
 	// least-conn or maglev.
 	Algorithm string `yaml:"algorithm"`
@@ -483,6 +486,9 @@ func (c *Config) problems() []error {
 	}
 	if s.MaxConnsPerService < 0 {
 		bad("svcproxy.maxConnsPerService", "must not be negative, got %d", s.MaxConnsPerService)
+	}
+	if s.UDPReceiveBuffer < 0 {
+		bad("svcproxy.udpReceiveBuffer", "must not be negative, got %d", s.UDPReceiveBuffer)
 	}
 	if _, err := lb.ParseAlgorithm(s.Algorithm); err != nil {
 		bad("svcproxy.algorithm", "%v", err)

@@ -77,6 +77,13 @@ type Config struct {
 	SyncPeriod    time.Duration
 	DrainTimeout  time.Duration
 
+	// WatchRules, if set, reports changes that another process makes to
+	// the rules of the mode running (netfilter.WatchRuleset): each asks
+	// for a full sync at once, so tampering is repaired within
+	// MinSyncPeriod rather than at the next SyncPeriod, which stays the
+	// backstop. An error means no watch (logged).
+	WatchRules func(ctx context.Context, mode proxymode.Name, changed func()) error
+
 	MetricsAddr, HealthzAddr, ProfilingAddr string // "": off
 	ConnLog                                 string // logged only
 	PIDFile                                 string // "": none
@@ -167,6 +174,15 @@ func Run(ctx context.Context, cfg Config) error {
 	select {
 	case <-loaded:
 		go syncer.Run(ctx)
+		if cfg.WatchRules != nil {
+			changed := func() {
+				m.rulesChanged.Inc()
+				syncer.TriggerFull()
+			}
+			if err := cfg.WatchRules(ctx, choice.Name, changed); err != nil {
+				log.Info("rules changed by others are repaired at the periodic full sync only", zap.Error(err), zap.Duration("syncPeriod", cfg.SyncPeriod))
+			}
+		}
 	case err := <-watchErr:
 		return fmt.Errorf("loading services: %w", err)
 	case <-ctx.Done():

@@ -63,6 +63,7 @@ func TestRun(t *testing.T) {
 		unusable   []proxymode.Name // modes whose probe fails
 		source     func(ctx context.Context, feed Feed) error
 		successor  bool // a successor takes over after the first sync
+		tampered   bool // after the first sync, WatchRules reports the rules changed by another process
 		wantErr    string
 		wantChosen proxymode.Name
 		want       []string // the modes' calls, in order
@@ -79,6 +80,9 @@ func TestRun(t *testing.T) {
 		{name: "userspace with steering removes the kernel modes' rules",
 			mode: proxymode.Userspace, steering: "redirect", wantChosen: proxymode.Userspace,
 			want: []string{"iptables cleanup", "ipvs cleanup", "userspace apply full", "userspace close"}},
+		{name: "rules changed by another process: a full sync at once",
+			mode: proxymode.IPTables, tampered: true, wantChosen: proxymode.IPTables,
+			want: []string{"userspace cleanup", "ipvs cleanup", "iptables apply full", "iptables apply full", "iptables close"}},
 		{name: "a source failing after its first load ends it with the error",
 			mode: proxymode.IPTables, wantChosen: proxymode.IPTables,
 			source: func(ctx context.Context, feed Feed) error {
@@ -126,7 +130,15 @@ func TestRun(t *testing.T) {
 				Tracker: health.NewTracker(time.Minute, nil), Modes: table, Mode: tc.mode, Steering: tc.steering,
 				IPv6:        func(context.Context, proxymode.Name) error { return nil },
 				Succession:  handover.NewSuccession(path, handover.OS{NotifyRestart: func(chan<- os.Signal) error { return errors.ErrUnsupported }}, log),
-				Termination: term, DrainTimeout: time.Second,
+				Termination: term, DrainTimeout: time.Second, SyncPeriod: time.Hour,
+			}
+			watched := make(chan func(), 1)
+			cfg.WatchRules = func(_ context.Context, mode proxymode.Name, changed func()) error {
+				if mode != tc.wantChosen {
+					t.Errorf("WatchRules for %s, want %s", mode, tc.wantChosen)
+				}
+				watched <- changed
+				return nil
 			}
 			done := make(chan error, 1)
 			go func() { done <- Run(ctx, cfg) }()
@@ -143,6 +155,26 @@ func TestRun(t *testing.T) {
 						t.Fatal("no full sync within 10s")
 					}
 					time.Sleep(10 * time.Millisecond)
+				}
+				if tc.tampered {
+					(<-watched)()
+					for full := 0; full < 2; {
+						mu.Lock()
+						full = 0
+						for _, c := range calls {
+							if strings.HasSuffix(c, "apply full") {
+								full++
+							}
+						}
+						mu.Unlock()
+						if time.Now().After(deadline) {
+							t.Fatal("no second full sync within 10s of the rules changing")
+						}
+						time.Sleep(10 * time.Millisecond)
+					}
+					if got := counterValue(t, reg, "svcproxy_rules_changed_by_others_total"); got != 1 {
+						t.Errorf("svcproxy_rules_changed_by_others_total = %v, want 1", got)
+					}
 				}
 				if tc.successor {
 					takeOver(t, path)

@@ -192,3 +192,19 @@ func labelValues(t *testing.T, reg prometheus.Gatherer, metric, label string) []
 	slices.Sort(out)
 	return out
 }
+
+// counterValue gathers reg and returns the unlabelled counter metric.
+func counterValue(t *testing.T, reg prometheus.Gatherer, metric string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == metric && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no counter %s", metric)
+	return 0
+}

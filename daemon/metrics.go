@@ -28,6 +28,7 @@ type daemonMetrics struct {
 	networkProgramming prometheus.Histogram
 	services           prometheus.Gauge
 	sourceErrors       prometheus.Counter
+	rulesChanged       prometheus.Counter
 	mode               *prometheus.GaugeVec
 
 	programmed uint64 // the newest snapshot version synced; the sync loop's only
@@ -55,12 +56,16 @@ func newDaemonMetrics(reg prometheus.Registerer, families []string) *daemonMetri
 			Namespace: "svcproxy", Subsystem: "source", Name: "load_errors_total",
 			Help: "Loads of the services source that rejected some or all of it.",
 		}),
+		rulesChanged: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "svcproxy", Name: "rules_changed_by_others_total",
+			Help: "Notifications that another process changed the mode's rules (nf_tables); each asks for a full sync at once.",
+		}),
 		mode: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "svcproxy", Name: "proxy_mode",
 			Help: "1 for the proxy mode running, with the mode asked for (they differ after a fallback).",
 		}, []string{"mode", "requested"}),
 	}
-	reg.MustRegister(m.mode, m.networkProgramming, m.services, m.sourceErrors)
+	reg.MustRegister(m.mode, m.networkProgramming, m.services, m.sourceErrors, m.rulesChanged)
 	return m
 }
 

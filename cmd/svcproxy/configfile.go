@@ -55,6 +55,7 @@ func applyConfigFile(fs *flag.FlagSet, path string) (*config.Config, error) {
 		"mark":                  fmt.Sprintf("%#x", sp.Mark),
 		"max-conns":             strconv.FormatInt(sp.MaxConns, 10),
 		"max-conns-per-service": strconv.FormatInt(sp.MaxConnsPerService, 10),
+		"udp-receive-buffer":    strconv.Itoa(sp.UDPReceiveBuffer),
 		"algorithm":             sp.Algorithm,
 		"conn-log":              sp.ConnLog,
 		"conn-log-sample":       strconv.Itoa(sp.ConnLogSample),
@@ -130,6 +131,7 @@ func writeConfig(o *options, path string) error {
 		sp.Mark = 0
 	}
 	sp.MaxConns, sp.MaxConnsPerService = o.maxConns, o.maxConnsPerService
+	sp.UDPReceiveBuffer = o.udpReceiveBuffer
 	sp.Algorithm = o.algorithm.String()
 	sp.ConnLog, sp.ConnLogSample, sp.Zone, sp.HandoverSocket = o.connLog, o.connLogSample, o.zone, o.handoverSocket
 	sp.ProxyName = o.proxyName

@@ -156,5 +156,8 @@ func run(o *options) error {
 		MinSyncPeriod:  o.minSyncPeriod, SyncPeriod: o.syncPeriod, DrainTimeout: o.drainTimeout,
 		MetricsAddr: o.metricsAddr, HealthzAddr: o.healthzAddr, ProfilingAddr: o.profilingAddr,
 		ConnLog: o.connLog, PIDFile: o.pidFile,
+		WatchRules: func(ctx context.Context, mode proxymode.Name, changed func()) error {
+			return watchRules(ctx, mode, o, changed)
+		},
 	})
 }

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -91,6 +93,7 @@ func newUserspace(o *options, reg prometheus.Registerer, log *zap.Logger, clog *
 			Mark:               o.mark,
 			MaxConns:           o.maxConns,
 			MaxConnsPerService: o.maxConnsPerService,
+			UDPReceiveBuffer:   o.udpReceiveBuffer,
 			Logger:             log,
 			ConnLog:            clog,
 			UDPIdleTimeout:     o.udpIdleTimeout,
@@ -142,4 +145,35 @@ func ipvsConfig(o *options, log *zap.Logger) ipvs.Config {
 		IPv6:              o.ipv6,
 		Logger:            log,
 	}
+}
+
+// watchRules reports changes another process makes to the rules of mode
+// (every mode's chains are named SVCPROXY-*, and jumped to from the
+// built-in chains of nat and filter) as they are committed, through
+// nf_tables notifications. The userspace mode without steering has no
+// rules; iptables-legacy makes no notifications.
+func watchRules(ctx context.Context, mode proxymode.Name, o *options, changed func()) error {
+	if mode == proxymode.Userspace && o.steering != "redirect" {
+		return nil
+	}
+	v, err := (&netfilter.Exec{}).IPTablesVersion(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the iptables backend: %w", err)
+	}
+	if !strings.Contains(v, "nf_tables") {
+		return fmt.Errorf("%s makes no nf_tables notifications", v)
+	}
+	var tables []netfilter.Table
+	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
+		if fam == netfilter.IPv6 && !o.ipv6 {
+			continue
+		}
+		tables = append(tables, netfilter.Table{Family: fam, Name: "nat"}, netfilter.Table{Family: fam, Name: "filter"})
+	}
+	builtin := map[string]bool{"PREROUTING": true, "INPUT": true, "FORWARD": true, "OUTPUT": true, "POSTROUTING": true}
+	return netfilter.WatchRuleset(ctx, netfilter.WatchConfig{
+		Tables: tables,
+		Chains: func(c string) bool { return builtin[c] || strings.HasPrefix(c, "SVCPROXY-") },
+		Own:    netfilter.Spawned,
+	}, changed)
 }

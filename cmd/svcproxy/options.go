@@ -69,6 +69,7 @@ type options struct {
 	mark               int
 	maxConns           int64
 	maxConnsPerService int64
+	udpReceiveBuffer   int
 	algorithm          lb.Algorithm
 
 	hostname string
@@ -322,6 +323,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 		mark = fs.String("mark", fmt.Sprintf("%#x", forwarder.DefaultMark), "SO_MARK of upstream sockets (needs CAP_NET_ADMIN); 0 or negative: none")
 		fs.Int64Var(&o.maxConns, "max-conns", 0, "cap on open connections; 0: none")
 		fs.Int64Var(&o.maxConnsPerService, "max-conns-per-service", 0, "cap on open connections per Service port; 0: none")
+		fs.IntVar(&o.udpReceiveBuffer, "udp-receive-buffer", 0, "userspace mode: SO_RCVBUF of UDP frontend and flow sockets in bytes (past net.core.rmem_max with CAP_NET_ADMIN); 0: the kernel's default")
 		algorithm = fs.String("algorithm", "round-robin", "default picker: round-robin, random, least-conn or maglev")
 		fs.StringVar(&o.connLog, "conn-log", connlog.DefaultPath, "per-connection JSON log file; '-': stdout; empty: off")
 		fs.IntVar(&o.connLogSample, "conn-log-sample", 1, "log 1 of every N successful connections (failed ones always)")
@@ -436,6 +438,9 @@ func parseFlags(args []string, env environment) (*options, error) {
 	}
 	if o.udpIdleTimeout < 0 {
 		return nil, fmt.Errorf("--conntrack-udp-timeout: must not be negative, got %v", o.udpIdleTimeout)
+	}
+	if o.udpReceiveBuffer < 0 {
+		return nil, fmt.Errorf("--udp-receive-buffer: must not be negative, got %d", o.udpReceiveBuffer)
 	}
 	if o.clusterCIDRs, err = parsePrefixes(*clusterCIDRs); err != nil {
 		return nil, fmt.Errorf("--cluster-cidr: %w", err)
