@@ -100,6 +100,7 @@ fuzz:
 	$(GO) test -run=x -fuzz=FuzzConvert -fuzztime=$(FUZZEXECS)x ./source/kube
 	$(GO) test -run=x -fuzz=FuzzParse -fuzztime=$(FUZZEXECS)x ./config
 	$(GO) test -run=x -fuzz=FuzzApply -fuzztime=$(FUZZEXECS)x ./redirect
+	$(GO) test -run=x -fuzz=FuzzParseSteered -fuzztime=$(FUZZEXECS)x ./redirect
 	$(GO) test -run=x -fuzz=FuzzApply -fuzztime=$(FUZZEXECS)x ./kernelmodes/iptables
 	$(GO) test -run=x -fuzz=FuzzWatchMessages -fuzztime=$(FUZZEXECS)x ./netfilter
 

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/svcproxy/svcproxy/connlog"
+	"github.com/svcproxy/svcproxy/lb"
 )
 
 // DefaultMark is the SO_MARK put on the forwarder's upstream sockets so its
@@ -48,6 +49,14 @@ type Config struct {
 	// For use with Redirect; BindFrontends listens on NodePorts anyway.
 	// Linux only, like Redirect.
 	ClaimNodePorts bool
+
+	// UDPPorts are the ports to bind UDP frontend sockets to with Redirect
+	// (without BindFrontends), when free: the ports a previous process's
+	// steering rules still redirect to (redirect.Redirector.SteeredUDP), so
+	// the flows conntrack keeps sending there land on the same frontend.
+	// A frontend not here, or whose port is taken, gets one the kernel
+	// chooses.
+	UDPPorts map[lb.Frontend]uint16
 
 	// Inherited are sockets handed over by the previous svcproxy process,
 	// by the names Sockets gives them (see package handover). A socket the

@@ -232,7 +232,7 @@ func (f *Forwarder) openUDP(k lb.Frontend) (*udpFrontend, error) {
 		}
 		file.Close()
 	} else {
-		pc, err = net.ListenUDP(network, net.UDPAddrFromAddrPort(bind))
+		pc, err = f.listenUDP(network, bind, k)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("opening UDP socket for %v: %w", k, err)
@@ -253,6 +253,20 @@ func (f *Forwarder) openUDP(k lb.Frontend) (*udpFrontend, error) {
 	f.handlers.Add(1)
 	go fe.readLoop()
 	return fe, nil
+}
+
+// listenUDP binds a UDP frontend socket at bind; with steering, at the
+// port Config.UDPPorts gives k when it is free.
+func (f *Forwarder) listenUDP(network string, bind netip.AddrPort, k lb.Frontend) (*net.UDPConn, error) {
+	if p := f.cfg.UDPPorts[k]; p != 0 && !f.cfg.BindFrontends {
+		pc, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(netip.AddrPortFrom(bind.Addr(), p)))
+		if err == nil {
+			return pc, nil
+		}
+		f.log.Info("the UDP port a previous process steered this frontend to is taken; choosing another",
+			zap.Stringer("frontend", k), zap.Uint16("port", p), zap.Error(err))
+	}
+	return net.ListenUDP(network, net.UDPAddrFromAddrPort(bind))
 }
 
 // close stops the frontend socket and ends its flows.

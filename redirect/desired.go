@@ -36,11 +36,23 @@ type udpRedirect struct {
 	to   uint16
 }
 
+// frontend is the UDP frontend (or NodePort, keyed by the family's
+// unspecified address) r steers.
+func (r udpRedirect) frontend(fam netfilter.Family) lb.Frontend {
+	dst := r.dst
+	if !dst.IsValid() {
+		dst = unspecified(fam)
+	}
+	return lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(dst, r.port)}
+}
+
 // desired is everything one Apply should leave in the kernel.
 type desired struct {
 	members map[member]struct{}
 	// rules holds, per family, the rules of each of its chains.
 	rules [2]map[chainKey][]string
+	// udp is the port each steered UDP frontend is redirected to.
+	udp map[lb.Frontend]uint16
 }
 
 // compute translates snap and ports into the desired state. A Service that
@@ -144,7 +156,11 @@ func (r *Redirector) compute(snap *lb.Snapshot, ports Ports, spare map[member]st
 		}
 		d.members[member{set: set, port: svc.NodePort}] = struct{}{}
 	}
+	d.udp = make(map[lb.Frontend]uint16)
 	for _, fam := range r.families {
+		for _, x := range slices.Concat(udp[fam], npUDP[fam]) {
+			d.udp[x.frontend(fam)] = x.to
+		}
 		if r.npRestricted[fam] {
 			for _, p := range r.npAddrs[fam] {
 				d.members[netMember(npAddrsSet(fam), p)] = struct{}{}
@@ -198,6 +214,20 @@ func (r *Redirector) chainRules(fam netfilter.Family, tcpPort uint16, udp, npUDP
 			"-p tcp " + local + " -m set --match-set " + setDefs[setNPRejectTCP].Name + " dst -j REJECT --reject-with tcp-reset",
 			"-p udp " + local + " -m set --match-set " + setDefs[setNPRejectUDP].Name + " dst -j REJECT --reject-with " + unreachable,
 		},
+	}
+	// The UDP frontends' own sockets listen on the node's every address
+	// (a REDIRECT'ed datagram arrives at the incoming interface's
+	// address): a datagram sent to one of those ports directly, not
+	// steered by nat, is dropped, so a ClusterIP-only Service is not
+	// reachable at the node's addresses.
+	var toPorts []uint16
+	for _, x := range slices.Concat(udp, npUDP) {
+		toPorts = append(toPorts, x.to)
+	}
+	slices.Sort(toPorts)
+	for _, p := range slices.Compact(toPorts) {
+		rules[netfilter.Filter(chainReject)] = append(rules[netfilter.Filter(chainReject)],
+			fmt.Sprintf("-p udp -m udp --dport %d -m addrtype --dst-type LOCAL -j DROP", p))
 	}
 	sortUDP := func(u []udpRedirect) []udpRedirect {
 		slices.SortFunc(u, func(a, b udpRedirect) int {

@@ -32,10 +32,22 @@
 //	  -p udp reject-v4 dst,dst                            REJECT icmp-port-unreachable
 //	  -p tcp addrtype LOCAL [np-addrs] np-reject-tcp dst  REJECT tcp-reset
 //	  -p udp addrtype LOCAL [np-addrs] np-reject-udp dst  REJECT icmp-port-unreachable
+//	  -p udp --dport P addrtype LOCAL                     DROP    (one per UDP frontend socket port P)
 //
 // UDP frontends get one rule each (their forwarder socket has its own port),
 // but whether a UDP frontend is steered or rejected is still decided by set
 // membership, so endpoints coming and going never rewrite a rule.
+//
+// A UDP frontend's socket listens on every address of the node (a datagram
+// REDIRECT'ed from another host arrives at the incoming interface's
+// address), so the filter chain drops datagrams that reach its port at a
+// node address without having been steered: a ClusterIP-only Service is
+// not reachable at the node's addresses. Its port stays stable: the first
+// Apply reads the ports a previous process's rules redirect to
+// (SteeredUDP; the userspace mode binds its sockets there again after a
+// crash), and when a frontend's port changes or the frontend goes, its UDP
+// conntrack entries are deleted, which would otherwise keep sending its
+// flows to the old port.
 //
 // SCTP frontends are not steered at all: the forwarder has no SCTP sockets
 // to serve them with (Go has none), and rejecting them would claim a

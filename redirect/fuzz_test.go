@@ -100,13 +100,55 @@ func expect(snap *lb.Snapshot, ports Ports, cfg Config, p netfilter.Packet) netf
 			}
 		}
 	}
+	if p.Proto == lb.UDP && local && socketPorts(snap, ports, fam)[dst.Port()] {
+		return dropped // straight to a UDP frontend's socket, not steered
+	}
 	return accepted
 }
 
-// fuzzPackets are the packets worth tracing for services.
-func fuzzPackets(services []lb.Service) []netfilter.Packet {
+// socketPorts are the forwarder ports of fam's steered UDP frontends.
+func socketPorts(snap *lb.Snapshot, ports Ports, fam netfilter.Family) map[uint16]bool {
+	out := map[uint16]bool{}
+	add := func(pool *lb.Pool, key netip.AddrPort) {
+		if familyOf(key.Addr()) != fam || pool == nil || snap.Route(lb.UDP, key) != pool {
+			return
+		}
+		if to := ports.UDP[lb.Frontend{Protocol: lb.UDP, Addr: key}]; to != 0 {
+			out[to] = true
+		}
+	}
+	for _, b := range snap.Balancers() {
+		s := b.Service
+		if s.Protocol != lb.UDP {
+			continue
+		}
+		for _, a := range s.ClusterIPs {
+			add(b.Internal, netip.AddrPortFrom(a.Unmap(), s.Port))
+		}
+		for _, a := range slices.Concat(s.ExternalIPs, s.LoadBalancerIPs) {
+			add(b.External, netip.AddrPortFrom(a.Unmap(), s.Port))
+		}
+		if s.NodePort != 0 && b.External != nil && snap.Route(lb.UDP, netip.AddrPortFrom(netip.IPv4Unspecified(), s.NodePort)) == b.External {
+			if to := ports.UDP[lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(unspecified(fam), s.NodePort)}]; to != 0 {
+				out[to] = true
+			}
+		}
+	}
+	return out
+}
+
+// fuzzPackets are the packets worth tracing for services: to their
+// frontends and NodePorts, and straight to the forwarder's UDP ports at
+// the node's addresses and elsewhere.
+func fuzzPackets(services []lb.Service, ports Ports) []netfilter.Packet {
 	var out []netfilter.Packet
-	for _, d := range kerneltest.Destinations(services, nodeIP, nodeIP2, nodeIP6) {
+	dsts := kerneltest.Destinations(services, nodeIP, nodeIP2, nodeIP6)
+	for _, to := range ports.UDP {
+		for _, a := range []netip.Addr{nodeIP, nodeIP6, netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("203.0.113.99")} {
+			dsts = append(dsts, netip.AddrPortFrom(a, to))
+		}
+	}
+	for _, d := range dsts {
 		for _, proto := range []lb.Protocol{lb.TCP, lb.UDP, lb.SCTP} {
 			for _, hook := range []netfilter.Hook{netfilter.Prerouting, netfilter.Output} {
 				if d.Addr().IsLoopback() && hook == netfilter.Prerouting {
@@ -144,7 +186,7 @@ func FuzzApply(f *testing.F) {
 			ports := fuzzPortsFor(in, services)
 			full := round == 0 || in.Next()&1 != 0
 			_ = r.Apply(context.Background(), snap, ports, full) // missing UDP ports are reported
-			for _, p := range fuzzPackets(services) {
+			for _, p := range fuzzPackets(services, ports) {
 				want := expect(snap, ports, cfg, p)
 				got := fake.Trace(p)
 				if got.Action != want.Action || got.Port != want.Port {

@@ -154,6 +154,7 @@ func redirected(port uint16) netfilter.Verdict {
 var (
 	accepted = netfilter.Verdict{Action: netfilter.Accept}
 	rejected = netfilter.Verdict{Action: netfilter.Reject}
+	dropped  = netfilter.Verdict{Action: netfilter.Drop}
 )
 
 // checkTrace fails when f sends p anywhere but want (the Rule is ignored).

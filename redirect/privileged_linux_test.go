@@ -274,6 +274,52 @@ func testTraffic(t *testing.T, variant string) {
 		})
 	}
 
+	// The UDP frontend's socket listens on every address of the node (a
+	// datagram REDIRECT'ed from another host arrives at the incoming
+	// interface's address), but only steered datagrams reach it.
+	for _, tc := range []struct{ from, dst string }{
+		{"client", "198.18.0.1:40053"}, {"node", "198.18.0.1:40053"}, {"node", "127.0.0.1:40053"},
+	} {
+		t.Run("UDP from "+tc.from+" straight to the frontend's socket at "+tc.dst+" gets nothing", func(t *testing.T) {
+			if reply, err := udpAsk(t, from[tc.from], nil, ap(tc.dst), "direct"); err == nil {
+				t.Errorf("got %q back: the socket is reachable without steering", reply)
+			}
+		})
+	}
+
+	t.Run("a UDP frontend moved to another port loses its conntrack entries", func(t *testing.T) {
+		var c, moved *net.UDPConn
+		kerneltest.Do(t, top.client, func() {
+			var err error
+			if c, err = net.ListenUDP("udp4", nil); err != nil {
+				t.Fatal(err)
+			}
+		})
+		defer c.Close()
+		kerneltest.Do(t, top.node, func() {
+			var err error
+			if moved, err = net.ListenUDP("udp4", &net.UDPAddr{Port: udpPort + 1}); err != nil {
+				t.Fatal(err)
+			}
+		})
+		defer moved.Close()
+		pktinfoServer(t, moved)
+		vip := ap("198.18.10.53:53")
+		if _, err := udpAsk(t, "", c, vip, "before"); err != nil {
+			t.Fatalf("before the move: %v", err)
+		}
+		// The old socket goes (as a restarted forwarder's would) and the
+		// rules now steer the frontend to the new one: the client's flow,
+		// same source port, must follow rather than hit the closed port.
+		udp.Close()
+		movedPorts := Ports{TCP: testTCPPort, UDP: map[lb.Frontend]uint16{{Protocol: lb.UDP, Addr: vip}: udpPort + 1}}
+		mustApply(t, r, store(t, services...).Snapshot(), movedPorts, false)
+		if _, err := udpAsk(t, "", c, vip, "after"); err != nil {
+			t.Errorf("after the move, the same flow got no reply (conntrack still sends it to the old port): %v", err)
+		}
+		mustApply(t, r, store(t, services...).Snapshot(), ports, false)
+	})
+
 	t.Run("forwarder-marked dials are not steered", func(t *testing.T) {
 		for _, dst := range []string{"198.18.10.1:80", "198.18.10.2:80"} {
 			c, err := kerneltest.Dial(t, top.node, "tcp4", dst, 300*time.Millisecond, testMark)
@@ -345,4 +391,27 @@ func TestPrivilegedLayout(t *testing.T) {
 	if err := r.Cleanup(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// udpAsk sends msg to dst from c, or from a new socket in namespace ns
+// when c is nil, and returns the reply, or an error when none comes within
+// half a second.
+func udpAsk(t *testing.T, ns string, c *net.UDPConn, dst netip.AddrPort, msg string) (string, error) {
+	t.Helper()
+	if c == nil {
+		kerneltest.Do(t, ns, func() {
+			var err error
+			if c, err = net.ListenUDP("udp4", nil); err != nil {
+				t.Fatal(err)
+			}
+		})
+		defer c.Close()
+	}
+	if _, err := c.WriteToUDPAddrPort([]byte(msg), dst); err != nil {
+		return "", err
+	}
+	c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	buf := make([]byte, 100)
+	n, _, err := c.ReadFromUDPAddrPort(buf)
+	return string(buf[:n]), err
 }

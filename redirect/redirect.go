@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -75,6 +77,10 @@ type Redirector struct {
 	cur   *desired
 	spare map[member]struct{} // an emptied members map for the next compute
 	sets  netfilter.MemberSets[member]
+	// steered is the port each UDP frontend is known to be redirected to:
+	// read from the kernel by the first Apply (what a previous process
+	// left), then what each successful sync wrote.
+	steered map[lb.Frontend]uint16
 }
 
 // New validates cfg and detects the iptables backend.
@@ -175,6 +181,13 @@ func (r *Redirector) Apply(ctx context.Context, snap *lb.Snapshot, ports Ports, 
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	start := time.Now()
+	if r.steered == nil {
+		steered, err := r.SteeredUDP(ctx)
+		if err != nil {
+			r.log.Debug("cannot read what UDP frontends are steered to", zap.Error(err))
+		}
+		r.steered = steered
+	}
 	want, errs := r.compute(snap, ports, r.spare)
 	r.spare = nil
 	rs := r.ruleset(want)
@@ -192,6 +205,7 @@ func (r *Redirector) Apply(ctx context.Context, snap *lb.Snapshot, ports Ports, 
 	} else {
 		r.cur = want
 		r.sets.Written(rs)
+		r.forgetMoved(ctx, want.udp)
 	}
 	// Reusing the old members map saves the garbage collector a
 	// 10,000-entry map per Apply; but not one sized for far more than
@@ -232,6 +246,88 @@ func (r *Redirector) Cleanup(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.cur = nil
+	r.steered = nil
 	r.rec.Forget()
 	return netfilter.Cleanup(ctx, r.exec, chainPrefix, setPrefix, r.cfg.IPv6)
+}
+
+// SteeredUDP reads from the kernel the port each UDP frontend is
+// redirected to now (a UDP NodePort keyed by its family's unspecified
+// address): what a previous svcproxy left, one that crashed or was stopped
+// without removing its rules. A forwarder that binds its UDP sockets to the
+// same ports keeps serving the flows conntrack still redirects there.
+func (r *Redirector) SteeredUDP(ctx context.Context) (map[lb.Frontend]uint16, error) {
+	out := map[lb.Frontend]uint16{}
+	for _, fam := range r.families {
+		save, err := r.exec.IPTablesSaveChains(ctx, fam, "nat", []string{chainUDP, chainNPUDP})
+		if err != nil {
+			return out, fmt.Errorf("reading UDP steering rules: %w", err)
+		}
+		maps.Copy(out, parseSteered(fam, save))
+	}
+	return out, nil
+}
+
+// parseSteered reads the REDIRECT rules of SVCPROXY-UDP and SVCPROXY-NP-UDP
+// in iptables-save output; other lines are skipped.
+func parseSteered(fam netfilter.Family, save []byte) map[lb.Frontend]uint16 {
+	out := map[lb.Frontend]uint16{}
+	for line := range strings.Lines(string(save)) {
+		f := strings.Fields(line)
+		if len(f) < 2 || f[0] != "-A" || (f[1] != chainUDP && f[1] != chainNPUDP) {
+			continue
+		}
+		var dst netip.Addr
+		var port, to uint64
+		redirect, bad := false, false
+		for i := 2; i+1 < len(f); i++ {
+			var err error
+			switch f[i] {
+			case "-d":
+				var p netip.Prefix
+				if p, err = netip.ParsePrefix(f[i+1]); err == nil && p.IsSingleIP() {
+					dst = p.Addr()
+				}
+			case "--dport":
+				port, err = strconv.ParseUint(f[i+1], 10, 16)
+			case "--to-ports":
+				to, err = strconv.ParseUint(f[i+1], 10, 16)
+			case "-j":
+				redirect = f[i+1] == "REDIRECT"
+			default:
+				continue
+			}
+			bad = bad || err != nil
+			i++
+		}
+		if f[1] == chainNPUDP {
+			dst = unspecified(fam)
+		}
+		if !redirect || bad || port == 0 || to == 0 || !dst.IsValid() || familyOf(dst) != fam {
+			continue
+		}
+		out[lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(dst, uint16(port))}] = uint16(to)
+	}
+	return out
+}
+
+// forgetMoved deletes the conntrack entries of UDP frontends no longer
+// redirected to the port they were (moved or removed): conntrack would
+// keep sending those flows' datagrams to a port that is closed now, or
+// that another frontend's socket reuses. kube-proxy clears UDP entries for
+// the same reason. Called with r.mu held, after a successful sync.
+func (r *Redirector) forgetMoved(ctx context.Context, now map[lb.Frontend]uint16) {
+	for fe, to := range r.steered {
+		if now[fe] == to {
+			continue
+		}
+		filter := netfilter.ConntrackFilter{Proto: lb.UDP, OrigDstPort: fe.Addr.Port()}
+		if !fe.Addr.Addr().IsUnspecified() {
+			filter.OrigDst = fe.Addr.Addr()
+		}
+		if err := r.exec.ConntrackDelete(ctx, familyOf(fe.Addr.Addr()), filter); err != nil {
+			r.log.Warn("clearing conntrack entries of a moved UDP frontend", zap.Stringer("flows", filter), zap.Error(err))
+		}
+	}
+	r.steered = maps.Clone(now)
 }

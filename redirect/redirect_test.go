@@ -46,6 +46,12 @@ func TestSteering(t *testing.T) {
 		{"UDP NodePort", pkt(lb.UDP, "192.0.2.10:30053", netfilter.Prerouting), redirected(40054)},
 		{"UDP NodePort over netfilter.IPv6", pkt(lb.UDP, "[2001:db8::10]:30053", netfilter.Prerouting), redirected(40055)},
 		{"TCP to a UDP frontend", pkt(lb.TCP, "10.96.0.53:53", netfilter.Prerouting), accepted},
+		{"UDP straight to a frontend's socket at a node address", pkt(lb.UDP, "192.0.2.10:40053", netfilter.Prerouting), dropped},
+		{"UDP straight to a NodePort's socket at a node address", pkt(lb.UDP, "198.51.100.10:40054", netfilter.Prerouting), dropped},
+		{"UDP straight to a frontend's socket from the node", pkt(lb.UDP, "127.0.0.1:40053", netfilter.Output), dropped},
+		{"UDP straight to an IPv6 NodePort's socket", pkt(lb.UDP, "[2001:db8::10]:40055", netfilter.Prerouting), dropped},
+		{"UDP to a socket's port number elsewhere", pkt(lb.UDP, "203.0.113.99:40053", netfilter.Output), accepted},
+		{"TCP to a UDP socket's port", pkt(lb.TCP, "192.0.2.10:40053", netfilter.Prerouting), accepted},
 
 		{"no endpoints TCP from a pod", pkt(lb.TCP, "10.96.0.12:80", netfilter.Prerouting), rejected},
 		{"no endpoints TCP from the node", pkt(lb.TCP, "10.96.0.12:80", netfilter.Output), rejected},

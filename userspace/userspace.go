@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -60,6 +61,16 @@ func New(cfg Config) (*Mode, error) {
 			return nil, err
 		}
 		m.red = red
+		if fc.UDPPorts == nil {
+			// Bind the UDP frontends where a previous process's rules
+			// still steer them, so flows conntrack sends there are kept.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			fc.UDPPorts, err = red.SteeredUDP(ctx)
+			cancel()
+			if err != nil {
+				m.log.Debug("cannot read the UDP ports a previous process steered to", zap.Error(err))
+			}
+		}
 	}
 	fwd, err := forwarder.New(fc)
 	if err != nil {
