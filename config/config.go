@@ -183,6 +183,9 @@ type Svcproxy struct {
 	// UDPReceiveBuffer is SO_RCVBUF of the userspace mode's UDP sockets,
 	// in bytes; 0 (default): the kernel's net.core.rmem_default.
 	UDPReceiveBuffer int `yaml:"udpReceiveBuffer"`
+	// MasterWorker runs a master process that keeps the sockets and
+	// restarts the serving process (the worker) when it dies; default off.
+	MasterWorker bool `yaml:"masterWorker"`
 	// Algorithm is the default picker: round-robin (default), random,
 	// least-conn or maglev.
 	Algorithm string `yaml:"algorithm"`

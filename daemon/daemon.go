@@ -162,6 +162,11 @@ func Run(ctx context.Context, cfg Config) error {
 		unserved.check(snap)
 		memory.Applied(snap)
 		succ.Serving(ctx, sockets, stopAccepting)
+		var gen uint64
+		if g, ok := mode.(interface{ SocketsGeneration() uint64 }); ok {
+			gen = g.SocketsGeneration()
+		}
+		succ.Deposit(ctx, sockets, gen)
 	})
 	changes := store.Subscribe() // before any source can publish
 	go func() {

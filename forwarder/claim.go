@@ -48,6 +48,7 @@ func (f *Forwarder) reconcileClaims(snap *lb.Snapshot) []error {
 		if !want[k] {
 			file.Close()
 			delete(f.claims, k)
+			f.socketsGen++
 		}
 	}
 	var errs []error
@@ -67,6 +68,7 @@ func (f *Forwarder) reconcileClaims(snap *lb.Snapshot) []error {
 			continue
 		}
 		f.claims[k] = file
+		f.socketsGen++
 	}
 	return errs
 }

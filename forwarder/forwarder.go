@@ -40,6 +40,8 @@ type Forwarder struct {
 	applied   bool                  // a snapshot was applied: accept loops run
 	closed    bool
 	unserved  map[lb.ServicePortName]bool // SCTP Service ports already warned about
+	// socketsGen counts changes to the sockets Sockets returns.
+	socketsGen uint64
 
 	nextID atomic.Uint64
 	// refusedLogged is when (Unix ns) a refusal for lack of
@@ -253,6 +255,7 @@ func (f *Forwarder) listen(k listenKey) (tcpListeners, error) {
 		return nil, err
 	}
 	f.listeners[k] = g
+	f.socketsGen++
 	f.m.Listeners.Add(float64(g.count()))
 	if f.applied {
 		g.start()
@@ -264,6 +267,7 @@ func (f *Forwarder) closeGroup(k listenKey, g tcpListeners, wait bool) {
 	g.close(wait)
 	f.m.Listeners.Sub(float64(g.count()))
 	delete(f.listeners, k)
+	f.socketsGen++
 }
 
 // closeListeners closes every listening socket; wait: returns once no
@@ -275,10 +279,12 @@ func (f *Forwarder) closeListeners(wait bool) {
 	for k, fe := range f.udp {
 		fe.close()
 		delete(f.udp, k)
+		f.socketsGen++
 	}
 	for k, file := range f.claims {
 		file.Close()
 		delete(f.claims, k)
+		f.socketsGen++
 	}
 }
 
@@ -329,6 +335,15 @@ func (f *Forwarder) Sockets() (map[string]*os.File, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// SocketsGeneration counts the changes to the set of sockets Sockets
+// returns (a listener, UDP frontend or NodePort claim opened or closed):
+// equal counts, the same sockets.
+func (f *Forwarder) SocketsGeneration() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.socketsGen
 }
 
 // v6only reports whether the sockets of a listener on addr are IPv6-only

@@ -189,6 +189,7 @@ func (f *Forwarder) reconcileUDP(snap *lb.Snapshot) []error {
 		if !want[k] {
 			fe.close()
 			delete(f.udp, k)
+			f.socketsGen++
 		}
 	}
 	var errs []error
@@ -205,6 +206,7 @@ func (f *Forwarder) reconcileUDP(snap *lb.Snapshot) []error {
 			continue
 		}
 		f.udp[k] = fe
+		f.socketsGen++
 	}
 	return errs
 }

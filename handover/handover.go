@@ -116,7 +116,12 @@ func (h *Handover) take() error {
 	if err := send(h.conn, hello, nil); err != nil {
 		return err
 	}
-	msg, _, err := recv(h.conn, 0)
+	return recvFiles(h.conn, h.Files)
+}
+
+// recvFiles reads a header of names and then their sockets into files.
+func recvFiles(c *net.UnixConn, files map[string]*os.File) error {
+	msg, _, err := recv(c, 0)
 	if err != nil {
 		return fmt.Errorf("reading header: %w", err)
 	}
@@ -126,12 +131,37 @@ func (h *Handover) take() error {
 	}
 	for start := 0; start < len(hdr.Names); start += maxFDs {
 		names := hdr.Names[start:min(start+maxFDs, len(hdr.Names))]
-		_, fds, err := recv(h.conn, len(names))
+		_, fds, err := recv(c, len(names))
 		if err != nil {
 			return err
 		}
 		for i, fd := range fds {
-			h.Files[names[i]] = os.NewFile(uintptr(fd), names[i])
+			files[names[i]] = os.NewFile(uintptr(fd), names[i])
+		}
+	}
+	return nil
+}
+
+// sendFiles writes a header of files' names and then the sockets, at most
+// maxFDs a message.
+func sendFiles(c *net.UnixConn, files map[string]*os.File) error {
+	names := make([]string, 0, len(files))
+	for name := range files {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	hdr, _ := json.Marshal(header{Names: names})
+	if err := send(c, string(hdr), nil); err != nil {
+		return err
+	}
+	for start := 0; start < len(names); start += maxFDs {
+		batch := names[start:min(start+maxFDs, len(names))]
+		fds := make([]int, len(batch))
+		for i, n := range batch {
+			fds[i] = int(files[n].Fd())
+		}
+		if err := send(c, "fds", fds); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -232,24 +262,8 @@ func (s *Server) serveOne(c *net.UnixConn, sockets func() (map[string]*os.File, 
 			f.Close()
 		}
 	}()
-	names := make([]string, 0, len(files))
-	for name := range files {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	hdr, _ := json.Marshal(header{Names: names})
-	if err := send(c, string(hdr), nil); err != nil {
+	if err := sendFiles(c, files); err != nil {
 		return false, err
-	}
-	for start := 0; start < len(names); start += maxFDs {
-		batch := names[start:min(start+maxFDs, len(names))]
-		fds := make([]int, len(batch))
-		for i, n := range batch {
-			fds[i] = int(files[n].Fd())
-		}
-		if err := send(c, "fds", fds); err != nil {
-			return false, err
-		}
 	}
 	// The successor may take a while to start serving (its first sync).
 	_ = c.SetDeadline(time.Now().Add(5 * time.Minute))

@@ -32,6 +32,8 @@ type OS struct {
 	// StartProcess starts path with args, detached so it outlives this
 	// process, writing to this process's stdout and stderr; wait reaps it.
 	StartProcess func(path string, args []string) (pid int, wait func() error, err error)
+	// Deposit gives a keeper copies of the sockets (Deposit).
+	Deposit func(ctx context.Context, path string, files map[string]*os.File) error
 }
 
 func (o OS) withDefaults() OS {
@@ -43,6 +45,9 @@ func (o OS) withDefaults() OS {
 	}
 	if o.MkdirAll == nil {
 		o.MkdirAll = os.MkdirAll
+	}
+	if o.Deposit == nil {
+		o.Deposit = Deposit
 	}
 	if o.NotifyRestart == nil {
 		o.NotifyRestart = notifyRestart
@@ -86,6 +91,56 @@ type Succession struct {
 	readyOnce  sync.Once
 	listening  chan struct{} // closed once a successor can take over
 	handedOver chan struct{} // closed when a successor has taken over
+
+	// keeper is the master's Keeper in master-worker mode ("": none):
+	// sockets are taken from it when no predecessor runs, and deposited
+	// with it whenever they change.
+	keeper       string
+	depositMu    sync.Mutex
+	depositedGen uint64
+	deposited    bool
+}
+
+// WithKeeper makes s a worker of a master whose Keeper listens at path:
+// at start, with no predecessor to take over from, it takes the sockets
+// the keeper holds (a crashed worker's), and Deposit keeps the keeper's
+// copy current. SIGUSR2 is then the master's to handle. It returns s.
+func (s *Succession) WithKeeper(path string) *Succession {
+	s.keeper = path
+	return s
+}
+
+// Deposit gives the keeper, if there is one, a copy of the sockets
+// sockets returns, unless it holds generation gen already (the mode's
+// count of socket changes; an unchanged count costs nothing). Call it
+// after each sync, once serving.
+func (s *Succession) Deposit(ctx context.Context, sockets func() (map[string]*os.File, error), gen uint64) {
+	if s.keeper == "" || sockets == nil {
+		return
+	}
+	s.depositMu.Lock()
+	defer s.depositMu.Unlock()
+	if s.deposited && s.depositedGen == gen {
+		return
+	}
+	files, err := sockets()
+	if err != nil {
+		s.log.Warn("cannot copy the sockets for the master; a crash now would refuse connections until the restart", zap.Error(err))
+		return
+	}
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := s.os.Deposit(dctx, s.keeper, files); err != nil {
+		s.log.Warn("cannot deposit the sockets with the master; a crash now would refuse connections until the restart", zap.Error(err))
+		return
+	}
+	s.deposited, s.depositedGen = true, gen
+	s.log.Debug("deposited the sockets with the master", zap.Int("sockets", len(files)), zap.Uint64("generation", gen))
 }
 
 // TakeOverPatience is how long a starting svcproxy keeps trying to take
@@ -126,7 +181,7 @@ func (s *Succession) TakeOver(ctx context.Context, patience time.Duration) (map[
 			if attempt > 1 {
 				log.Info("the running svcproxy went away before handing over; binding anew")
 			}
-			return nil, nil
+			return s.takeFromKeeper(ctx)
 		case err == nil:
 			log.Info("taking over the sockets of the running svcproxy", zap.Int("sockets", len(h.Files)))
 			s.from = h
@@ -143,6 +198,30 @@ func (s *Succession) TakeOver(ctx context.Context, patience time.Duration) (map[
 		case <-time.After(min(time.Second, time.Until(deadline))):
 		}
 	}
+}
+
+// takeFromKeeper takes the sockets the master's keeper holds, if s is a
+// worker: those of the worker before, which crashed. None held, or no
+// keeper, and the caller binds anew.
+func (s *Succession) takeFromKeeper(ctx context.Context) (map[string]*os.File, error) {
+	if s.keeper == "" {
+		return nil, nil
+	}
+	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	h, err := s.os.Take(tctx, s.keeper)
+	cancel()
+	switch {
+	case errors.Is(err, ErrNoPredecessor):
+		s.log.Warn("no master answers at its keeper socket; binding anew", zap.String("keeper", s.keeper))
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("taking the sockets the master keeps: %w", err)
+	}
+	if len(h.Files) > 0 {
+		s.log.Info("taking over the sockets the master kept from the previous worker", zap.Int("sockets", len(h.Files)))
+	}
+	s.from = h
+	return h.Files, nil
 }
 
 // Serving is called once the dataplane serves: the predecessor, if any,
@@ -188,6 +267,10 @@ func (s *Succession) HandedOver() <-chan struct{} { return s.handedOver }
 // replaced) with the same arguments on every SIGUSR2, until ctx ends; the
 // new process takes over through the handover socket.
 func (s *Succession) RestartOnSignal(ctx context.Context) {
+	if s.keeper != "" {
+		ignoreRestart() // a worker's successor is its master's to start
+		return
+	}
 	exe, args, err := s.os.Executable()
 	if err != nil {
 		s.log.Warn("cannot find svcproxy's own binary; SIGUSR2 restarts are off", zap.Error(err))

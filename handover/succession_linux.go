@@ -27,6 +27,9 @@ func notifyRestart(c chan<- os.Signal) error {
 	return nil
 }
 
+// ignoreRestart ignores SIGUSR2.
+func ignoreRestart() { signal.Ignore(syscall.SIGUSR2) }
+
 // detachedProcess puts a successor in its own process group, so it
 // outlives this process.
 func detachedProcess() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setpgid: true} }

@@ -26,5 +26,8 @@ func notifyRestart(chan<- os.Signal) error {
 	return fmt.Errorf("restarting on SIGUSR2: %w on %s", errors.ErrUnsupported, runtime.GOOS)
 }
 
+// ignoreRestart: there is no SIGUSR2.
+func ignoreRestart() {}
+
 // detachedProcess is never reached (notifyRestart fails first).
 func detachedProcess() *syscall.SysProcAttr { return nil }

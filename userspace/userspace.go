@@ -160,6 +160,9 @@ func (m *Mode) Close(ctx context.Context, handedOver bool) error {
 // Sockets are the forwarder's, for a successor process.
 func (m *Mode) Sockets() (map[string]*os.File, error) { return m.fwd.Sockets() }
 
+// SocketsGeneration counts changes to the forwarder's sockets.
+func (m *Mode) SocketsGeneration() uint64 { return m.fwd.SocketsGeneration() }
+
 // StopAccepting leaves new connections to the successor.
 func (m *Mode) StopAccepting() { m.fwd.StopAccepting() }
 

@@ -56,6 +56,7 @@ func applyConfigFile(fs *flag.FlagSet, path string) (*config.Config, error) {
 		"max-conns":             strconv.FormatInt(sp.MaxConns, 10),
 		"max-conns-per-service": strconv.FormatInt(sp.MaxConnsPerService, 10),
 		"udp-receive-buffer":    strconv.Itoa(sp.UDPReceiveBuffer),
+		"master-worker":         strconv.FormatBool(sp.MasterWorker),
 		"algorithm":             sp.Algorithm,
 		"conn-log":              sp.ConnLog,
 		"conn-log-sample":       strconv.Itoa(sp.ConnLogSample),
@@ -131,7 +132,7 @@ func writeConfig(o *options, path string) error {
 		sp.Mark = 0
 	}
 	sp.MaxConns, sp.MaxConnsPerService = o.maxConns, o.maxConnsPerService
-	sp.UDPReceiveBuffer = o.udpReceiveBuffer
+	sp.UDPReceiveBuffer, sp.MasterWorker = o.udpReceiveBuffer, o.masterWorker
 	sp.Algorithm = o.algorithm.String()
 	sp.ConnLog, sp.ConnLogSample, sp.Zone, sp.HandoverSocket = o.connLog, o.connLogSample, o.zone, o.handoverSocket
 	sp.ProxyName = o.proxyName

@@ -81,6 +81,14 @@ func run(o *options) error {
 	if o.writeConfigTo != "" {
 		return writeConfig(o, o.writeConfigTo)
 	}
+	keeper := keeperFromMaster()
+	if o.masterWorker && keeper == "" {
+		stop()
+		return runMaster(o, log)
+	}
+	if keeper != "" {
+		o.pidFile = "" // the master's
+	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerBuildInfo(reg, readBuildInfo())
 
@@ -151,7 +159,7 @@ func run(o *options) error {
 		},
 		UDPIdleTimeout: o.udpIdleTimeout,
 		KubeProxy:      daemon.HostKubeProxyTraces(),
-		Succession:     handover.NewSuccession(o.handoverSocket, handover.OS{}, log),
+		Succession:     handover.NewSuccession(o.handoverSocket, handover.OS{}, log).WithKeeper(keeper),
 		Termination:    term,
 		MinSyncPeriod:  o.minSyncPeriod, SyncPeriod: o.syncPeriod, DrainTimeout: o.drainTimeout,
 		MetricsAddr: o.metricsAddr, HealthzAddr: o.healthzAddr, ProfilingAddr: o.profilingAddr,

@@ -70,6 +70,7 @@ type options struct {
 	maxConns           int64
 	maxConnsPerService int64
 	udpReceiveBuffer   int
+	masterWorker       bool
 	algorithm          lb.Algorithm
 
 	hostname string
@@ -323,6 +324,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 		mark = fs.String("mark", fmt.Sprintf("%#x", forwarder.DefaultMark), "SO_MARK of upstream sockets (needs CAP_NET_ADMIN); 0 or negative: none")
 		fs.Int64Var(&o.maxConns, "max-conns", 0, "cap on open connections; 0: none")
 		fs.Int64Var(&o.maxConnsPerService, "max-conns-per-service", 0, "cap on open connections per Service port; 0: none")
+		fs.BoolVar(&o.masterWorker, "master-worker", false, "run a master process that keeps the listening sockets and starts a new serving process (the worker) when it dies, so a crash queues new connections instead of refusing them (HAProxy's master-worker); needs --handover-socket; the master's PID goes to --pid-file, SIGUSR2 to it starts a new worker")
 		fs.IntVar(&o.udpReceiveBuffer, "udp-receive-buffer", 0, "userspace mode: SO_RCVBUF of UDP frontend and flow sockets in bytes (past net.core.rmem_max with CAP_NET_ADMIN); 0: the kernel's default")
 		algorithm = fs.String("algorithm", "round-robin", "default picker: round-robin, random, least-conn or maglev")
 		fs.StringVar(&o.connLog, "conn-log", connlog.DefaultPath, "per-connection JSON log file; '-': stdout; empty: off")

@@ -1,0 +1,20 @@
+//go:build !linux
+
+package main
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+
+	"go.uber.org/zap"
+)
+
+// keeperFromMaster: there is no master-worker mode here.
+func keeperFromMaster() string { return "" }
+
+// runMaster fails: master-worker mode passes sockets over unix sockets
+// (SCM_RIGHTS), Linux-only like the handover it builds on.
+func runMaster(*options, *zap.Logger) error {
+	return fmt.Errorf("--master-worker: %w on %s", errors.ErrUnsupported, runtime.GOOS)
+}

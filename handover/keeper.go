@@ -1,0 +1,175 @@
+package handover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// deposit opens a worker's deposit of its sockets with a keeper.
+const deposit = "DEPOSIT svcproxy-handover/1"
+
+// Keeper is the master's side of master-worker mode: it holds a copy of
+// the serving process's (the worker's) sockets, deposited by the worker
+// whenever they change, and hands them to the next worker over the same
+// exchange a predecessor uses (Take, then Ready). Because the keeper keeps
+// the listening sockets open, a worker that crashes leaves connections
+// waiting in their accept queues, and datagrams in their receive buffers,
+// for its replacement instead of refused: HAProxy's master-worker and
+// nginx's master process keep listeners the same way.
+//
+// Unlike a predecessor, the keeper never stops: after a worker says ready
+// it answers done and keeps the sockets and the unix socket for the next.
+type Keeper struct {
+	path string
+	ln   *net.UnixListener
+
+	mu        sync.Mutex
+	files     map[string]*os.File
+	deposits  int
+	deposited chan struct{} // closed at the first deposit
+}
+
+// ListenKeeper listens for workers at path, replacing a stale socket file.
+// The socket is 0600, like a predecessor's.
+func ListenKeeper(path string) (*Keeper, error) {
+	if err := supported(); err != nil {
+		return nil, fmt.Errorf("keeping sockets at %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("removing stale keeper socket %s: %w", path, err)
+	}
+	ln, err := listenPrivate(path)
+	if err != nil {
+		return nil, fmt.Errorf("keeping sockets at %s: %w", path, err)
+	}
+	return &Keeper{path: path, ln: ln, files: map[string]*os.File{}, deposited: make(chan struct{})}, nil
+}
+
+// Path is where the keeper listens.
+func (k *Keeper) Path() string { return k.path }
+
+// Held returns the names of the sockets the keeper holds and how many
+// deposits it has taken.
+func (k *Keeper) Held() (names []string, deposits int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for n := range k.files {
+		names = append(names, n)
+	}
+	return names, k.deposits
+}
+
+// Deposited is closed once a worker has deposited its sockets: it served.
+func (k *Keeper) Deposited() <-chan struct{} { return k.deposited }
+
+// Serve answers workers until ctx ends or Close: deposits replace the
+// sockets held; a worker starting up takes them. One exchange at a time.
+func (k *Keeper) Serve(ctx context.Context) error {
+	go func() { <-ctx.Done(); k.ln.Close() }()
+	for {
+		c, err := k.ln.AcceptUnix()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return ctx.Err()
+			}
+			return fmt.Errorf("accepting a worker: %w", err)
+		}
+		_ = k.serveOne(c) // a worker that fails midway is its own problem
+		c.Close()
+	}
+}
+
+func (k *Keeper) serveOne(c *net.UnixConn) error {
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	msg, _, err := recv(c, 0)
+	if err != nil {
+		return err
+	}
+	switch string(msg) {
+	case deposit:
+		files := map[string]*os.File{}
+		if err := recvFiles(c, files); err != nil {
+			for _, f := range files {
+				f.Close()
+			}
+			return err
+		}
+		k.mu.Lock()
+		old := k.files
+		k.files = files
+		k.deposits++
+		if k.deposits == 1 {
+			close(k.deposited)
+		}
+		k.mu.Unlock()
+		for _, f := range old {
+			f.Close()
+		}
+		return send(c, done, nil)
+	case hello:
+		k.mu.Lock()
+		err := sendFiles(c, k.files)
+		k.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		// The worker may take a while to start serving (its first sync).
+		_ = c.SetDeadline(time.Now().Add(5 * time.Minute))
+		if msg, _, err := recv(c, 0); err != nil || string(msg) != ready {
+			return fmt.Errorf("worker did not get ready: %q, %v", msg, err)
+		}
+		return send(c, done, nil)
+	}
+	return fmt.Errorf("bad hello %q", msg)
+}
+
+// Close stops listening, removes the socket file and closes the sockets
+// held.
+func (k *Keeper) Close() error {
+	err := k.ln.Close()
+	_ = os.Remove(k.path)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, f := range k.files {
+		f.Close()
+	}
+	k.files = map[string]*os.File{}
+	return err
+}
+
+// Deposit gives the keeper at path a copy of files (the caller still
+// closes its own), replacing what it held.
+func Deposit(ctx context.Context, path string, files map[string]*os.File) error {
+	if err := supported(); err != nil {
+		return fmt.Errorf("depositing sockets at %s: %w", path, err)
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unixpacket", path)
+	if err != nil {
+		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+			return fmt.Errorf("depositing sockets: no keeper at %s: %w", path, err)
+		}
+		return fmt.Errorf("depositing sockets at %s: %w", path, err)
+	}
+	uc := c.(*net.UnixConn)
+	defer uc.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = uc.SetDeadline(dl)
+	}
+	if err := send(uc, deposit, nil); err != nil {
+		return fmt.Errorf("depositing sockets at %s: %w", path, err)
+	}
+	if err := sendFiles(uc, files); err != nil {
+		return fmt.Errorf("depositing sockets at %s: %w", path, err)
+	}
+	if msg, _, err := recv(uc, 0); err != nil || string(msg) != done {
+		return fmt.Errorf("depositing sockets at %s: the keeper said %q: %v", path, msg, err)
+	}
+	return nil
+}

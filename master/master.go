@@ -1,0 +1,209 @@
+//go:build linux
+
+// Package master owns master-worker mode (--master-worker): a small
+// process that starts the svcproxy that serves (the worker) as its child,
+// keeps a copy of the worker's sockets in a handover.Keeper, and, when the
+// worker dies, starts another that takes those sockets. The listening
+// sockets never close, so while no worker runs, new connections wait in
+// their accept queues (and datagrams in their receive buffers) instead of
+// being refused: the crash costs only what was in flight in the dead
+// worker. HAProxy's master-worker mode and nginx's master process are the
+// anchors; like HAProxy's master, this one does no proxying and holds no
+// configuration, so it has little that can crash.
+//
+// Signals to the master: SIGINT and SIGTERM stop it (the worker is told
+// and the master exits with it; the kept sockets are closed at once, so
+// new connections are refused rather than queued while the worker
+// drains); SIGHUP is passed on; SIGUSR2 starts a new worker, which takes
+// over from the running one through the handover socket as on any
+// restart. A worker that exits with status 0 by itself (it handed over to
+// a successor outside this master, as in a DaemonSet rollout) ends the
+// master too. A worker that fails before it ever served is not restarted:
+// its error is the master's.
+package master
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/svcproxy/svcproxy/handover"
+)
+
+// EnvKeeper is the environment variable that tells a worker where its
+// master's keeper listens (and that it is a worker).
+const EnvKeeper = "SVCPROXY_KEEPER"
+
+// Worker is a started worker process.
+type Worker interface {
+	Pid() int
+	// Wait waits for it to exit: nil for status 0.
+	Wait() error
+	Signal(os.Signal) error
+}
+
+// Config configures Run.
+type Config struct {
+	// Keeper is the unix socket path of the keeper. Required.
+	Keeper string
+	// Start starts a worker with env added to this process's environment.
+	// Required.
+	Start func(env []string) (Worker, error)
+	// Signals are the signals the master acts on (SIGINT, SIGTERM, SIGHUP,
+	// SIGUSR2), relayed by the caller.
+	Signals <-chan os.Signal
+	// MinBackoff and MaxBackoff bound the wait before restarting a worker
+	// that died soon (under StableAfter) after it started; it doubles on
+	// each such death. Zero: 100ms, 5s, 10s.
+	MinBackoff, MaxBackoff, StableAfter time.Duration
+	// Logger; nil: no logging.
+	Logger *zap.Logger
+}
+
+type exit struct {
+	w   Worker
+	err error
+}
+
+// Run starts a worker and keeps one running until ctx ends, a stop signal
+// or a worker's own clean exit, as the package comment says. It returns
+// the last worker's error, if any.
+func Run(ctx context.Context, cfg Config) error {
+	log := cfg.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if cfg.MinBackoff == 0 {
+		cfg.MinBackoff = 100 * time.Millisecond
+	}
+	if cfg.MaxBackoff == 0 {
+		cfg.MaxBackoff = 5 * time.Second
+	}
+	if cfg.StableAfter == 0 {
+		cfg.StableAfter = 10 * time.Second
+	}
+	k, err := handover.ListenKeeper(cfg.Keeper)
+	if err != nil {
+		return fmt.Errorf("master-worker: %w", err)
+	}
+	kctx, stopKeeper := context.WithCancel(context.Background())
+	defer func() { stopKeeper(); k.Close() }()
+	go func() { _ = k.Serve(kctx) }()
+
+	exits := make(chan exit, 4)
+	live := map[Worker]bool{}
+	var current Worker
+	var started time.Time
+	var depositsAtStart int
+	start := func() error {
+		w, err := cfg.Start([]string{EnvKeeper + "=" + cfg.Keeper})
+		if err != nil {
+			return fmt.Errorf("starting a worker: %w", err)
+		}
+		_, depositsAtStart = k.Held()
+		current, started, live[w] = w, time.Now(), true
+		log.Info("started a worker", zap.Int("pid", w.Pid()))
+		go func() { exits <- exit{w, w.Wait()} }()
+		return nil
+	}
+	if err := start(); err != nil {
+		return err
+	}
+
+	stopping := false
+	stop := func(sig os.Signal) {
+		if !stopping {
+			stopping = true
+			// No new worker will take the kept sockets: close them, so
+			// that while the worker drains, new connections are refused
+			// (its listeners closed) rather than queued for nobody.
+			stopKeeper()
+			k.Close()
+		}
+		for w := range live {
+			_ = w.Signal(sig)
+		}
+	}
+	backoff := time.Duration(0)
+	var restart <-chan time.Time
+	done := ctx.Done()
+	for {
+		select {
+		case <-done:
+			done = nil
+			stop(syscall.SIGTERM)
+			if len(live) == 0 {
+				return nil
+			}
+		case sig := <-cfg.Signals:
+			switch sig {
+			case syscall.SIGINT, syscall.SIGTERM:
+				log.Info("stopping the worker", zap.Stringer("signal", sig))
+				stop(sig)
+				if len(live) == 0 {
+					return nil
+				}
+			case syscall.SIGHUP:
+				if current != nil && live[current] {
+					_ = current.Signal(sig)
+				}
+			case syscall.SIGUSR2:
+				if stopping || restart != nil {
+					continue
+				}
+				log.Info("SIGUSR2: starting a new worker; it takes over from the running one")
+				if err := start(); err != nil {
+					log.Error("restarting", zap.Error(err))
+				}
+			}
+		case <-restart:
+			restart = nil
+			if stopping {
+				return nil
+			}
+			if err := start(); err != nil {
+				return err
+			}
+		case e := <-exits:
+			delete(live, e.w)
+			if e.w != current {
+				log.Info("the previous worker exited", zap.Int("pid", e.w.Pid()), zap.Error(e.err))
+				if stopping && len(live) == 0 {
+					return nil
+				}
+				continue
+			}
+			switch {
+			case stopping:
+				if len(live) == 0 {
+					return e.err
+				}
+				continue
+			case e.err == nil:
+				log.Info("the worker exited by itself; so does the master", zap.Int("pid", e.w.Pid()))
+				stop(syscall.SIGTERM)
+				if len(live) == 0 {
+					return nil
+				}
+				continue
+			}
+			if _, deposits := k.Held(); deposits == depositsAtStart {
+				stop(syscall.SIGTERM)
+				return fmt.Errorf("the worker failed before it served: %w", e.err)
+			}
+			if time.Since(started) < cfg.StableAfter {
+				backoff = min(max(2*backoff, cfg.MinBackoff), cfg.MaxBackoff)
+			} else {
+				backoff = 0
+			}
+			names, _ := k.Held()
+			log.Warn("the worker died; starting another, which takes its sockets (new connections wait meanwhile)",
+				zap.Int("pid", e.w.Pid()), zap.Error(e.err), zap.Int("socketsKept", len(names)), zap.Duration("after", backoff))
+			restart = time.After(backoff)
+		}
+	}
+}

@@ -1,0 +1,168 @@
+//go:build linux
+
+package master
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/svcproxy/svcproxy/handover"
+)
+
+// fakeWorker is a worker that exits when told (exit) or signalled.
+type fakeWorker struct {
+	pid  int
+	exit chan error
+	sigs chan os.Signal
+}
+
+func (w *fakeWorker) Pid() int    { return w.pid }
+func (w *fakeWorker) Wait() error { return <-w.exit }
+func (w *fakeWorker) Signal(s os.Signal) error {
+	w.sigs <- s
+	return nil
+}
+
+// rig runs Run with fake workers; each started worker is sent on started.
+type rig struct {
+	keeper  string
+	signals chan os.Signal
+	started chan *fakeWorker
+	done    chan error
+	mu      sync.Mutex
+	n       int
+}
+
+func newRig(t *testing.T) *rig {
+	r := &rig{keeper: filepath.Join(t.TempDir(), "keeper.sock"), signals: make(chan os.Signal, 1),
+		started: make(chan *fakeWorker, 8), done: make(chan error, 1)}
+	go func() {
+		r.done <- Run(context.Background(), Config{Keeper: r.keeper, Signals: r.signals, Logger: zaptest.NewLogger(t),
+			MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond,
+			Start: func(env []string) (Worker, error) {
+				if len(env) != 1 || env[0] != EnvKeeper+"="+r.keeper {
+					t.Errorf("worker environment %q, want %s=%s", env, EnvKeeper, r.keeper)
+				}
+				r.mu.Lock()
+				r.n++
+				w := &fakeWorker{pid: r.n, exit: make(chan error, 1), sigs: make(chan os.Signal, 4)}
+				r.mu.Unlock()
+				r.started <- w
+				return w, nil
+			}})
+	}()
+	return r
+}
+
+func (r *rig) next(t *testing.T) *fakeWorker {
+	t.Helper()
+	select {
+	case w := <-r.started:
+		return w
+	case err := <-r.done:
+		t.Fatalf("Run returned %v, want another worker", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("no worker started")
+	}
+	return nil
+}
+
+// serve has the worker deposit a socket with the keeper, as a serving one does.
+func (r *rig) serve(t *testing.T) {
+	t.Helper()
+	f, err := os.CreateTemp(t.TempDir(), "sock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := handover.Deposit(context.Background(), r.keeper, map[string]*os.File{"tcp/redirect/0.0.0.0:15001/0": f}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (r *rig) result(t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-r.done:
+		return err
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return")
+	}
+	return nil
+}
+
+func TestRun(t *testing.T) {
+	crash := errors.New("signal: killed")
+	t.Run("a crashed worker is replaced and the next takes the kept sockets", func(t *testing.T) {
+		r := newRig(t)
+		w := r.next(t)
+		r.serve(t)
+		w.exit <- crash
+		w2 := r.next(t)
+		h, err := handover.Take(context.Background(), r.keeper)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(h.Files) != 1 || h.Files["tcp/redirect/0.0.0.0:15001/0"] == nil {
+			t.Errorf("the next worker got %v, want the deposited socket", h.Files)
+		}
+		if err := h.Ready(context.Background()); err != nil {
+			t.Errorf("Ready: %v", err)
+		}
+		r.signals <- syscall.SIGTERM
+		if s := <-w2.sigs; s != syscall.SIGTERM {
+			t.Errorf("worker got %v, want SIGTERM", s)
+		}
+		w2.exit <- nil
+		if err := r.result(t); err != nil {
+			t.Errorf("Run = %v, want nil", err)
+		}
+	})
+	t.Run("a worker that fails before it served ends the master", func(t *testing.T) {
+		r := newRig(t)
+		r.next(t).exit <- crash
+		if err := r.result(t); !errors.Is(err, crash) {
+			t.Errorf("Run = %v, want %v", err, crash)
+		}
+	})
+	t.Run("a worker's clean exit ends the master", func(t *testing.T) {
+		r := newRig(t)
+		w := r.next(t)
+		r.serve(t)
+		w.exit <- nil
+		if err := r.result(t); err != nil {
+			t.Errorf("Run = %v, want nil", err)
+		}
+	})
+	t.Run("SIGHUP is passed on; SIGUSR2 starts a successor and the old one's exit is no crash", func(t *testing.T) {
+		r := newRig(t)
+		w := r.next(t)
+		r.serve(t)
+		r.signals <- syscall.SIGHUP
+		if s := <-w.sigs; s != syscall.SIGHUP {
+			t.Errorf("worker got %v, want SIGHUP", s)
+		}
+		r.signals <- syscall.SIGUSR2
+		w2 := r.next(t)
+		w.exit <- nil // it handed over and drained
+		r.signals <- syscall.SIGINT
+		if s := <-w2.sigs; s != syscall.SIGINT {
+			t.Errorf("successor got %v, want SIGINT", s)
+		}
+		w2.exit <- nil
+		if err := r.result(t); err != nil {
+			t.Errorf("Run = %v, want nil", err)
+		}
+		if len(r.started) != 0 {
+			t.Errorf("a worker was started after the old one exited")
+		}
+	})
+}
