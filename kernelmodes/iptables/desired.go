@@ -216,10 +216,16 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 	needS, needE := false, false
 	reject := rejectWith(svc.Protocol, fam)
 
-	frontend := func(ip netip.Addr, pool *lb.Pool, eps []netip.AddrPort, chain string) bool {
-		ip = ip.Unmap()
-		if !ip.IsValid() || familyOf(ip) != fam || snap.Route(svc.Protocol, netip.AddrPortFrom(ip, svc.Port)) != pool {
-			return false // another family, or another Service owns this frontend
+	// Only the frontends the snapshot gives this Service port: another
+	// Service may have won some of them in a conflict.
+	for fe, pool := range snap.Frontends(bal) {
+		ip := fe.Addr.Addr()
+		if !ip.IsValid() || pool == nil || familyOf(ip) != fam {
+			continue
+		}
+		eps, chain, need := intEps, sChain, &needS
+		if pool.External {
+			eps, chain, need = extEps, eChain, &needE
 		}
 		match := "-d " + hostPrefix(ip) + " -p " + proto + " -m " + proto + " --dport " + port
 		if len(eps) == 0 {
@@ -227,26 +233,19 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 			// through to the NodePorts; filter rejects it.
 			r.services = append(r.services, match+" -j RETURN")
 			r.reject = append(r.reject, match+" -j REJECT --reject-with "+reject)
-			return false
+			continue
 		}
 		r.services = append(r.services, match+" -j "+chain)
-		r.addFlows(svc, netip.AddrPortFrom(ip, svc.Port), eps)
-		return true
+		r.addFlows(svc, fe.Addr, eps)
+		*need = true
 	}
-	for _, ip := range svc.ClusterIPs {
-		needS = frontend(ip, bal.Internal, intEps, sChain) || needS
-	}
-	for _, ip := range slices.Concat(svc.ExternalIPs, svc.LoadBalancerIPs) {
-		needE = frontend(ip, bal.External, extEps, eChain) || needE
-	}
-	if svc.NodePort != 0 && m.nodePorts[fam] &&
-		snap.Route(svc.Protocol, netip.AddrPortFrom(netip.IPv4Unspecified(), svc.NodePort)) == bal.External {
-		match := "-p " + proto + " -m " + proto + " --dport " + strconv.Itoa(int(svc.NodePort))
+	if np := snap.NodePort(bal); np != 0 && m.nodePorts[fam] {
+		match := "-p " + proto + " -m " + proto + " --dport " + strconv.Itoa(int(np))
 		if len(extEps) == 0 {
 			r.npReject = append(r.npReject, match+" -j REJECT --reject-with "+reject)
 		} else {
 			r.nodePorts = append(r.nodePorts, match+" -j "+eChain)
-			r.addFlows(svc, netip.AddrPortFrom(netip.Addr{}, svc.NodePort), extEps)
+			r.addFlows(svc, netip.AddrPortFrom(netip.Addr{}, np), extEps)
 			needE = true
 		}
 	}
