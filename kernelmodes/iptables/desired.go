@@ -161,36 +161,6 @@ func natDest(a netip.AddrPort) string {
 	return a.String()
 }
 
-// ownership is a fingerprint of which of svc's frontends the snapshot routes
-// to this Service (conflicts give a frontend to one Service only): when
-// another Service is removed, a frontend may change hands without this
-// Service changing. Bit 63 means "too many frontends to say": always
-// recompute.
-func ownership(snap *lb.Snapshot, bal *lb.Balancer) uint64 {
-	svc := bal.Service
-	var bits uint64
-	i := 0
-	add := func(owned bool) {
-		switch {
-		case i >= 63:
-			bits |= 1 << 63
-		case owned:
-			bits |= 1 << i
-		}
-		i++
-	}
-	for _, ip := range svc.ClusterIPs {
-		add(snap.Route(svc.Protocol, netip.AddrPortFrom(ip, svc.Port)) == bal.Internal)
-	}
-	for _, ip := range slices.Concat(svc.ExternalIPs, svc.LoadBalancerIPs) {
-		add(snap.Route(svc.Protocol, netip.AddrPortFrom(ip, svc.Port)) == bal.External)
-	}
-	if svc.NodePort != 0 {
-		add(snap.Route(svc.Protocol, netip.AddrPortFrom(netip.IPv4Unspecified(), svc.NodePort)) == bal.External)
-	}
-	return bits
-}
-
 // compute translates one Service port into its rules for family fam. It
 // decides nothing the snapshot has not: the pools say which endpoints serve
 // internal and external traffic; compute only writes them down.
