@@ -82,18 +82,16 @@ func (r *Redirector) compute(snap *lb.Snapshot, ports Ports, spare map[member]st
 			errs = append(errs, fmt.Errorf("service %v: unsupported protocol %v", svc.Name, svc.Protocol))
 			continue
 		}
-		frontend := func(ip netip.Addr, pool *lb.Pool) {
-			ip = ip.Unmap()
-			if !ip.IsValid() {
-				return
+		// Only the frontends the snapshot gives this Service port: another
+		// Service may have won some of them in a conflict.
+		for fe, pool := range snap.Frontends(bal) {
+			ip := fe.Addr.Addr()
+			if !ip.IsValid() || pool == nil {
+				continue
 			}
 			fam := familyOf(ip)
 			if fam == netfilter.IPv6 && !r.cfg.IPv6 {
-				return
-			}
-			fe := lb.Frontend{Protocol: svc.Protocol, Addr: netip.AddrPortFrom(ip, svc.Port)}
-			if pool == nil || snap.Route(fe.Protocol, fe.Addr) != pool {
-				return // another Service owns this frontend
+				continue
 			}
 			usable := len(pool.Backends()) > 0
 			if svc.Protocol == lb.UDP {
@@ -103,7 +101,7 @@ func (r *Redirector) compute(snap *lb.Snapshot, ports Ports, spare map[member]st
 					udp[fam] = append(udp[fam], udpRedirect{dst: ip, port: svc.Port, to: to})
 				case usable:
 					errs = append(errs, fmt.Errorf("service %v: frontend %v: no forwarder port for it", svc.Name, fe))
-					return
+					continue
 				}
 			}
 			set := rejectSet(fam)
@@ -112,21 +110,9 @@ func (r *Redirector) compute(snap *lb.Snapshot, ports Ports, spare map[member]st
 			}
 			d.members[addrMember(set, ip, svc.Protocol, svc.Port)] = struct{}{}
 		}
-		for _, ip := range svc.ClusterIPs {
-			frontend(ip, bal.Internal)
-		}
-		for _, ip := range svc.ExternalIPs {
-			frontend(ip, bal.External)
-		}
-		for _, ip := range svc.LoadBalancerIPs {
-			frontend(ip, bal.External)
-		}
-		if svc.NodePort == 0 {
-			continue
-		}
 		pool := bal.External
-		if pool == nil || snap.Route(svc.Protocol, netip.AddrPortFrom(netip.IPv4Unspecified(), svc.NodePort)) != pool {
-			continue // another Service owns this NodePort
+		if snap.NodePort(bal) == 0 || pool == nil {
+			continue // none, or another Service owns this NodePort
 		}
 		usable := len(pool.Backends()) > 0
 		if svc.Protocol == lb.UDP {

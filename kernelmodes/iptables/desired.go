@@ -161,36 +161,6 @@ func natDest(a netip.AddrPort) string {
 	return a.String()
 }
 
-// ownership is a fingerprint of which of svc's frontends the snapshot routes
-// to this Service (conflicts give a frontend to one Service only): when
-// another Service is removed, a frontend may change hands without this
-// Service changing. Bit 63 means "too many frontends to say": always
-// recompute.
-func ownership(snap *lb.Snapshot, bal *lb.Balancer) uint64 {
-	svc := bal.Service
-	var bits uint64
-	i := 0
-	add := func(owned bool) {
-		switch {
-		case i >= 63:
-			bits |= 1 << 63
-		case owned:
-			bits |= 1 << i
-		}
-		i++
-	}
-	for _, ip := range svc.ClusterIPs {
-		add(snap.Route(svc.Protocol, netip.AddrPortFrom(ip, svc.Port)) == bal.Internal)
-	}
-	for _, ip := range slices.Concat(svc.ExternalIPs, svc.LoadBalancerIPs) {
-		add(snap.Route(svc.Protocol, netip.AddrPortFrom(ip, svc.Port)) == bal.External)
-	}
-	if svc.NodePort != 0 {
-		add(snap.Route(svc.Protocol, netip.AddrPortFrom(netip.IPv4Unspecified(), svc.NodePort)) == bal.External)
-	}
-	return bits
-}
-
 // compute translates one Service port into its rules for family fam. It
 // decides nothing the snapshot has not: the pools say which endpoints serve
 // internal and external traffic; compute only writes them down.
@@ -216,10 +186,16 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 	needS, needE := false, false
 	reject := rejectWith(svc.Protocol, fam)
 
-	frontend := func(ip netip.Addr, pool *lb.Pool, eps []netip.AddrPort, chain string) bool {
-		ip = ip.Unmap()
-		if !ip.IsValid() || familyOf(ip) != fam || snap.Route(svc.Protocol, netip.AddrPortFrom(ip, svc.Port)) != pool {
-			return false // another family, or another Service owns this frontend
+	// Only the frontends the snapshot gives this Service port: another
+	// Service may have won some of them in a conflict.
+	for fe, pool := range snap.Frontends(bal) {
+		ip := fe.Addr.Addr()
+		if !ip.IsValid() || pool == nil || familyOf(ip) != fam {
+			continue
+		}
+		eps, chain, need := intEps, sChain, &needS
+		if pool.External {
+			eps, chain, need = extEps, eChain, &needE
 		}
 		match := "-d " + hostPrefix(ip) + " -p " + proto + " -m " + proto + " --dport " + port
 		if len(eps) == 0 {
@@ -227,26 +203,19 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 			// through to the NodePorts; filter rejects it.
 			r.services = append(r.services, match+" -j RETURN")
 			r.reject = append(r.reject, match+" -j REJECT --reject-with "+reject)
-			return false
+			continue
 		}
 		r.services = append(r.services, match+" -j "+chain)
-		r.addFlows(svc, netip.AddrPortFrom(ip, svc.Port), eps)
-		return true
+		r.addFlows(svc, fe.Addr, eps)
+		*need = true
 	}
-	for _, ip := range svc.ClusterIPs {
-		needS = frontend(ip, bal.Internal, intEps, sChain) || needS
-	}
-	for _, ip := range slices.Concat(svc.ExternalIPs, svc.LoadBalancerIPs) {
-		needE = frontend(ip, bal.External, extEps, eChain) || needE
-	}
-	if svc.NodePort != 0 && m.nodePorts[fam] &&
-		snap.Route(svc.Protocol, netip.AddrPortFrom(netip.IPv4Unspecified(), svc.NodePort)) == bal.External {
-		match := "-p " + proto + " -m " + proto + " --dport " + strconv.Itoa(int(svc.NodePort))
+	if np := snap.NodePort(bal); np != 0 && m.nodePorts[fam] {
+		match := "-p " + proto + " -m " + proto + " --dport " + strconv.Itoa(int(np))
 		if len(extEps) == 0 {
 			r.npReject = append(r.npReject, match+" -j REJECT --reject-with "+reject)
 		} else {
 			r.nodePorts = append(r.nodePorts, match+" -j "+eChain)
-			r.addFlows(svc, netip.AddrPortFrom(netip.Addr{}, svc.NodePort), extEps)
+			r.addFlows(svc, netip.AddrPortFrom(netip.Addr{}, np), extEps)
 			needE = true
 		}
 	}

@@ -74,10 +74,10 @@
 // does the full sync at once when any differs, else an incremental one.
 // A Service's own chain or a set member changed behind svcproxy's back is
 // repaired by the hourly full sync.
-// An incremental Apply compares each Service port with the last Apply (the
-// Store builds a new Balancer for every change, so unchanged ones are one
-// pointer comparison), declares and refills only the changed Services'
-// chains, and deletes or inserts their single rules in the shared chains by
+// An incremental Apply asks the snapshot which Service ports changed since
+// the last Apply's (lb.Snapshot.Changed, which also reports a port whose
+// frontends or NodePort changed hands in a conflict), declares and refills
+// only the changed Services' chains, and deletes or inserts their single rules in the shared chains by
 // specification (-D, -I SVCPROXY-DNAT-SERVICES 1, -A): the dispatch chain is
 // never rewritten. Hairpin members change with one `ipset restore`. UDP
 // flows DNATed to an endpoint that left its frontend lose their conntrack

@@ -11,17 +11,16 @@ import (
 )
 
 // state is what one Apply leaves in the kernel: every Service port's rules
-// per family.
+// per family, and the snapshot they were computed from, which the next plan
+// asks what changed since (lb.Snapshot.Changed).
 type state struct {
+	snap *lb.Snapshot
 	svcs map[lb.ServicePortName]*svcState
 }
 
-// svcState is one Service port as last written. A Balancer that is the same
-// pointer as last time, with the same frontends routed to it, has not
-// changed (the Store builds a new Balancer for every update).
+// svcState is one Service port as last written. The next plan reuses it
+// unless the snapshot reports the port updated.
 type svcState struct {
-	bal   *lb.Balancer
-	own   uint64
 	key   string // the Service port's name: its Parts' key
 	rules [2]svcRules
 	parts [2]*netfilter.Part
@@ -32,25 +31,36 @@ type svcState struct {
 type change struct{ old, new *svcState }
 
 // plan computes the next state from snap, reusing the Services that did not
-// change since prev (which may be nil), and lists the changes.
+// change since prev (which may be nil), and lists the changes. What changed
+// is the snapshot's to say (lb.Snapshot.Changed: a port's Service, pools,
+// or the frontends and NodePort it owns after conflicts); plan recomputes
+// only those ports.
 func (m *Mode) plan(snap *lb.Snapshot, prev *state) (*state, []change) {
-	next := &state{svcs: make(map[lb.ServicePortName]*svcState, snap.Len())}
+	next := &state{snap: snap, svcs: make(map[lb.ServicePortName]*svcState, snap.Len())}
+	var diff lb.Diff
+	var updated map[lb.ServicePortName]bool
+	if prev != nil {
+		diff = snap.Changed(prev.snap)
+		updated = make(map[lb.ServicePortName]bool, len(diff.Updated))
+		for _, name := range diff.Updated {
+			updated[name] = true
+		}
+	}
 	var changes []change
 	for _, bal := range snap.Balancers() {
 		if bal == nil || bal.Service == nil {
 			continue
 		}
 		name := bal.Service.Name
-		own := ownership(snap, bal)
 		var old *svcState
 		if prev != nil {
 			old = prev.svcs[name]
 		}
-		if old != nil && old.bal == bal && old.own == own && own&(1<<63) == 0 {
+		if old != nil && !updated[name] {
 			next.svcs[name] = old
 			continue
 		}
-		s := &svcState{bal: bal, own: own, key: name.String()}
+		s := &svcState{key: name.String()}
 		for _, fam := range m.families {
 			s.rules[fam] = m.compute(snap, bal, fam)
 		}
@@ -64,11 +74,9 @@ func (m *Mode) plan(snap *lb.Snapshot, prev *state) (*state, []change) {
 		}
 		changes = append(changes, change{old, s})
 	}
-	if prev != nil {
-		for name, old := range prev.svcs {
-			if _, ok := next.svcs[name]; !ok {
-				changes = append(changes, change{old, nil})
-			}
+	for _, name := range diff.Removed {
+		if old := prev.svcs[name]; old != nil {
+			changes = append(changes, change{old, nil})
 		}
 	}
 	return next, changes

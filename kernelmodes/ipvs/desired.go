@@ -102,43 +102,31 @@ func (m *Mode) compute(snap *lb.Snapshot, nodeIPs []netip.Addr) (*desired, []err
 			d.vs[vsKey{svc.Protocol, addr}] = w
 			return len(w.dests) > 0
 		}
-		frontend := func(ip netip.Addr, pool *lb.Pool, external bool) {
-			ip = ip.Unmap()
+		// Only the frontends the snapshot gives this Service port: another
+		// Service may have won some of them in a conflict.
+		for fe, pool := range snap.Frontends(bal) {
+			ip := fe.Addr.Addr()
 			if !ip.IsValid() || pool == nil {
-				return
+				continue
 			}
 			fam := familyOf(ip)
 			if fam == IPv6 && !m.cfg.IPv6 {
-				return
-			}
-			addr := netip.AddrPortFrom(ip, svc.Port)
-			if snap.Route(svc.Protocol, addr) != pool {
-				return // another Service owns this frontend
+				continue
 			}
 			d.vips[ip] = struct{}{}
 			d.members[member{set: famSet(setVIPs4, fam), ip: ip}] = struct{}{}
 			vs := member{set: famSet(setVS4, fam), ip: ip, proto: svc.Protocol, port: svc.Port}
 			d.members[vs] = struct{}{}
-			if !virtualServer(addr, pool) {
+			if !virtualServer(fe.Addr, pool) {
 				vs.set = famSet(setReject4, fam)
 				d.members[vs] = struct{}{}
 			}
-			if m.cfg.MasqueradeAll || (external && svc.ExternalTrafficPolicy == lb.PolicyCluster) {
+			if m.cfg.MasqueradeAll || (pool.External && svc.ExternalTrafficPolicy == lb.PolicyCluster) {
 				vs.set = famSet(setMasq4, fam)
 				d.members[vs] = struct{}{}
 			}
 		}
-		for _, ip := range svc.ClusterIPs {
-			frontend(ip, bal.Internal, false)
-		}
-		for _, ip := range svc.ExternalIPs {
-			frontend(ip, bal.External, true)
-		}
-		for _, ip := range svc.LoadBalancerIPs {
-			frontend(ip, bal.External, true)
-		}
-		if svc.NodePort == 0 || bal.External == nil ||
-			snap.Route(svc.Protocol, netip.AddrPortFrom(netip.IPv4Unspecified(), svc.NodePort)) != bal.External {
+		if snap.NodePort(bal) == 0 || bal.External == nil {
 			continue // none, or another Service owns this NodePort
 		}
 		usable := false
