@@ -121,6 +121,7 @@ type udpFlow struct {
 	backend  *lb.Backend
 	upstream *net.UDPConn
 	raw      syscall.RawConn
+	out      batchConn // upstream, for sendmmsg
 	start    time.Time
 
 	last     atomic.Int64 // unix nanoseconds of the last datagram either way
@@ -319,6 +320,9 @@ func (fe *udpFrontend) readLoop() {
 		ms[i].Buffers = [][]byte{make([]byte, maxDatagram)}
 		ms[i].OOB = make([]byte, oobSize)
 	}
+	var flows [udpBatch]*udpFlow
+	var outs [udpBatch]ipv4.Message
+	var bufs [udpBatch][1][]byte
 	for {
 		for i := range ms {
 			ms[i].OOB = ms[i].OOB[:cap(ms[i].OOB)]
@@ -334,27 +338,60 @@ func (fe *udpFrontend) readLoop() {
 		now := time.Now()
 		for i := range ms[:n] {
 			m := &ms[i]
+			flows[i] = nil
 			ua, ok := m.Addr.(*net.UDPAddr)
 			if !ok {
 				continue
 			}
 			client := ua.AddrPort()
 			client = netip.AddrPortFrom(client.Addr().Unmap(), client.Port())
-			fl := fe.flow(client, fe.localAddr(m.OOB[:m.NN]), now)
+			flows[i] = fe.flow(client, fe.localAddr(m.OOB[:m.NN]), now)
+		}
+		// Each flow's datagrams of the batch, in order, with one write
+		// (sendmmsg when there are several: a busy client's queries).
+		for i := range ms[:n] {
+			fl := flows[i]
 			if fl == nil {
 				continue
 			}
-			if _, err := fl.upstream.Write(m.Buffers[0][:m.N]); err != nil {
+			out := outs[:0]
+			bytes := 0
+			for j := i; j < n; j++ {
+				if flows[j] == fl {
+					flows[j] = nil
+					bufs[len(out)][0] = ms[j].Buffers[0][:ms[j].N]
+					out = append(out, ipv4.Message{Buffers: bufs[len(out)][:]})
+					bytes += ms[j].N
+				}
+			}
+			if err := fl.send(out); err != nil {
 				if isRefused(err) {
 					fl.refused(now)
 				}
 				continue
 			}
-			fl.bytesIn.Add(int64(m.N))
+			fl.bytesIn.Add(int64(bytes))
 			fl.last.Store(now.UnixNano())
-			fe.f.m.udpIn.Inc()
+			fe.f.m.udpIn.Add(float64(len(out)))
 		}
 	}
+}
+
+// send writes datagrams to the flow's backend: one write, or one sendmmsg
+// for several.
+func (fl *udpFlow) send(out []ipv4.Message) error {
+	if len(out) == 1 {
+		_, err := fl.upstream.Write(out[0].Buffers[0])
+		return err
+	}
+	for sent := 0; sent < len(out); {
+		k, err := fl.out.WriteBatch(out[sent:], 0)
+		if err != nil {
+			return err
+		}
+		sent += k
+	}
+	return nil
 }
 
 // localAddr is the destination address of a received datagram.
@@ -429,6 +466,11 @@ func (fe *udpFrontend) flow(client netip.AddrPort, local netip.Addr, now time.Ti
 			continue
 		}
 		fl = &udpFlow{fe: fe, client: client, local: local, pool: pool, backend: b, upstream: up, raw: raw, start: now}
+		if b.Addr.Addr().Is4() || b.Addr.Addr().Is4In6() {
+			fl.out = ipv4.NewPacketConn(up)
+		} else {
+			fl.out = ipv6.NewPacketConn(up)
+		}
 		fl.last.Store(now.UnixNano())
 		rec.Backend = b.Addr
 		fe.mu.Lock()

@@ -18,6 +18,13 @@ type replyBatch struct {
 	count int
 	err   error // the recvfrom error inside the callback
 	fn    func(fd uintptr) bool
+	// probe: after a datagram, try for another before returning. On
+	// when the last read found data without waiting (replies are
+	// queueing: drain them in batches); off when it had to wait for one
+	// (a query's answer), which saves the recvfrom that would say EAGAIN:
+	// the next read tries anyway before it waits.
+	probe bool
+	calls int // of fn in this read: 1 means data was there at once
 }
 
 func newReplyBatch(fl *udpFlow) *replyBatch {
@@ -30,15 +37,17 @@ func newReplyBatch(fl *udpFlow) *replyBatch {
 // deadline passes) and takes what is queued. The caller returns the
 // buffers of bufs[:count] to datagramPool.
 func (b *replyBatch) read() (int, error) {
-	b.count, b.err = 0, nil
+	b.count, b.err, b.calls = 0, nil, 0
 	err := b.raw.Read(b.fn)
 	if err == nil {
 		err = b.err
 	}
+	b.probe = b.calls == 1
 	return b.count, err
 }
 
 func (b *replyBatch) readFn(fd uintptr) bool {
+	b.calls++
 	for b.count < udpBatch {
 		bp := datagramPool.Get().(*[]byte)
 		n, _, err := unix.Recvfrom(int(fd), *bp, unix.MSG_DONTWAIT)
@@ -56,6 +65,9 @@ func (b *replyBatch) readFn(fd uintptr) bool {
 		}
 		b.bufs[b.count], b.sizes[b.count] = bp, n
 		b.count++
+		if !b.probe && b.count == 1 {
+			return true
+		}
 	}
 	return true
 }

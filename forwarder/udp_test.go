@@ -3,6 +3,7 @@ package forwarder
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -312,5 +313,49 @@ func TestUDPFlowsToRemovedBackendEnd(t *testing.T) {
 	h.replace(udpService("dns", fe, keep))
 	if now := ask(); now == first {
 		t.Fatalf("the flow stayed on removed backend %s", first)
+	}
+}
+
+// TestUDPBurstsKeepOrder: clients that send bursts without waiting (so a
+// frontend read holds several datagrams of one flow, written to the
+// backend together) get every datagram through, each flow in order, and
+// every one counted.
+func TestUDPBurstsKeepOrder(t *testing.T) {
+	leakCheck(t)
+	fe := freeUDPFrontend(t)
+	a := startUDPEcho(t, "a")
+	h := newHarness(t, Config{}, udpService("dns", fe, a.addr))
+	const clients, burst = 4, 64
+	var conns []*net.UDPConn
+	for range clients {
+		c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(fe))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns = append(conns, c)
+	}
+	for i := range burst { // interleaved: each read of the frontend holds several flows
+		for k, c := range conns {
+			if _, err := fmt.Fprintf(c, "%d-%d", k, i); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	buf := make([]byte, 100)
+	for k, c := range conns {
+		for i := range burst {
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			n, err := c.Read(buf)
+			if err != nil {
+				t.Fatalf("client %d, reply %d: %v", k, i, err)
+			}
+			if got, want := string(buf[:n]), fmt.Sprintf("a %d-%d", k, i); got != want {
+				t.Fatalf("client %d: reply %q, want %q (every datagram, in order)", k, got, want)
+			}
+		}
+	}
+	if n := testutil.ToFloat64(h.m.udpIn); n != clients*burst {
+		t.Errorf("datagrams forwarded = %v, want %d", n, clients*burst)
 	}
 }
