@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 )
 
 // TestKubeProxyTraces: kube-proxy's chains, nftables tables and IPVS
@@ -42,7 +43,7 @@ func TestKubeProxyTraces(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			f := netfilter.NewFake()
+			f := netfiltertest.NewFake()
 			for fam, data := range map[netfilter.Family]string{netfilter.IPv4: tc.v4, netfilter.IPv6: tc.v6} {
 				if data == "" {
 					continue

@@ -31,7 +31,7 @@ import (
 	"github.com/svcproxy/svcproxy/internal/proctest"
 	"github.com/svcproxy/svcproxy/kernelmodes/iptables"
 	"github.com/svcproxy/svcproxy/lb"
-	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 	"github.com/svcproxy/svcproxy/proxymode"
 	"github.com/svcproxy/svcproxy/runner"
 	"github.com/svcproxy/svcproxy/source/kube"
@@ -425,7 +425,7 @@ func freePort(t *testing.T) int {
 func TestIPTablesRestoreFailuresMetric(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	newDaemonMetrics(reg, Families(false)) // beside the daemon's other metrics, as Run registers them
-	f := netfilter.NewFake()
+	f := netfiltertest.NewFake()
 	mode, err := iptables.New(iptables.Config{Exec: f, FullSyncPeriod: -1, Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)

@@ -1,17 +1,20 @@
-package netfilter
+package netfilter_test
 
 import (
 	"context"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 )
 
 // TestCleanup: a mode's chains, the jumps into them and its sets go; what
 // shares the tables (another prefix, foreign rules, foreign sets) stays.
 func TestCleanup(t *testing.T) {
 	ctx := context.Background()
-	f := NewFake()
+	f := netfiltertest.NewFake()
 	must := func(err error) {
 		t.Helper()
 		if err != nil {
@@ -19,7 +22,7 @@ func TestCleanup(t *testing.T) {
 		}
 	}
 	must(f.IPSetRestore(ctx, []byte("create svcproxy-dnat-a hash:ip,port family inet\ncreate svcproxy-other hash:net family inet\ncreate foreign hash:net family inet\n")))
-	for _, fam := range []Family{IPv4, IPv6} {
+	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
 		must(f.IPTablesRestore(ctx, fam, []byte("*nat\n"+
 			":SVCPROXY-DNAT-SERVICES - [0:0]\n:SVCPROXY-DNAT-SVC-X - [0:0]\n:SVCPROXY-OTHER - [0:0]\n:FOREIGN - [0:0]\n"+
 			"-A SVCPROXY-DNAT-SERVICES -p tcp -m tcp --dport 80 -j SVCPROXY-DNAT-SVC-X\n"+
@@ -27,11 +30,11 @@ func TestCleanup(t *testing.T) {
 			"-A PREROUTING -j SVCPROXY-OTHER\n-A PREROUTING -j FOREIGN\n-A FOREIGN -p tcp -j RETURN\nCOMMIT\n"+
 			"*filter\n:SVCPROXY-DNAT-FILTER - [0:0]\n-A INPUT -j SVCPROXY-DNAT-FILTER\n-A INPUT -p tcp -j ACCEPT\nCOMMIT\n")))
 	}
-	must(f.IPTablesRestore(ctx, IPv4, []byte("*filter\n-A SVCPROXY-DNAT-FILTER -m set --match-set svcproxy-dnat-a dst,dst -j ACCEPT\nCOMMIT\n")))
+	must(f.IPTablesRestore(ctx, netfilter.IPv4, []byte("*filter\n-A SVCPROXY-DNAT-FILTER -m set --match-set svcproxy-dnat-a dst,dst -j ACCEPT\nCOMMIT\n")))
 
-	must(Cleanup(ctx, f, "SVCPROXY-DNAT-", "svcproxy-dnat-", true))
+	must(netfilter.Cleanup(ctx, f, "SVCPROXY-DNAT-", "svcproxy-dnat-", true))
 
-	for _, fam := range []Family{IPv4, IPv6} {
+	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
 		for _, tbl := range []string{"nat", "filter"} {
 			out, err := f.IPTablesSave(ctx, fam, tbl)
 			must(err)
@@ -56,7 +59,7 @@ func TestCleanup(t *testing.T) {
 	}
 	// Nothing left: a second Cleanup has nothing to do and writes nothing.
 	f.ResetCalls()
-	must(Cleanup(ctx, f, "SVCPROXY-DNAT-", "svcproxy-dnat-", true))
+	must(netfilter.Cleanup(ctx, f, "SVCPROXY-DNAT-", "svcproxy-dnat-", true))
 	if n := f.CountCalls("iptables-restore"); n != 0 {
 		t.Errorf("a second Cleanup ran iptables-restore %d times, want 0", n)
 	}

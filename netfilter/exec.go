@@ -14,26 +14,20 @@ import (
 	"sync"
 
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter/internal/model"
 )
 
 // Family is an IP address family.
-type Family uint8
+type Family = model.Family
 
 // The families. IPv4 is always programmed; IPv6 when Config.IPv6 is set.
 const (
-	IPv4 Family = iota
-	IPv6
+	IPv4 = model.IPv4
+	IPv6 = model.IPv6
 )
 
-func (f Family) String() string {
-	if f == IPv6 {
-		return "IPv6"
-	}
-	return "IPv4"
-}
-
 // Executor runs the kernel tools. It is exactly what svcproxy's modes call:
-// Exec is the real one, Fake the in-memory one tests use.
+// Exec is the real one, netfiltertest.Fake the in-memory one tests use.
 type Executor interface {
 	// IPTablesRestore feeds data to iptables-restore (ip6tables-restore for
 	// IPv6) with --noflush --wait: only the chains data declares are

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter/internal/model"
 )
 
 // Owned is what one table of iptables-save output holds of a mode's own
@@ -35,28 +36,23 @@ type Jump struct {
 // are kept verbatim, as a live node may hold anything. A table missing from
 // the output (nf_tables creates tables lazily) is empty.
 func ReadOwned(family Family, tableName string, save []byte, prefix string) (*Owned, error) {
-	tables := map[string]*table{}
-	if err := restore(tables, save, restoreEnv{family: family, newTable: newTable, lenient: true}); err != nil {
+	chains, err := model.ReadTable(family, save, tableName)
+	if err != nil {
 		return nil, err
 	}
 	o := &Owned{Chains: map[string][]string{}}
-	t := tables[tableName]
-	if t == nil {
-		return o, nil
-	}
-	for _, name := range t.chainNames() {
-		c := t.chains[name]
-		if strings.HasPrefix(name, prefix) {
-			rs := make([]string, len(c.rules))
-			for i, x := range c.rules {
-				rs[i] = x.String()
+	for _, c := range chains {
+		if strings.HasPrefix(c.Name, prefix) {
+			rs := make([]string, len(c.Rules))
+			for i, x := range c.Rules {
+				rs[i] = x.Canonical()
 			}
-			o.Chains[name] = rs
+			o.Chains[c.Name] = rs
 			continue
 		}
-		for _, x := range c.rules {
-			if strings.HasPrefix(x.target, prefix) {
-				o.Jumps = append(o.Jumps, Jump{Chain: name, Spec: x.text, Target: x.target, Rule: x.String()})
+		for _, x := range c.Rules {
+			if strings.HasPrefix(x.Target(), prefix) {
+				o.Jumps = append(o.Jumps, Jump{Chain: c.Name, Spec: x.Spec(), Target: x.Target(), Rule: x.Canonical()})
 			}
 		}
 	}
@@ -64,36 +60,23 @@ func ReadOwned(family Family, tableName string, save []byte, prefix string) (*Ow
 }
 
 // Canonical returns spec (a rule of family, without "-A CHAIN") the way iptables-save
-// prints it, for the matches and targets the Fake models: what a mode writes
+// prints it, for the matches and targets svcproxy writes: what a mode writes
 // in canonical form reads back unchanged, so a full sync can tell tampering
 // from its own rules.
 func Canonical(family Family, spec string) (string, error) {
-	r, err := parseRule(spec, family)
-	if err != nil {
-		return "", err
-	}
-	return r.String(), nil
+	return model.CanonicalRule(family, spec)
 }
 
 // CanonicalMembers returns the members m stands for in a set of type typ
 // (one of the Set* types; bitmap:port with the range 0-65535) and family,
 // as `ipset save` prints them.
 func CanonicalMembers(typ string, family Family, m string) ([]string, error) {
-	s := &ipset{typ: typ, family: InetName(family), lo: 0, hi: 65535}
-	return s.canon(m)
+	return model.CanonicalMembers(typ, InetName(family), m)
 }
 
 // ProtoName is p as iptables, ipset and conntrack name it: "tcp", "udp"
 // or "sctp".
-func ProtoName(p lb.Protocol) string {
-	switch p {
-	case lb.UDP:
-		return "udp"
-	case lb.SCTP:
-		return "sctp"
-	}
-	return "tcp"
-}
+func ProtoName(p lb.Protocol) string { return model.ProtoName(p) }
 
 // DestroySet destroys a set, waiting out references the nf_tables backend
 // releases asynchronously after their rule is deleted. A set that does not

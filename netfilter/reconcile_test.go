@@ -1,4 +1,4 @@
-package netfilter
+package netfilter_test
 
 import (
 	"context"
@@ -7,12 +7,15 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 )
 
 // recorder wraps an Executor: it records every restore's input and fails
 // the next call of an op on demand, for the Fake and the real tools alike.
 type recorder struct {
-	Executor
+	netfilter.Executor
 	mu       sync.Mutex
 	restores []string // "iptables-restore IPv4\n<input>" or "ipset-restore\n<input>"
 	reads    int      // iptables-save and ipset save runs
@@ -31,7 +34,7 @@ func (r *recorder) take(op string) error {
 	return nil
 }
 
-func (r *recorder) IPTablesRestore(ctx context.Context, f Family, data []byte) error {
+func (r *recorder) IPTablesRestore(ctx context.Context, f netfilter.Family, data []byte) error {
 	if err := r.take("iptables-restore"); err != nil {
 		return err
 	}
@@ -51,7 +54,7 @@ func (r *recorder) IPSetRestore(ctx context.Context, data []byte) error {
 	return r.Executor.IPSetRestore(ctx, data)
 }
 
-func (r *recorder) IPTablesSave(ctx context.Context, f Family, table string) ([]byte, error) {
+func (r *recorder) IPTablesSave(ctx context.Context, f netfilter.Family, table string) ([]byte, error) {
 	r.mu.Lock()
 	r.reads++
 	r.mu.Unlock()
@@ -74,11 +77,11 @@ func (r *recorder) reset() {
 
 // testPart is one "Service": its own chain, a dispatch rule and a hairpin
 // member per endpoint.
-func testPart(t testing.TB, name, vip string, eps ...string) *Part {
+func testPart(t testing.TB, name, vip string, eps ...string) *netfilter.Part {
 	chain := "TEST-S-" + name
-	p := &Part{
-		Chains:  map[ChainKey][]string{Nat(chain): nil},
-		Rules:   map[ChainKey][]string{Nat("TEST-SERVICES"): {canon(t, "-d "+vip+"/32 -p tcp -m tcp --dport 80 -j "+chain)}},
+	p := &netfilter.Part{
+		Chains:  map[netfilter.ChainKey][]string{netfilter.Nat(chain): nil},
+		Rules:   map[netfilter.ChainKey][]string{netfilter.Nat("TEST-SERVICES"): {canon(t, "-d "+vip+"/32 -p tcp -m tcp --dport 80 -j "+chain)}},
 		Members: map[string][]string{"test-hairpin-v4": nil},
 	}
 	for i, ep := range eps {
@@ -86,7 +89,7 @@ func testPart(t testing.TB, name, vip string, eps ...string) *Part {
 		if i < len(eps)-1 {
 			rule = "-p tcp -m statistic --mode random --probability 0.50000000000 -j DNAT --to-destination " + ep + ":8080"
 		}
-		p.Chains[Nat(chain)] = append(p.Chains[Nat(chain)], canon(t, rule))
+		p.Chains[netfilter.Nat(chain)] = append(p.Chains[netfilter.Nat(chain)], canon(t, rule))
 		p.Members["test-hairpin-v4"] = append(p.Members["test-hairpin-v4"], ep+",tcp:8080,"+ep)
 	}
 	return p
@@ -94,7 +97,7 @@ func testPart(t testing.TB, name, vip string, eps ...string) *Part {
 
 func canon(t testing.TB, rule string) string {
 	t.Helper()
-	c, err := Canonical(IPv4, rule)
+	c, err := netfilter.Canonical(netfilter.IPv4, rule)
 	if err != nil {
 		t.Fatalf("Canonical(%q): %v", rule, err)
 	}
@@ -104,33 +107,33 @@ func canon(t testing.TB, rule string) string {
 // testRuleset is an IPv4 ruleset shaped like the modes': a dispatch chain
 // Parts add to with a fixed tail, fixed chains in nat and filter, entries
 // into them, and three sets (one filled by Parts).
-func testRuleset(t testing.TB, parts map[string]*Part) *Ruleset {
-	rs := NewRuleset(IPv4)
-	rs.Chains[IPv4] = map[ChainKey][]string{
-		Nat("TEST-SERVICES"):  {canon(t, "-m addrtype --dst-type LOCAL -j TEST-NODEPORTS")},
-		Nat("TEST-NODEPORTS"): {canon(t, "-p tcp -m set --match-set test-np dst -j RETURN")},
-		Nat("TEST-POST"):      {canon(t, "-m set --match-set test-hairpin-v4 dst,dst,src -j MASQUERADE")},
-		Filter("TEST-FILTER"): {canon(t, "-p tcp -m set --match-set test-reject-v4 dst,dst -j REJECT --reject-with tcp-reset")},
+func testRuleset(t testing.TB, parts map[string]*netfilter.Part) *netfilter.Ruleset {
+	rs := netfilter.NewRuleset(netfilter.IPv4)
+	rs.Chains[netfilter.IPv4] = map[netfilter.ChainKey][]string{
+		netfilter.Nat("TEST-SERVICES"):  {canon(t, "-m addrtype --dst-type LOCAL -j TEST-NODEPORTS")},
+		netfilter.Nat("TEST-NODEPORTS"): {canon(t, "-p tcp -m set --match-set test-np dst -j RETURN")},
+		netfilter.Nat("TEST-POST"):      {canon(t, "-m set --match-set test-hairpin-v4 dst,dst,src -j MASQUERADE")},
+		netfilter.Filter("TEST-FILTER"): {canon(t, "-p tcp -m set --match-set test-reject-v4 dst,dst -j REJECT --reject-with tcp-reset")},
 	}
-	rs.Entries[IPv4] = []Entry{
+	rs.Entries[netfilter.IPv4] = []netfilter.Entry{
 		{Table: "nat", From: "PREROUTING", To: "TEST-SERVICES"},
 		{Table: "nat", From: "OUTPUT", To: "TEST-SERVICES", Match: "-m addrtype --dst-type LOCAL"},
 		{Table: "nat", From: "POSTROUTING", To: "TEST-POST"},
 		{Table: "filter", From: "INPUT", To: "TEST-FILTER"},
 	}
-	rs.Parts[IPv4] = parts
-	for _, s := range []*Set{
-		SetDef{Name: "test-hairpin-v4", Type: SetIPPortIP}.With(nil),
-		SetDef{Name: "test-reject-v4", Type: SetIPPort}.With(map[string]struct{}{"10.96.0.9,tcp:80": {}}),
-		SetDef{Name: "test-np", Type: SetPort}.With(map[string]struct{}{"30080": {}}),
+	rs.Parts[netfilter.IPv4] = parts
+	for _, s := range []*netfilter.Set{
+		netfilter.SetDef{Name: "test-hairpin-v4", Type: netfilter.SetIPPortIP}.With(nil),
+		netfilter.SetDef{Name: "test-reject-v4", Type: netfilter.SetIPPort}.With(map[string]struct{}{"10.96.0.9,tcp:80": {}}),
+		netfilter.SetDef{Name: "test-np", Type: netfilter.SetPort}.With(map[string]struct{}{"30080": {}}),
 	} {
 		rs.Sets[s.Name] = s
 	}
 	return rs
 }
 
-func baseParts(t testing.TB) map[string]*Part {
-	return map[string]*Part{
+func baseParts(t testing.TB) map[string]*netfilter.Part {
+	return map[string]*netfilter.Part{
 		"a": testPart(t, "A", "10.96.0.1", "10.1.0.1", "10.1.0.2"),
 		"b": testPart(t, "B", "10.96.0.2", "10.1.0.3"),
 	}
@@ -146,12 +149,12 @@ const (
 // snapshot renders what e holds of IPv4 and the sets, comparable between
 // two environments of the same kind (lines sorted: hash sets list members
 // in no particular order).
-func snapshot(t testing.TB, e Executor) string {
+func snapshot(t testing.TB, e netfilter.Executor) string {
 	t.Helper()
 	ctx := context.Background()
 	var lines []string
-	for _, tbl := range OwnedTables {
-		out, err := e.IPTablesSave(ctx, IPv4, tbl)
+	for _, tbl := range netfilter.OwnedTables {
+		out, err := e.IPTablesSave(ctx, netfilter.IPv4, tbl)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -178,23 +181,23 @@ func snapshot(t testing.TB, e Executor) string {
 
 // reconcilerEnv makes a fresh kernel to reconcile (the Fake, or a
 // namespace), with the foreign rules and sets in it.
-type reconcilerEnv func(t *testing.T) Executor
+type reconcilerEnv func(t *testing.T) netfilter.Executor
 
-func newEnv(t *testing.T, env reconcilerEnv) (*recorder, *Reconciler) {
+func newEnv(t *testing.T, env reconcilerEnv) (*recorder, *netfilter.Reconciler) {
 	t.Helper()
 	ctx := context.Background()
 	e := env(t)
 	if err := e.IPSetRestore(ctx, []byte(foreignSets)); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.IPTablesRestore(ctx, IPv4, []byte(foreignRules)); err != nil {
+	if err := e.IPTablesRestore(ctx, netfilter.IPv4, []byte(foreignRules)); err != nil {
 		t.Fatal(err)
 	}
 	rec := &recorder{Executor: e}
-	return rec, NewReconciler(ReconcilerConfig{Tools: rec, ChainPrefix: "TEST-", SetPrefix: "test-"})
+	return rec, netfilter.NewReconciler(netfilter.ReconcilerConfig{Tools: rec, ChainPrefix: "TEST-", SetPrefix: "test-"})
 }
 
-func mustSync(t *testing.T, r *Reconciler, want *Ruleset, full bool) {
+func mustSync(t *testing.T, r *netfilter.Reconciler, want *netfilter.Ruleset, full bool) {
 	t.Helper()
 	if err := r.Sync(context.Background(), want, full); err != nil {
 		t.Fatalf("Sync(full=%v): %v", full, err)
@@ -203,7 +206,7 @@ func mustSync(t *testing.T, r *Reconciler, want *Ruleset, full bool) {
 
 // checkConverged compares e with a fresh environment that had only want
 // written by a full sync.
-func checkConverged(t *testing.T, env reconcilerEnv, e Executor, want *Ruleset) {
+func checkConverged(t *testing.T, env reconcilerEnv, e netfilter.Executor, want *netfilter.Ruleset) {
 	t.Helper()
 	ref, rr := newEnv(t, env)
 	mustSync(t, rr, want, true)
@@ -228,24 +231,24 @@ func restoreLines(r *recorder) map[string][]string {
 }
 
 func runReconcilerPartial(t *testing.T, env reconcilerEnv) {
-	moved := func(t testing.TB) map[string]*Part {
+	moved := func(t testing.TB) map[string]*netfilter.Part {
 		p := baseParts(t)
 		p["a"] = testPart(t, "A", "10.96.0.1", "10.1.0.1", "10.1.0.4")
 		return p
 	}
-	added := func(t testing.TB) map[string]*Part {
+	added := func(t testing.TB) map[string]*netfilter.Part {
 		p := baseParts(t)
 		p["c"] = testPart(t, "C", "10.96.0.3", "10.1.0.1")
 		return p
 	}
-	removed := func(t testing.TB) map[string]*Part {
+	removed := func(t testing.TB) map[string]*netfilter.Part {
 		p := baseParts(t)
 		delete(p, "b")
 		return p
 	}
 	for _, tc := range []struct {
 		name  string
-		parts func(testing.TB) map[string]*Part
+		parts func(testing.TB) map[string]*netfilter.Part
 		same  bool // keep the Parts that did not change by pointer
 		want  map[string][]string
 	}{
@@ -276,7 +279,7 @@ func runReconcilerPartial(t *testing.T, env reconcilerEnv) {
 			next := tc.parts(t)
 			if tc.same {
 				for k, p := range next {
-					if o := base[k]; o != nil && slices.Equal(o.Chains[Nat("TEST-S-"+strings.ToUpper(k))], p.Chains[Nat("TEST-S-"+strings.ToUpper(k))]) {
+					if o := base[k]; o != nil && slices.Equal(o.Chains[netfilter.Nat("TEST-S-"+strings.ToUpper(k))], p.Chains[netfilter.Nat("TEST-S-"+strings.ToUpper(k))]) {
 						next[k] = o
 					}
 				}
@@ -340,7 +343,7 @@ func runReconcilerRepairs(t *testing.T, env reconcilerEnv) {
 			want := testRuleset(t, baseParts(t))
 			mustSync(t, r, want, true)
 			if tc.rules != "" {
-				if err := e.Executor.IPTablesRestore(ctx, IPv4, []byte(tc.rules)); err != nil {
+				if err := e.Executor.IPTablesRestore(ctx, netfilter.IPv4, []byte(tc.rules)); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -386,7 +389,7 @@ func runReconcilerFailures(t *testing.T, env reconcilerEnv) {
 			if op == "iptables-restore" {
 				wantFailures = 1
 			}
-			if n := r.RestoreFailures(IPv4); n != wantFailures {
+			if n := r.RestoreFailures(netfilter.IPv4); n != wantFailures {
 				t.Errorf("RestoreFailures(IPv4) = %d, want %d", n, wantFailures)
 			}
 			e.reset()
@@ -407,7 +410,7 @@ func runReconcilerFailures(t *testing.T, env reconcilerEnv) {
 	}
 }
 
-func fakeEnv(t *testing.T) Executor { return NewFake() }
+func fakeEnv(t *testing.T) netfilter.Executor { return netfiltertest.NewFake() }
 
 func TestReconcilerPartial(t *testing.T)  { runReconcilerPartial(t, fakeEnv) }
 func TestReconcilerRepairs(t *testing.T)  { runReconcilerRepairs(t, fakeEnv) }
@@ -419,7 +422,7 @@ func TestReconcilerCleanup(t *testing.T) {
 	e, r := newEnv(t, fakeEnv)
 	want := testRuleset(t, baseParts(t))
 	mustSync(t, r, want, true)
-	if err := Cleanup(context.Background(), e, "TEST-", "test-", false); err != nil {
+	if err := netfilter.Cleanup(context.Background(), e, "TEST-", "test-", false); err != nil {
 		t.Fatal(err)
 	}
 	r.Forget()
@@ -440,8 +443,8 @@ func TestReconcilerSetDefinitionChange(t *testing.T) {
 	e, r := newEnv(t, fakeEnv)
 	mustSync(t, r, testRuleset(t, baseParts(t)), true)
 	want := testRuleset(t, baseParts(t))
-	want.Sets["test-reject-v4"] = SetDef{Name: "test-reject-v4", Type: SetNet}.With(map[string]struct{}{"10.96.0.0/24": {}})
-	want.Chains[IPv4][Filter("TEST-FILTER")] = []string{canon(t, "-p tcp -m set --match-set test-reject-v4 dst -j REJECT --reject-with tcp-reset")}
+	want.Sets["test-reject-v4"] = netfilter.SetDef{Name: "test-reject-v4", Type: netfilter.SetNet}.With(map[string]struct{}{"10.96.0.0/24": {}})
+	want.Chains[netfilter.IPv4][netfilter.Filter("TEST-FILTER")] = []string{canon(t, "-p tcp -m set --match-set test-reject-v4 dst -j REJECT --reject-with tcp-reset")}
 	mustSync(t, r, want, false)
 	checkConverged(t, fakeEnv, e.Executor, want)
 	if r.Repairs() != 0 {

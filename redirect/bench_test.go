@@ -9,15 +9,15 @@ import (
 
 	"github.com/svcproxy/svcproxy/internal/kerneltest"
 	"github.com/svcproxy/svcproxy/lb"
-	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 )
 
 // BenchmarkApply measures the Go side of one incremental Apply (a Service
-// added or removed, alternately) over the netfilter.Fake, at each size.
+// added or removed, alternately) over the netfiltertest.Fake, at each size.
 func BenchmarkApply(b *testing.B) {
 	for _, n := range []int{10, 100, 1000, 10000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
-			f := netfilter.NewFake()
+			f := netfiltertest.NewFake()
 			r, err := New(Config{Mark: testMark, Exec: f, Logger: zap.NewNop()})
 			if err != nil {
 				b.Fatal(err)

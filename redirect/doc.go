@@ -69,7 +69,7 @@
 // ports). Cleanup removes everything named SVCPROXY-* / svcproxy-*.
 //
 // The kernel boundary is package netfilter: netfilter.Exec runs the real
-// tools (optionally in a network namespace), netfilter.Fake keeps tables and
+// tools (optionally in a network namespace), netfiltertest.Fake keeps tables and
 // sets in memory and traces packets through them, so tests assert where a
 // packet goes, not rule text.
 package redirect

@@ -11,6 +11,7 @@ import (
 	"github.com/svcproxy/svcproxy/internal/kerneltest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 )
 
 // fuzzPortsFor gives most UDP frontends and NodePorts a forwarder port.
@@ -41,7 +42,7 @@ func fuzzPortsFor(r *kerneltest.Input, services []lb.Service) Ports {
 }
 
 // expect computes, straight from the snapshot, where p should go.
-func expect(snap *lb.Snapshot, ports Ports, cfg Config, p netfilter.Packet) netfilter.Verdict {
+func expect(snap *lb.Snapshot, ports Ports, cfg Config, p netfiltertest.Packet) netfiltertest.Verdict {
 	if p.Mark&cfg.Mark == cfg.Mark || p.Proto == lb.SCTP { // SCTP is never steered
 		return accepted
 	}
@@ -50,7 +51,7 @@ func expect(snap *lb.Snapshot, ports Ports, cfg Config, p netfilter.Packet) netf
 	if fam == netfilter.IPv6 && !cfg.IPv6 {
 		return accepted
 	}
-	steer := func(pool *lb.Pool, udpKey netip.AddrPort) (netfilter.Verdict, bool) {
+	steer := func(pool *lb.Pool, udpKey netip.AddrPort) (netfiltertest.Verdict, bool) {
 		if len(pool.Backends()) == 0 {
 			return rejected, true
 		}
@@ -60,7 +61,7 @@ func expect(snap *lb.Snapshot, ports Ports, cfg Config, p netfilter.Packet) netf
 		if to := ports.UDP[lb.Frontend{Protocol: lb.UDP, Addr: udpKey}]; to != 0 {
 			return redirected(to), true
 		}
-		return netfilter.Verdict{}, false // not programmed
+		return netfiltertest.Verdict{}, false // not programmed
 	}
 	isVIP := false
 	for _, b := range snap.Balancers() {
@@ -140,8 +141,8 @@ func socketPorts(snap *lb.Snapshot, ports Ports, fam netfilter.Family) map[uint1
 // fuzzPackets are the packets worth tracing for services: to their
 // frontends and NodePorts, and straight to the forwarder's UDP ports at
 // the node's addresses and elsewhere.
-func fuzzPackets(services []lb.Service, ports Ports) []netfilter.Packet {
-	var out []netfilter.Packet
+func fuzzPackets(services []lb.Service, ports Ports) []netfiltertest.Packet {
+	var out []netfiltertest.Packet
 	dsts := kerneltest.Destinations(services, nodeIP, nodeIP2, nodeIP6)
 	for _, to := range ports.UDP {
 		for _, a := range []netip.Addr{nodeIP, nodeIP6, netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("203.0.113.99")} {
@@ -150,8 +151,8 @@ func fuzzPackets(services []lb.Service, ports Ports) []netfilter.Packet {
 	}
 	for _, d := range dsts {
 		for _, proto := range []lb.Protocol{lb.TCP, lb.UDP, lb.SCTP} {
-			for _, hook := range []netfilter.Hook{netfilter.Prerouting, netfilter.Output} {
-				if d.Addr().IsLoopback() && hook == netfilter.Prerouting {
+			for _, hook := range []netfiltertest.Hook{netfiltertest.Prerouting, netfiltertest.Output} {
+				if d.Addr().IsLoopback() && hook == netfiltertest.Prerouting {
 					continue
 				}
 				for _, mark := range []uint32{0, testMark} {
@@ -173,7 +174,7 @@ func FuzzApply(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		in := kerneltest.NewInput(data)
 		cfg := Config{Mark: testMark, IPv6: in.Next()&1 != 0, NodePortAddresses: in.NodePortAddresses(), Logger: zap.NewNop()}
-		fake := netfilter.NewFake()
+		fake := netfiltertest.NewFake()
 		cfg.Exec = fake
 		r, err := New(cfg)
 		if err != nil {
@@ -198,7 +199,7 @@ func FuzzApply(f *testing.F) {
 		if err := r.Cleanup(context.Background()); err != nil {
 			t.Fatalf("Cleanup: %v", err)
 		}
-		if got, want := fake.Dump(), netfilter.NewFake().Dump(); got != want {
+		if got, want := fake.Dump(), netfiltertest.NewFake().Dump(); got != want {
 			t.Fatalf("Cleanup left:\n%s", got)
 		}
 	})

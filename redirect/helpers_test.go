@@ -8,7 +8,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/svcproxy/svcproxy/lb"
-	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 )
 
 const (
@@ -106,10 +106,10 @@ func testPorts() Ports {
 	}}
 }
 
-// newFakeRedirector returns a Redirector over a new netfilter.Fake.
-func newFakeRedirector(t testing.TB, cfg Config) (*Redirector, *netfilter.Fake) {
+// newFakeRedirector returns a Redirector over a new netfiltertest.Fake.
+func newFakeRedirector(t testing.TB, cfg Config) (*Redirector, *netfiltertest.Fake) {
 	t.Helper()
-	f := netfilter.NewFake()
+	f := netfiltertest.NewFake()
 	cfg.Exec = f
 	if cfg.Mark == 0 {
 		cfg.Mark = testMark
@@ -132,33 +132,33 @@ func mustApply(t testing.TB, r *Redirector, snap *lb.Snapshot, ports Ports, full
 }
 
 // pkt is a packet from a pod (PREROUTING) unless hook says otherwise.
-func pkt(proto lb.Protocol, dst string, hook netfilter.Hook) netfilter.Packet {
+func pkt(proto lb.Protocol, dst string, hook netfiltertest.Hook) netfiltertest.Packet {
 	src := clientIP
 	d := ap(dst)
-	if hook == netfilter.Output {
+	if hook == netfiltertest.Output {
 		src = netip.AddrPortFrom(nodeIP, 40000)
 	}
 	if d.Addr().Is6() {
 		src = ap("[fd00:244::5]:40000")
-		if hook == netfilter.Output {
+		if hook == netfiltertest.Output {
 			src = netip.AddrPortFrom(nodeIP6, 40000)
 		}
 	}
-	return netfilter.Packet{Src: src, Dst: d, Proto: proto, Hook: hook, LocalAddrs: localAddrs}
+	return netfiltertest.Packet{Src: src, Dst: d, Proto: proto, Hook: hook, LocalAddrs: localAddrs}
 }
 
-func redirected(port uint16) netfilter.Verdict {
-	return netfilter.Verdict{Action: netfilter.Redirect, Port: port}
+func redirected(port uint16) netfiltertest.Verdict {
+	return netfiltertest.Verdict{Action: netfiltertest.Redirect, Port: port}
 }
 
 var (
-	accepted = netfilter.Verdict{Action: netfilter.Accept}
-	rejected = netfilter.Verdict{Action: netfilter.Reject}
-	dropped  = netfilter.Verdict{Action: netfilter.Drop}
+	accepted = netfiltertest.Verdict{Action: netfiltertest.Accept}
+	rejected = netfiltertest.Verdict{Action: netfiltertest.Reject}
+	dropped  = netfiltertest.Verdict{Action: netfiltertest.Drop}
 )
 
 // checkTrace fails when f sends p anywhere but want (the Rule is ignored).
-func checkTrace(t *testing.T, f *netfilter.Fake, p netfilter.Packet, want netfilter.Verdict) {
+func checkTrace(t *testing.T, f *netfiltertest.Fake, p netfiltertest.Packet, want netfiltertest.Verdict) {
 	t.Helper()
 	got := f.Trace(p)
 	if got.Action != want.Action || got.Port != want.Port {
@@ -167,8 +167,8 @@ func checkTrace(t *testing.T, f *netfilter.Fake, p netfilter.Packet, want netfil
 	}
 }
 
-func hookName(h netfilter.Hook) string {
-	if h == netfilter.Output {
+func hookName(h netfiltertest.Hook) string {
+	if h == netfiltertest.Output {
 		return "OUTPUT"
 	}
 	return "PREROUTING"

@@ -9,6 +9,7 @@ import (
 
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 )
 
 func TestSteering(t *testing.T) {
@@ -16,62 +17,62 @@ func TestSteering(t *testing.T) {
 	snap := store(t, testServices()...).Snapshot()
 	mustApply(t, r, snap, testPorts(), true)
 
-	marked := func(p netfilter.Packet) netfilter.Packet { p.Mark = testMark | 0x1; return p }
+	marked := func(p netfiltertest.Packet) netfiltertest.Packet { p.Mark = testMark | 0x1; return p }
 	for _, tc := range []struct {
 		name string
-		p    netfilter.Packet
-		want netfilter.Verdict
+		p    netfiltertest.Packet
+		want netfiltertest.Verdict
 	}{
-		{"ClusterIP TCP from a pod", pkt(lb.TCP, "10.96.0.10:80", netfilter.Prerouting), redirected(testTCPPort)},
-		{"ClusterIP TCP from the node", pkt(lb.TCP, "10.96.0.10:80", netfilter.Output), redirected(testTCPPort)},
-		{"netfilter.IPv6 ClusterIP from a pod", pkt(lb.TCP, "[fd00::10]:80", netfilter.Prerouting), redirected(testTCPPort)},
-		{"netfilter.IPv6 ClusterIP from the node", pkt(lb.TCP, "[fd00::10]:80", netfilter.Output), redirected(testTCPPort)},
-		{"ExternalIP", pkt(lb.TCP, "203.0.113.10:80", netfilter.Prerouting), redirected(testTCPPort)},
-		{"ExternalIP from the node", pkt(lb.TCP, "203.0.113.10:80", netfilter.Output), redirected(testTCPPort)},
-		{"LoadBalancer IP", pkt(lb.TCP, "203.0.113.20:80", netfilter.Prerouting), redirected(testTCPPort)},
-		{"NodePort on a node address", pkt(lb.TCP, "192.0.2.10:30080", netfilter.Prerouting), redirected(testTCPPort)},
-		{"NodePort on the other node address", pkt(lb.TCP, "198.51.100.10:30080", netfilter.Prerouting), redirected(testTCPPort)},
-		{"NodePort on the node's netfilter.IPv6 address", pkt(lb.TCP, "[2001:db8::10]:30080", netfilter.Prerouting), redirected(testTCPPort)},
-		{"NodePort on localhost from the node", pkt(lb.TCP, "127.0.0.1:30080", netfilter.Output), redirected(testTCPPort)},
-		{"NodePort on an address not the node's", pkt(lb.TCP, "192.0.2.99:30080", netfilter.Prerouting), accepted},
-		{"NodePort of the wrong protocol", pkt(lb.UDP, "192.0.2.10:30080", netfilter.Prerouting), accepted},
+		{"ClusterIP TCP from a pod", pkt(lb.TCP, "10.96.0.10:80", netfiltertest.Prerouting), redirected(testTCPPort)},
+		{"ClusterIP TCP from the node", pkt(lb.TCP, "10.96.0.10:80", netfiltertest.Output), redirected(testTCPPort)},
+		{"netfilter.IPv6 ClusterIP from a pod", pkt(lb.TCP, "[fd00::10]:80", netfiltertest.Prerouting), redirected(testTCPPort)},
+		{"netfilter.IPv6 ClusterIP from the node", pkt(lb.TCP, "[fd00::10]:80", netfiltertest.Output), redirected(testTCPPort)},
+		{"ExternalIP", pkt(lb.TCP, "203.0.113.10:80", netfiltertest.Prerouting), redirected(testTCPPort)},
+		{"ExternalIP from the node", pkt(lb.TCP, "203.0.113.10:80", netfiltertest.Output), redirected(testTCPPort)},
+		{"LoadBalancer IP", pkt(lb.TCP, "203.0.113.20:80", netfiltertest.Prerouting), redirected(testTCPPort)},
+		{"NodePort on a node address", pkt(lb.TCP, "192.0.2.10:30080", netfiltertest.Prerouting), redirected(testTCPPort)},
+		{"NodePort on the other node address", pkt(lb.TCP, "198.51.100.10:30080", netfiltertest.Prerouting), redirected(testTCPPort)},
+		{"NodePort on the node's netfilter.IPv6 address", pkt(lb.TCP, "[2001:db8::10]:30080", netfiltertest.Prerouting), redirected(testTCPPort)},
+		{"NodePort on localhost from the node", pkt(lb.TCP, "127.0.0.1:30080", netfiltertest.Output), redirected(testTCPPort)},
+		{"NodePort on an address not the node's", pkt(lb.TCP, "192.0.2.99:30080", netfiltertest.Prerouting), accepted},
+		{"NodePort of the wrong protocol", pkt(lb.UDP, "192.0.2.10:30080", netfiltertest.Prerouting), accepted},
 
-		{"Local policy without local endpoints: ClusterIP still served", pkt(lb.TCP, "10.96.0.11:80", netfilter.Prerouting), redirected(testTCPPort)},
-		{"Local policy without local endpoints: LB IP rejected", pkt(lb.TCP, "203.0.113.21:80", netfilter.Prerouting), rejected},
-		{"Local policy without local endpoints: NodePort rejected", pkt(lb.TCP, "192.0.2.10:30081", netfilter.Prerouting), rejected},
-		{"Local policy without local endpoints: NodePort from the node rejected", pkt(lb.TCP, "127.0.0.1:30081", netfilter.Output), rejected},
+		{"Local policy without local endpoints: ClusterIP still served", pkt(lb.TCP, "10.96.0.11:80", netfiltertest.Prerouting), redirected(testTCPPort)},
+		{"Local policy without local endpoints: LB IP rejected", pkt(lb.TCP, "203.0.113.21:80", netfiltertest.Prerouting), rejected},
+		{"Local policy without local endpoints: NodePort rejected", pkt(lb.TCP, "192.0.2.10:30081", netfiltertest.Prerouting), rejected},
+		{"Local policy without local endpoints: NodePort from the node rejected", pkt(lb.TCP, "127.0.0.1:30081", netfiltertest.Output), rejected},
 
-		{"UDP ClusterIP to its own socket", pkt(lb.UDP, "10.96.0.53:53", netfilter.Prerouting), redirected(40053)},
-		{"UDP ClusterIP from the node", pkt(lb.UDP, "10.96.0.53:53", netfilter.Output), redirected(40053)},
-		{"UDP NodePort", pkt(lb.UDP, "192.0.2.10:30053", netfilter.Prerouting), redirected(40054)},
-		{"UDP NodePort over netfilter.IPv6", pkt(lb.UDP, "[2001:db8::10]:30053", netfilter.Prerouting), redirected(40055)},
-		{"TCP to a UDP frontend", pkt(lb.TCP, "10.96.0.53:53", netfilter.Prerouting), accepted},
-		{"UDP straight to a frontend's socket at a node address", pkt(lb.UDP, "192.0.2.10:40053", netfilter.Prerouting), dropped},
-		{"UDP straight to a NodePort's socket at a node address", pkt(lb.UDP, "198.51.100.10:40054", netfilter.Prerouting), dropped},
-		{"UDP straight to a frontend's socket from the node", pkt(lb.UDP, "127.0.0.1:40053", netfilter.Output), dropped},
-		{"UDP straight to an IPv6 NodePort's socket", pkt(lb.UDP, "[2001:db8::10]:40055", netfilter.Prerouting), dropped},
-		{"UDP to a socket's port number elsewhere", pkt(lb.UDP, "203.0.113.99:40053", netfilter.Output), accepted},
-		{"TCP to a UDP socket's port", pkt(lb.TCP, "192.0.2.10:40053", netfilter.Prerouting), accepted},
+		{"UDP ClusterIP to its own socket", pkt(lb.UDP, "10.96.0.53:53", netfiltertest.Prerouting), redirected(40053)},
+		{"UDP ClusterIP from the node", pkt(lb.UDP, "10.96.0.53:53", netfiltertest.Output), redirected(40053)},
+		{"UDP NodePort", pkt(lb.UDP, "192.0.2.10:30053", netfiltertest.Prerouting), redirected(40054)},
+		{"UDP NodePort over netfilter.IPv6", pkt(lb.UDP, "[2001:db8::10]:30053", netfiltertest.Prerouting), redirected(40055)},
+		{"TCP to a UDP frontend", pkt(lb.TCP, "10.96.0.53:53", netfiltertest.Prerouting), accepted},
+		{"UDP straight to a frontend's socket at a node address", pkt(lb.UDP, "192.0.2.10:40053", netfiltertest.Prerouting), dropped},
+		{"UDP straight to a NodePort's socket at a node address", pkt(lb.UDP, "198.51.100.10:40054", netfiltertest.Prerouting), dropped},
+		{"UDP straight to a frontend's socket from the node", pkt(lb.UDP, "127.0.0.1:40053", netfiltertest.Output), dropped},
+		{"UDP straight to an IPv6 NodePort's socket", pkt(lb.UDP, "[2001:db8::10]:40055", netfiltertest.Prerouting), dropped},
+		{"UDP to a socket's port number elsewhere", pkt(lb.UDP, "203.0.113.99:40053", netfiltertest.Output), accepted},
+		{"TCP to a UDP socket's port", pkt(lb.TCP, "192.0.2.10:40053", netfiltertest.Prerouting), accepted},
 
-		{"no endpoints TCP from a pod", pkt(lb.TCP, "10.96.0.12:80", netfilter.Prerouting), rejected},
-		{"no endpoints TCP from the node", pkt(lb.TCP, "10.96.0.12:80", netfilter.Output), rejected},
-		{"no endpoints UDP", pkt(lb.UDP, "10.96.0.13:53", netfilter.Prerouting), rejected},
-		{"no endpoints UDP from the node", pkt(lb.UDP, "10.96.0.13:53", netfilter.Output), rejected},
-		{"no endpoints NodePort", pkt(lb.TCP, "192.0.2.10:30082", netfilter.Prerouting), rejected},
+		{"no endpoints TCP from a pod", pkt(lb.TCP, "10.96.0.12:80", netfiltertest.Prerouting), rejected},
+		{"no endpoints TCP from the node", pkt(lb.TCP, "10.96.0.12:80", netfiltertest.Output), rejected},
+		{"no endpoints UDP", pkt(lb.UDP, "10.96.0.13:53", netfiltertest.Prerouting), rejected},
+		{"no endpoints UDP from the node", pkt(lb.UDP, "10.96.0.13:53", netfiltertest.Output), rejected},
+		{"no endpoints NodePort", pkt(lb.TCP, "192.0.2.10:30082", netfiltertest.Prerouting), rejected},
 
-		{"forwarder's own dial to a ClusterIP", marked(pkt(lb.TCP, "10.96.0.10:80", netfilter.Output)), accepted},
-		{"forwarder's own dial to a dead ClusterIP", marked(pkt(lb.TCP, "10.96.0.12:80", netfilter.Output)), accepted},
-		{"forwarder's own dial to a NodePort", marked(pkt(lb.TCP, "127.0.0.1:30080", netfilter.Output)), accepted},
-		{"forwarder's own dial to a dead NodePort", marked(pkt(lb.TCP, "192.0.2.10:30082", netfilter.Output)), accepted},
+		{"forwarder's own dial to a ClusterIP", marked(pkt(lb.TCP, "10.96.0.10:80", netfiltertest.Output)), accepted},
+		{"forwarder's own dial to a dead ClusterIP", marked(pkt(lb.TCP, "10.96.0.12:80", netfiltertest.Output)), accepted},
+		{"forwarder's own dial to a NodePort", marked(pkt(lb.TCP, "127.0.0.1:30080", netfiltertest.Output)), accepted},
+		{"forwarder's own dial to a dead NodePort", marked(pkt(lb.TCP, "192.0.2.10:30082", netfiltertest.Output)), accepted},
 
-		{"unrelated port on a ClusterIP", pkt(lb.TCP, "10.96.0.10:81", netfilter.Prerouting), accepted},
-		{"unrelated address", pkt(lb.TCP, "8.8.8.8:443", netfilter.Output), accepted},
-		{"unrelated netfilter.IPv6", pkt(lb.UDP, "[2001:4860::8888]:53", netfilter.Output), accepted},
-		{"unrelated local port", pkt(lb.TCP, "192.0.2.10:22", netfilter.Prerouting), accepted},
+		{"unrelated port on a ClusterIP", pkt(lb.TCP, "10.96.0.10:81", netfiltertest.Prerouting), accepted},
+		{"unrelated address", pkt(lb.TCP, "8.8.8.8:443", netfiltertest.Output), accepted},
+		{"unrelated netfilter.IPv6", pkt(lb.UDP, "[2001:4860::8888]:53", netfiltertest.Output), accepted},
+		{"unrelated local port", pkt(lb.TCP, "192.0.2.10:22", netfiltertest.Prerouting), accepted},
 	} {
 		t.Run(tc.name, func(t *testing.T) { checkTrace(t, f, tc.p, tc.want) })
 	}
-	if got := f.Trace(pkt(lb.TCP, "10.96.0.10:80", netfilter.Prerouting)).Rule; !strings.Contains(got, "REDIRECT") {
+	if got := f.Trace(pkt(lb.TCP, "10.96.0.10:80", netfiltertest.Prerouting)).Rule; !strings.Contains(got, "REDIRECT") {
 		t.Errorf("Verdict.Rule = %q, want the REDIRECT rule", got)
 	}
 }
@@ -81,21 +82,21 @@ func TestNodePortAddresses(t *testing.T) {
 		name     string
 		prefixes []netip.Prefix
 		dst      string
-		hook     netfilter.Hook
-		want     netfilter.Verdict
+		hook     netfiltertest.Hook
+		want     netfiltertest.Verdict
 	}{
-		{"inside", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "192.0.2.10:30080", netfilter.Prerouting, redirected(testTCPPort)},
-		{"local but outside", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "198.51.100.10:30080", netfilter.Prerouting, accepted},
-		{"localhost outside", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "127.0.0.1:30080", netfilter.Output, accepted},
-		{"localhost inside", []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, "127.0.0.1:30080", netfilter.Output, redirected(testTCPPort)},
-		{"inside but not local", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "192.0.2.99:30080", netfilter.Prerouting, accepted},
-		{"host prefix", []netip.Prefix{netip.MustParsePrefix("198.51.100.10/32")}, "198.51.100.10:30080", netfilter.Prerouting, redirected(testTCPPort)},
-		{"dead NodePort inside", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "192.0.2.10:30082", netfilter.Prerouting, rejected},
-		{"dead NodePort outside", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "198.51.100.10:30082", netfilter.Prerouting, accepted},
-		{"no netfilter.IPv6 prefix: no netfilter.IPv6 NodePorts", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "[2001:db8::10]:30080", netfilter.Prerouting, accepted},
-		{"netfilter.IPv6 prefix", []netip.Prefix{netip.MustParsePrefix("2001:db8::/64")}, "[2001:db8::10]:30080", netfilter.Prerouting, redirected(testTCPPort)},
-		{"netfilter.IPv4 /0 lifts the netfilter.IPv4 restriction", []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("2001:db8::/64")}, "198.51.100.10:30080", netfilter.Prerouting, redirected(testTCPPort)},
-		{"ClusterIPs are not restricted", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "10.96.0.10:80", netfilter.Prerouting, redirected(testTCPPort)},
+		{"inside", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "192.0.2.10:30080", netfiltertest.Prerouting, redirected(testTCPPort)},
+		{"local but outside", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "198.51.100.10:30080", netfiltertest.Prerouting, accepted},
+		{"localhost outside", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "127.0.0.1:30080", netfiltertest.Output, accepted},
+		{"localhost inside", []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, "127.0.0.1:30080", netfiltertest.Output, redirected(testTCPPort)},
+		{"inside but not local", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "192.0.2.99:30080", netfiltertest.Prerouting, accepted},
+		{"host prefix", []netip.Prefix{netip.MustParsePrefix("198.51.100.10/32")}, "198.51.100.10:30080", netfiltertest.Prerouting, redirected(testTCPPort)},
+		{"dead NodePort inside", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "192.0.2.10:30082", netfiltertest.Prerouting, rejected},
+		{"dead NodePort outside", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "198.51.100.10:30082", netfiltertest.Prerouting, accepted},
+		{"no netfilter.IPv6 prefix: no netfilter.IPv6 NodePorts", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "[2001:db8::10]:30080", netfiltertest.Prerouting, accepted},
+		{"netfilter.IPv6 prefix", []netip.Prefix{netip.MustParsePrefix("2001:db8::/64")}, "[2001:db8::10]:30080", netfiltertest.Prerouting, redirected(testTCPPort)},
+		{"netfilter.IPv4 /0 lifts the netfilter.IPv4 restriction", []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("2001:db8::/64")}, "198.51.100.10:30080", netfiltertest.Prerouting, redirected(testTCPPort)},
+		{"ClusterIPs are not restricted", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "10.96.0.10:80", netfiltertest.Prerouting, redirected(testTCPPort)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, f := newFakeRedirector(t, Config{IPv6: true, NodePortAddresses: tc.prefixes})
@@ -108,9 +109,9 @@ func TestNodePortAddresses(t *testing.T) {
 func TestIPv6Off(t *testing.T) {
 	r, f := newFakeRedirector(t, Config{})
 	mustApply(t, r, store(t, testServices()...).Snapshot(), testPorts(), true)
-	checkTrace(t, f, pkt(lb.TCP, "10.96.0.10:80", netfilter.Prerouting), redirected(testTCPPort))
-	checkTrace(t, f, pkt(lb.TCP, "[fd00::10]:80", netfilter.Prerouting), accepted)
-	checkTrace(t, f, pkt(lb.TCP, "[2001:db8::10]:30080", netfilter.Prerouting), accepted)
+	checkTrace(t, f, pkt(lb.TCP, "10.96.0.10:80", netfiltertest.Prerouting), redirected(testTCPPort))
+	checkTrace(t, f, pkt(lb.TCP, "[fd00::10]:80", netfiltertest.Prerouting), accepted)
+	checkTrace(t, f, pkt(lb.TCP, "[2001:db8::10]:30080", netfiltertest.Prerouting), accepted)
 	for _, c := range f.Calls() {
 		if c.Family == netfilter.IPv6 && strings.HasPrefix(c.Op, "iptables-") && c.Op != "iptables-version" {
 			t.Errorf("netfilter.IPv6 off, but called %s for netfilter.IPv6", c.Op)
@@ -163,37 +164,37 @@ func TestIncremental(t *testing.T) {
 	empty := svcs[3]
 	empty.Endpoints = eps(1, "node-b")
 	step("endpoints appear", calls{0, 1}, []lb.Service{empty})
-	checkTrace(t, f, pkt(lb.TCP, "10.96.0.12:80", netfilter.Prerouting), redirected(testTCPPort))
-	checkTrace(t, f, pkt(lb.TCP, "192.0.2.10:30082", netfilter.Prerouting), redirected(testTCPPort))
+	checkTrace(t, f, pkt(lb.TCP, "10.96.0.12:80", netfiltertest.Prerouting), redirected(testTCPPort))
+	checkTrace(t, f, pkt(lb.TCP, "192.0.2.10:30082", netfiltertest.Prerouting), redirected(testTCPPort))
 
 	dns := svcs[2]
 	dns.Endpoints = nil
 	step("UDP endpoints go", calls{0, 1}, []lb.Service{dns})
-	checkTrace(t, f, pkt(lb.UDP, "10.96.0.53:53", netfilter.Prerouting), rejected)
-	checkTrace(t, f, pkt(lb.UDP, "192.0.2.10:30053", netfilter.Prerouting), rejected)
+	checkTrace(t, f, pkt(lb.UDP, "10.96.0.53:53", netfiltertest.Prerouting), rejected)
+	checkTrace(t, f, pkt(lb.UDP, "192.0.2.10:30053", netfiltertest.Prerouting), rejected)
 
 	step("UDP endpoints come back", calls{0, 1}, []lb.Service{svcs[2]})
-	checkTrace(t, f, pkt(lb.UDP, "10.96.0.53:53", netfilter.Prerouting), redirected(40053))
+	checkTrace(t, f, pkt(lb.UDP, "10.96.0.53:53", netfiltertest.Prerouting), redirected(40053))
 
 	added := lb.Service{Name: svcName("added"), Port: 443, ClusterIPs: []netip.Addr{ip("10.96.1.1")}, Endpoints: eps(3, "")}
 	step("TCP Service added", calls{0, 1}, []lb.Service{added})
-	checkTrace(t, f, pkt(lb.TCP, "10.96.1.1:443", netfilter.Prerouting), redirected(testTCPPort))
+	checkTrace(t, f, pkt(lb.TCP, "10.96.1.1:443", netfiltertest.Prerouting), redirected(testTCPPort))
 
 	step("TCP Service removed", calls{0, 1}, nil, "added")
-	checkTrace(t, f, pkt(lb.TCP, "10.96.1.1:443", netfilter.Prerouting), accepted)
+	checkTrace(t, f, pkt(lb.TCP, "10.96.1.1:443", netfiltertest.Prerouting), accepted)
 
 	step("Service with a NodePort removed", calls{0, 1}, nil, "web")
 	for _, dst := range []string{"10.96.0.10:80", "203.0.113.10:80", "203.0.113.20:80", "192.0.2.10:30080", "[fd00::10]:80"} {
-		checkTrace(t, f, pkt(lb.TCP, dst, netfilter.Prerouting), accepted)
+		checkTrace(t, f, pkt(lb.TCP, dst, netfiltertest.Prerouting), accepted)
 	}
 
 	udp := lb.Service{Name: svcName("dns2"), Protocol: lb.UDP, Port: 53, ClusterIPs: []netip.Addr{ip("10.96.0.99")}, Endpoints: eps(1, "")}
 	step("UDP Service added: one restore for the family whose rules changed", calls{1, 1}, []lb.Service{udp})
-	checkTrace(t, f, pkt(lb.UDP, "10.96.0.99:53", netfilter.Prerouting), redirected(40057))
+	checkTrace(t, f, pkt(lb.UDP, "10.96.0.99:53", netfiltertest.Prerouting), redirected(40057))
 
 	ports.TCP = 15002
 	step("TCP port changed", calls{2, 0}, nil)
-	checkTrace(t, f, pkt(lb.TCP, "10.96.0.11:80", netfilter.Output), redirected(15002))
+	checkTrace(t, f, pkt(lb.TCP, "10.96.0.11:80", netfiltertest.Output), redirected(15002))
 	if r.Repairs() != 0 {
 		t.Errorf("Repairs = %d without tampering", r.Repairs())
 	}
@@ -210,38 +211,38 @@ func TestRepair(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name   string
-		tamper func(f *netfilter.Fake) error
-		broken netfilter.Packet // a packet the tampering misroutes
+		tamper func(f *netfiltertest.Fake) error
+		broken netfiltertest.Packet // a packet the tampering misroutes
 	}{
-		{"chain flushed", func(f *netfilter.Fake) error {
+		{"chain flushed", func(f *netfiltertest.Fake) error {
 			return f.IPTablesRestore(ctx, netfilter.IPv4, []byte("*nat\n-F SVCPROXY-SERVICES\nCOMMIT\n"))
-		}, pkt(lb.TCP, "10.96.0.10:80", netfilter.Prerouting)},
-		{"rule deleted", func(f *netfilter.Fake) error {
+		}, pkt(lb.TCP, "10.96.0.10:80", netfiltertest.Prerouting)},
+		{"rule deleted", func(f *netfiltertest.Fake) error {
 			return f.IPTablesRestore(ctx, netfilter.IPv4, []byte("*filter\n-D SVCPROXY-REJECT -p tcp -m set --match-set svcproxy-reject-v4 dst,dst -j REJECT --reject-with tcp-reset\nCOMMIT\n"))
-		}, pkt(lb.TCP, "10.96.0.12:80", netfilter.Prerouting)},
-		{"jump deleted", func(f *netfilter.Fake) error {
+		}, pkt(lb.TCP, "10.96.0.12:80", netfiltertest.Prerouting)},
+		{"jump deleted", func(f *netfiltertest.Fake) error {
 			return f.IPTablesRestore(ctx, netfilter.IPv6, []byte("*nat\n-D OUTPUT -j SVCPROXY-SERVICES\nCOMMIT\n"))
-		}, pkt(lb.TCP, "[fd00::10]:80", netfilter.Output)},
-		{"rule inserted before ours", func(f *netfilter.Fake) error {
+		}, pkt(lb.TCP, "[fd00::10]:80", netfiltertest.Output)},
+		{"rule inserted before ours", func(f *netfiltertest.Fake) error {
 			return f.IPTablesRestore(ctx, netfilter.IPv4, []byte("*nat\n-I SVCPROXY-SERVICES 1 -j RETURN\nCOMMIT\n"))
-		}, pkt(lb.TCP, "10.96.0.10:80", netfilter.Output)},
-		{"set member deleted", func(f *netfilter.Fake) error {
+		}, pkt(lb.TCP, "10.96.0.10:80", netfiltertest.Output)},
+		{"set member deleted", func(f *netfiltertest.Fake) error {
 			return f.IPSetRestore(ctx, []byte("del svcproxy-svc-v4 10.96.0.10,tcp:80\n"))
-		}, pkt(lb.TCP, "10.96.0.10:80", netfilter.Prerouting)},
-		{"set member added", func(f *netfilter.Fake) error {
+		}, pkt(lb.TCP, "10.96.0.10:80", netfiltertest.Prerouting)},
+		{"set member added", func(f *netfiltertest.Fake) error {
 			return f.IPSetRestore(ctx, []byte("add svcproxy-reject-v4 8.8.8.8,tcp:443\n"))
-		}, pkt(lb.TCP, "8.8.8.8:443", netfilter.Output)},
-		{"NodePort flushed", func(f *netfilter.Fake) error {
+		}, pkt(lb.TCP, "8.8.8.8:443", netfiltertest.Output)},
+		{"NodePort flushed", func(f *netfiltertest.Fake) error {
 			return f.IPSetRestore(ctx, []byte("flush svcproxy-np-tcp\n"))
-		}, pkt(lb.TCP, "192.0.2.10:30080", netfilter.Prerouting)},
-		{"stray chain and set", func(f *netfilter.Fake) error {
+		}, pkt(lb.TCP, "192.0.2.10:30080", netfiltertest.Prerouting)},
+		{"stray chain and set", func(f *netfiltertest.Fake) error {
 			return errors.Join(
 				f.IPSetRestore(ctx, []byte("create svcproxy-old hash:ip,port family inet\nadd svcproxy-old 8.8.8.8,tcp:443\n")),
 				f.IPTablesRestore(ctx, netfilter.IPv4, []byte("*nat\n:SVCPROXY-OLD - [0:0]\n-A SVCPROXY-OLD -p tcp -m set --match-set svcproxy-old dst,dst -j REDIRECT --to-ports 1\n-I PREROUTING 1 -j SVCPROXY-OLD\nCOMMIT\n")))
-		}, pkt(lb.TCP, "8.8.8.8:443", netfilter.Prerouting)},
-		{"duplicate jump", func(f *netfilter.Fake) error {
+		}, pkt(lb.TCP, "8.8.8.8:443", netfiltertest.Prerouting)},
+		{"duplicate jump", func(f *netfiltertest.Fake) error {
 			return f.IPTablesRestore(ctx, netfilter.IPv4, []byte("*filter\n-A INPUT -j SVCPROXY-REJECT\n-A INPUT -s 10.0.0.0/8 -j SVCPROXY-REJECT\nCOMMIT\n"))
-		}, netfilter.Packet{}},
+		}, netfiltertest.Packet{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, f := newFakeRedirector(t, Config{IPv6: true})
@@ -249,7 +250,7 @@ func TestRepair(t *testing.T) {
 			mustApply(t, r, snap, testPorts(), true)
 			clean := f.Dump()
 			check := tc.broken.Dst.IsValid()
-			var want netfilter.Verdict
+			var want netfiltertest.Verdict
 			if check {
 				want = f.Trace(tc.broken)
 			}
@@ -307,7 +308,7 @@ func TestCleanup(t *testing.T) {
 	}
 	before := f.Dump()
 	mustApply(t, r, store(t, testServices()...).Snapshot(), testPorts(), true)
-	if got := f.Trace(pkt(lb.TCP, "203.0.113.10:80", netfilter.Prerouting)); got.Action != netfilter.Redirect {
+	if got := f.Trace(pkt(lb.TCP, "203.0.113.10:80", netfiltertest.Prerouting)); got.Action != netfiltertest.Redirect {
 		t.Fatalf("ExternalIP not redirected: %v", got)
 	}
 	// A rule from another process in the foreign chain jumping into ours.
@@ -339,7 +340,7 @@ func TestCleanup(t *testing.T) {
 	// r did not see that: to it, another process removing its rules is
 	// tampering, which its next full sync repairs.
 	mustApply(t, r, store(t, testServices()...).Snapshot(), testPorts(), true)
-	checkTrace(t, f, pkt(lb.TCP, "10.96.0.10:80", netfilter.Output), redirected(testTCPPort))
+	checkTrace(t, f, pkt(lb.TCP, "10.96.0.10:80", netfiltertest.Output), redirected(testTCPPort))
 	if r.Repairs() != 1 {
 		t.Errorf("Repairs = %d, want 1", r.Repairs())
 	}
@@ -359,7 +360,7 @@ func TestFaults(t *testing.T) {
 		snap, _ := store(t, append(svcs[:3:3], empty, svcs[4])...).Replace(append(svcs[:3:3], empty, svcs[4]))
 		f.FailNext("ipset-restore", boom)
 		mustApply(t, r, snap, testPorts(), false)
-		checkTrace(t, f, pkt(lb.TCP, "10.96.0.12:80", netfilter.Prerouting), redirected(testTCPPort))
+		checkTrace(t, f, pkt(lb.TCP, "10.96.0.12:80", netfiltertest.Prerouting), redirected(testTCPPort))
 	})
 	t.Run("failed full sync leaves the next Apply full", func(t *testing.T) {
 		r, f := newFakeRedirector(t, Config{})
@@ -373,7 +374,7 @@ func TestFaults(t *testing.T) {
 		if n := f.CountCalls("iptables-save"); n == 0 {
 			t.Errorf("Apply after a failure was not a full sync")
 		}
-		checkTrace(t, f, pkt(lb.TCP, "10.96.0.10:80", netfilter.Prerouting), redirected(testTCPPort))
+		checkTrace(t, f, pkt(lb.TCP, "10.96.0.10:80", netfiltertest.Prerouting), redirected(testTCPPort))
 		if r.Repairs() != 0 {
 			t.Errorf("Repairs = %d; a failed sync is not tampering", r.Repairs())
 		}
@@ -411,16 +412,16 @@ func TestBadInput(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "default/dns:p") || !strings.Contains(err.Error(), "10.96.0.53:53") {
 		t.Errorf("Apply = %v, want an error naming the Service and frontend", err)
 	}
-	checkTrace(t, f, pkt(lb.UDP, "10.96.0.53:53", netfilter.Prerouting), accepted)
-	checkTrace(t, f, pkt(lb.UDP, "192.0.2.10:30053", netfilter.Prerouting), redirected(40054))
-	checkTrace(t, f, pkt(lb.TCP, "10.96.0.10:80", netfilter.Prerouting), redirected(testTCPPort))
-	checkTrace(t, f, pkt(lb.UDP, "10.96.0.13:53", netfilter.Prerouting), rejected)
+	checkTrace(t, f, pkt(lb.UDP, "10.96.0.53:53", netfiltertest.Prerouting), accepted)
+	checkTrace(t, f, pkt(lb.UDP, "192.0.2.10:30053", netfiltertest.Prerouting), redirected(40054))
+	checkTrace(t, f, pkt(lb.TCP, "10.96.0.10:80", netfiltertest.Prerouting), redirected(testTCPPort))
+	checkTrace(t, f, pkt(lb.UDP, "10.96.0.13:53", netfiltertest.Prerouting), rejected)
 
 	for _, cfg := range []Config{
 		{},
 		{Mark: 1, NodePortAddresses: []netip.Prefix{{}}},
 	} {
-		cfg.Exec = netfilter.NewFake()
+		cfg.Exec = netfiltertest.NewFake()
 		if _, err := New(cfg); err == nil {
 			t.Errorf("New(%+v) succeeded", cfg)
 		}
@@ -433,7 +434,7 @@ func TestBackend(t *testing.T) {
 		"iptables v1.8.9 (legacy)":    "legacy",
 		"iptables v1.6.1":             "legacy",
 	} {
-		f := netfilter.NewFake()
+		f := netfiltertest.NewFake()
 		f.SetVersion(v)
 		r, err := New(Config{Mark: 1, Exec: f})
 		if err != nil {
@@ -457,8 +458,8 @@ func TestFrontendConflict(t *testing.T) {
 		t.Fatal("the store accepted a conflict")
 	}
 	mustApply(t, r, snap, testPorts(), true)
-	checkTrace(t, f, pkt(lb.TCP, "10.96.0.1:80", netfilter.Prerouting), rejected) // a sorts first, and has no endpoints
-	checkTrace(t, f, pkt(lb.TCP, "192.0.2.10:30000", netfilter.Prerouting), rejected)
+	checkTrace(t, f, pkt(lb.TCP, "10.96.0.1:80", netfiltertest.Prerouting), rejected) // a sorts first, and has no endpoints
+	checkTrace(t, f, pkt(lb.TCP, "192.0.2.10:30000", netfiltertest.Prerouting), rejected)
 }
 
 // TestSCTPUnsteered: an SCTP Service, with endpoints or without, is not
@@ -479,19 +480,19 @@ func TestSCTPUnsteered(t *testing.T) {
 	mustApply(t, r, store(t, services...).Snapshot(), testPorts(), true)
 	for _, tc := range []struct {
 		name string
-		p    netfilter.Packet
-		want netfilter.Verdict
+		p    netfiltertest.Packet
+		want netfiltertest.Verdict
 	}{
-		{"SCTP ClusterIP", pkt(lb.SCTP, "10.96.0.38:3868", netfilter.Prerouting), accepted},
-		{"SCTP ClusterIP from the node", pkt(lb.SCTP, "10.96.0.38:3868", netfilter.Output), accepted},
-		{"SCTP ExternalIP", pkt(lb.SCTP, "203.0.113.38:3868", netfilter.Prerouting), accepted},
-		{"SCTP NodePort", pkt(lb.SCTP, "192.0.2.10:30868", netfilter.Prerouting), accepted},
-		{"SCTP without endpoints: not rejected", pkt(lb.SCTP, "10.96.0.39:3868", netfilter.Prerouting), accepted},
-		{"SCTP NodePort without endpoints: not rejected", pkt(lb.SCTP, "192.0.2.10:30869", netfilter.Prerouting), accepted},
-		{"SCTP on a TCP Service's VIP and port", pkt(lb.SCTP, "10.96.0.10:80", netfilter.Prerouting), accepted},
-		{"SCTP on a TCP Service's NodePort", pkt(lb.SCTP, "192.0.2.10:30080", netfilter.Prerouting), accepted},
-		{"TCP beside it still steered", pkt(lb.TCP, "10.96.0.10:80", netfilter.Prerouting), redirected(testTCPPort)},
-		{"TCP NodePort beside it still steered", pkt(lb.TCP, "192.0.2.10:30080", netfilter.Prerouting), redirected(testTCPPort)},
+		{"SCTP ClusterIP", pkt(lb.SCTP, "10.96.0.38:3868", netfiltertest.Prerouting), accepted},
+		{"SCTP ClusterIP from the node", pkt(lb.SCTP, "10.96.0.38:3868", netfiltertest.Output), accepted},
+		{"SCTP ExternalIP", pkt(lb.SCTP, "203.0.113.38:3868", netfiltertest.Prerouting), accepted},
+		{"SCTP NodePort", pkt(lb.SCTP, "192.0.2.10:30868", netfiltertest.Prerouting), accepted},
+		{"SCTP without endpoints: not rejected", pkt(lb.SCTP, "10.96.0.39:3868", netfiltertest.Prerouting), accepted},
+		{"SCTP NodePort without endpoints: not rejected", pkt(lb.SCTP, "192.0.2.10:30869", netfiltertest.Prerouting), accepted},
+		{"SCTP on a TCP Service's VIP and port", pkt(lb.SCTP, "10.96.0.10:80", netfiltertest.Prerouting), accepted},
+		{"SCTP on a TCP Service's NodePort", pkt(lb.SCTP, "192.0.2.10:30080", netfiltertest.Prerouting), accepted},
+		{"TCP beside it still steered", pkt(lb.TCP, "10.96.0.10:80", netfiltertest.Prerouting), redirected(testTCPPort)},
+		{"TCP NodePort beside it still steered", pkt(lb.TCP, "192.0.2.10:30080", netfiltertest.Prerouting), redirected(testTCPPort)},
 	} {
 		t.Run(tc.name, func(t *testing.T) { checkTrace(t, f, tc.p, tc.want) })
 	}

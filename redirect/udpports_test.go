@@ -9,11 +9,12 @@ import (
 
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 )
 
 // conntrackDeletes are the conntrack deletions f received, as
 // "family: filter", sorted.
-func conntrackDeletes(f *netfilter.Fake) []string {
+func conntrackDeletes(f *netfiltertest.Fake) []string {
 	var out []string
 	for _, c := range f.Calls() {
 		if c.Op == "conntrack-delete" {

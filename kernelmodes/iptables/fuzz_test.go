@@ -13,6 +13,7 @@ import (
 	"github.com/svcproxy/svcproxy/internal/kerneltest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 )
 
 // fuzzEndpoints are shared between the fuzzed Services.
@@ -24,7 +25,7 @@ var fuzzEndpoints = []netip.AddrPort{
 // expect computes, straight from the snapshot and the configuration, where
 // p may go: untouched, rejected, or spread over the pool's endpoints of
 // p's family, masqueraded as kube-proxy would.
-func expect(snap *lb.Snapshot, m *Mode, p netfilter.Packet) want {
+func expect(snap *lb.Snapshot, m *Mode, p netfiltertest.Packet) want {
 	cfg := m.cfg
 	dst := p.Dst
 	fam := familyOf(dst.Addr())
@@ -81,11 +82,11 @@ func expect(snap *lb.Snapshot, m *Mode, p netfilter.Packet) want {
 }
 
 // fuzzPackets are the packets worth tracing for services.
-func fuzzPackets(services []lb.Service) []netfilter.Packet {
-	var pkts []netfilter.Packet
+func fuzzPackets(services []lb.Service) []netfiltertest.Packet {
+	var pkts []netfiltertest.Packet
 	for _, d := range kerneltest.Destinations(services, nodeIP, nodeIP2, nodeIP6) {
 		for _, proto := range []lb.Protocol{lb.TCP, lb.UDP, lb.SCTP} {
-			for _, hook := range []netfilter.Hook{pre, out} {
+			for _, hook := range []netfiltertest.Hook{pre, out} {
 				if d.Addr().IsLoopback() && hook == pre {
 					continue
 				}
@@ -110,12 +111,12 @@ func fuzzPackets(services []lb.Service) []netfilter.Packet {
 
 // checkOutcomes fails t unless p goes where w says; an outcome that sends a
 // pod to itself is masqueraded too (hairpin), whatever w says.
-func checkOutcomes(t *testing.T, f *netfilter.Fake, p netfilter.Packet, w want, context string) {
+func checkOutcomes(t *testing.T, f *netfiltertest.Fake, p netfiltertest.Packet, w want, context string) {
 	got := f.TraceAll(p)
 	fail := func() {
 		t.Fatalf("%s: %v %v -> %v via %v: got %v, want %v\n%s", context, p.Proto, p.Src, p.Dst, p.Hook, got, w, f.Dump())
 	}
-	if w.action != netfilter.DNAT {
+	if w.action != netfiltertest.DNAT {
 		if len(got) != 1 || got[0].Action != w.action || got[0].Masquerade {
 			fail()
 		}
@@ -128,7 +129,7 @@ func checkOutcomes(t *testing.T, f *netfilter.Fake, p netfilter.Packet, w want, 
 	slices.SortFunc(wantEps, func(a, b string) int { return ap(a).Compare(ap(b)) })
 	for i, o := range got {
 		masq := w.masq || o.Dst.Addr() == p.Src.Addr()
-		if o.Action != netfilter.DNAT || o.Dst != ap(wantEps[i]) || o.Masquerade != masq ||
+		if o.Action != netfiltertest.DNAT || o.Dst != ap(wantEps[i]) || o.Masquerade != masq ||
 			math.Abs(o.Probability-1/float64(len(w.eps))) > 1e-6 {
 			fail()
 		}
@@ -147,7 +148,7 @@ func FuzzApply(f *testing.F) {
 		if flags&4 != 0 {
 			cfg.ClusterCIDRs = []netip.Prefix{podCIDR, netip.MustParsePrefix("fd00:244::/64")}
 		}
-		fake := netfilter.NewFake()
+		fake := netfiltertest.NewFake()
 		cfg.Exec = fake
 		m, err := New(cfg)
 		if err != nil {
@@ -182,7 +183,7 @@ func FuzzApply(f *testing.F) {
 				}
 			}
 			// Incremental syncs leave what a full sync would.
-			ref := netfilter.NewFake()
+			ref := netfiltertest.NewFake()
 			rcfg := cfg
 			rcfg.Exec = ref
 			rm, err := New(rcfg)
@@ -202,7 +203,7 @@ func FuzzApply(f *testing.F) {
 		if err := m.Cleanup(context.Background()); err != nil {
 			t.Fatalf("Cleanup: %v", err)
 		}
-		if got, want := fake.Dump(), netfilter.NewFake().Dump(); got != want {
+		if got, want := fake.Dump(), netfiltertest.NewFake().Dump(); got != want {
 			t.Fatalf("Cleanup left:\n%s", got)
 		}
 	})

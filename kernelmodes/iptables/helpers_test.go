@@ -14,6 +14,7 @@ import (
 
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 )
 
 const nodeName = "node-a"
@@ -135,9 +136,9 @@ func testServices() []lb.Service {
 }
 
 // newFakeMode returns a Mode over a new Fake.
-func newFakeMode(t testing.TB, cfg Config) (*Mode, *netfilter.Fake) {
+func newFakeMode(t testing.TB, cfg Config) (*Mode, *netfiltertest.Fake) {
 	t.Helper()
-	f := netfilter.NewFake()
+	f := netfiltertest.NewFake()
 	cfg.Exec = f
 	if tt, ok := t.(*testing.T); ok && cfg.Logger == nil {
 		cfg.Logger = zaptest.NewLogger(tt)
@@ -157,22 +158,22 @@ func mustApply(t testing.TB, m *Mode, snap *lb.Snapshot, full bool) {
 }
 
 // pkt is a packet from a pod (PREROUTING) unless hook says otherwise.
-func pkt(proto lb.Protocol, dst string, hook netfilter.Hook) netfilter.Packet {
+func pkt(proto lb.Protocol, dst string, hook netfiltertest.Hook) netfiltertest.Packet {
 	src := clientIP
 	d := ap(dst)
-	if hook == netfilter.Output {
+	if hook == netfiltertest.Output {
 		src = netip.AddrPortFrom(nodeIP, 40000)
 	}
 	if d.Addr().Is6() {
 		src = clientIP6
-		if hook == netfilter.Output {
+		if hook == netfiltertest.Output {
 			src = netip.AddrPortFrom(nodeIP6, 40000)
 		}
 	}
-	return netfilter.Packet{Src: src, Dst: d, Proto: proto, Hook: hook, LocalAddrs: localAddrs}
+	return netfiltertest.Packet{Src: src, Dst: d, Proto: proto, Hook: hook, LocalAddrs: localAddrs}
 }
 
-func from(p netfilter.Packet, src string) netfilter.Packet {
+func from(p netfiltertest.Packet, src string) netfiltertest.Packet {
 	p.Src = ap(src)
 	return p
 }
@@ -180,20 +181,22 @@ func from(p netfilter.Packet, src string) netfilter.Packet {
 // want is where a packet should go: spread evenly over eps (DNAT, with
 // masquerade as said), or one fixed verdict (accepted, rejected).
 type want struct {
-	action netfilter.Action
+	action netfiltertest.Action
 	eps    []string
 	masq   bool
 }
 
 var (
-	accepted = want{action: netfilter.Accept}
-	rejected = want{action: netfilter.Reject}
+	accepted = want{action: netfiltertest.Accept}
+	rejected = want{action: netfiltertest.Reject}
 )
 
-func spread(masq bool, eps ...string) want { return want{action: netfilter.DNAT, eps: eps, masq: masq} }
+func spread(masq bool, eps ...string) want {
+	return want{action: netfiltertest.DNAT, eps: eps, masq: masq}
+}
 
 func (w want) String() string {
-	if w.action != netfilter.DNAT {
+	if w.action != netfiltertest.DNAT {
 		return w.action.String()
 	}
 	s := "DNAT evenly to " + strings.Join(w.eps, ", ")
@@ -204,7 +207,7 @@ func (w want) String() string {
 }
 
 // traceDiff reports how the outcomes of p differ from w; "" when they match.
-func traceDiff(f *netfilter.Fake, p netfilter.Packet, w want) string {
+func traceDiff(f *netfiltertest.Fake, p netfiltertest.Packet, w want) string {
 	got := f.TraceAll(p)
 	show := func() string {
 		var s []string
@@ -213,7 +216,7 @@ func traceDiff(f *netfilter.Fake, p netfilter.Packet, w want) string {
 		}
 		return strings.Join(s, "; ")
 	}
-	if w.action != netfilter.DNAT {
+	if w.action != netfiltertest.DNAT {
 		if len(got) != 1 || got[0].Action != w.action || got[0].Masquerade {
 			return fmt.Sprintf("got %s, want %v", show(), w)
 		}
@@ -225,7 +228,7 @@ func traceDiff(f *netfilter.Fake, p netfilter.Packet, w want) string {
 	wantEps := slices.Clone(w.eps)
 	slices.SortFunc(wantEps, func(a, b string) int { return ap(a).Compare(ap(b)) })
 	for i, o := range got {
-		if o.Action != netfilter.DNAT || o.Dst != ap(wantEps[i]) || o.Masquerade != w.masq ||
+		if o.Action != netfiltertest.DNAT || o.Dst != ap(wantEps[i]) || o.Masquerade != w.masq ||
 			math.Abs(o.Probability-1/float64(len(w.eps))) > 1e-6 {
 			return fmt.Sprintf("got %s, want %v", show(), w)
 		}
@@ -233,7 +236,7 @@ func traceDiff(f *netfilter.Fake, p netfilter.Packet, w want) string {
 	return ""
 }
 
-func checkTrace(t *testing.T, f *netfilter.Fake, p netfilter.Packet, w want) {
+func checkTrace(t *testing.T, f *netfiltertest.Fake, p netfiltertest.Packet, w want) {
 	t.Helper()
 	if d := traceDiff(f, p, w); d != "" {
 		t.Errorf("%v %v -> %v via %v: %s\n%s", p.Proto, p.Src, p.Dst, p.Hook, d, f.Dump())

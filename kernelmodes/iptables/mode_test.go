@@ -11,11 +11,12 @@ import (
 
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 )
 
 const (
-	pre = netfilter.Prerouting
-	out = netfilter.Output
+	pre = netfiltertest.Prerouting
+	out = netfiltertest.Output
 )
 
 var (
@@ -33,7 +34,7 @@ var (
 // as DNAT. The privileged tests run the same semantics for real.
 var serviceCases = []struct {
 	name string
-	p    netfilter.Packet
+	p    netfiltertest.Packet
 	want want
 }{
 	{"ClusterIP TCP from a pod", pkt(lb.TCP, "10.96.0.10:80", pre), spread(false, web4...)},
@@ -108,7 +109,7 @@ func TestHairpin(t *testing.T) {
 	mustApply(t, m, store(t, testServices()...).Snapshot(), true)
 	for _, tc := range []struct {
 		name string
-		p    netfilter.Packet
+		p    netfiltertest.Packet
 	}{
 		{"ClusterIP", from(pkt(lb.TCP, "10.96.0.10:80", pre), "10.244.1.2:5555")},
 		{"IPv6 ClusterIP", from(pkt(lb.TCP, "[fd00::10]:80", pre), "[fd00:244::1:1]:5555")},
@@ -140,7 +141,7 @@ func TestMasquerade(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		cfg  Config
-		p    netfilter.Packet
+		p    netfiltertest.Packet
 		want want
 	}{
 		{"ClusterCIDR: from a pod, kept", Config{ClusterCIDRs: []netip.Prefix{podCIDR}}, pkt(lb.TCP, "10.96.0.10:80", pre), spread(false, web4...)},
@@ -173,7 +174,7 @@ func TestNodePortAddresses(t *testing.T) {
 		name     string
 		prefixes []netip.Prefix
 		dst      string
-		hook     netfilter.Hook
+		hook     netfiltertest.Hook
 		want     want
 	}{
 		{"inside", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "192.0.2.10:30080", pre, spread(true, web4...)},
@@ -216,7 +217,7 @@ func TestAffinity(t *testing.T) {
 	mustApply(t, m, st.Snapshot(), true)
 	p := pkt(lb.TCP, "10.96.0.15:80", pre)
 	first := f.Trace(p)
-	if first.Action != netfilter.DNAT || !slices.Contains(sticky, first.Dst.String()) {
+	if first.Action != netfiltertest.DNAT || !slices.Contains(sticky, first.Dst.String()) {
 		t.Fatalf("first connection: %v", first)
 	}
 	for range 10 {
@@ -446,7 +447,7 @@ func TestRemovals(t *testing.T) {
 	mustApply(t, m, snap, false)
 	checkTrace(t, f, pkt(lb.TCP, "10.96.0.10:80", pre), spread(false, web4[1]))
 	checkTrace(t, f, pkt(lb.TCP, "203.0.113.10:80", pre), spread(true, web4[1]))
-	for _, p := range []netfilter.Packet{pkt(lb.TCP, "10.96.0.15:80", pre), pkt(lb.UDP, "10.96.0.53:53", pre), pkt(lb.UDP, "192.0.2.10:30053", pre), pkt(lb.TCP, "192.0.2.10:30015", out)} {
+	for _, p := range []netfiltertest.Packet{pkt(lb.TCP, "10.96.0.15:80", pre), pkt(lb.UDP, "10.96.0.53:53", pre), pkt(lb.UDP, "192.0.2.10:30053", pre), pkt(lb.TCP, "192.0.2.10:30015", out)} {
 		checkTrace(t, f, p, accepted)
 	}
 	incremental := f.Dump()
@@ -473,45 +474,45 @@ func TestRepair(t *testing.T) {
 	v4, v6 := netfilter.IPv4, netfilter.IPv6
 	for _, tc := range []struct {
 		name   string
-		tamper func(f *netfilter.Fake) error
-		broken netfilter.Packet // a packet the tampering misroutes
-		hourly bool             // the check does not see it; the hourly full sync repairs it
+		tamper func(f *netfiltertest.Fake) error
+		broken netfiltertest.Packet // a packet the tampering misroutes
+		hourly bool                 // the check does not see it; the hourly full sync repairs it
 	}{
-		{"dispatch chain flushed", func(f *netfilter.Fake) error {
+		{"dispatch chain flushed", func(f *netfiltertest.Fake) error {
 			return f.IPTablesRestore(ctx, v4, []byte("*nat\n-F "+chainServices+"\nCOMMIT\n"))
 		}, pkt(lb.TCP, "10.96.0.10:80", pre), false},
-		{"service chain flushed", func(f *netfilter.Fake) error {
+		{"service chain flushed", func(f *netfiltertest.Fake) error {
 			c := chainName(kindService, &testServices()[0], netip.AddrPort{})
 			return f.IPTablesRestore(ctx, v4, []byte("*nat\n-F "+c+"\nCOMMIT\n"))
 		}, pkt(lb.TCP, "10.96.0.10:80", pre), true},
-		{"reject rule deleted", func(f *netfilter.Fake) error {
+		{"reject rule deleted", func(f *netfiltertest.Fake) error {
 			return f.IPTablesRestore(ctx, v4, []byte("*filter\n-D "+chainReject+" -d 10.96.0.12/32 -p tcp -m tcp --dport 80 -j REJECT --reject-with tcp-reset\nCOMMIT\n"))
 		}, pkt(lb.TCP, "10.96.0.12:80", pre), false},
-		{"jump deleted", func(f *netfilter.Fake) error {
+		{"jump deleted", func(f *netfiltertest.Fake) error {
 			return f.IPTablesRestore(ctx, v6, []byte("*nat\n-D OUTPUT -j "+chainServices+"\nCOMMIT\n"))
 		}, pkt(lb.TCP, "[fd00::10]:80", out), false},
-		{"masquerade jump deleted", func(f *netfilter.Fake) error {
+		{"masquerade jump deleted", func(f *netfiltertest.Fake) error {
 			return f.IPTablesRestore(ctx, v4, []byte("*nat\n-D POSTROUTING -j "+chainPost+"\nCOMMIT\n"))
 		}, pkt(lb.TCP, "203.0.113.10:80", pre), false},
-		{"rule inserted before ours", func(f *netfilter.Fake) error {
+		{"rule inserted before ours", func(f *netfiltertest.Fake) error {
 			return f.IPTablesRestore(ctx, v4, []byte("*nat\n-I "+chainServices+" 1 -j RETURN\nCOMMIT\n"))
 		}, pkt(lb.TCP, "10.96.0.10:80", out), false},
-		{"hairpin member deleted", func(f *netfilter.Fake) error {
+		{"hairpin member deleted", func(f *netfiltertest.Fake) error {
 			return f.IPSetRestore(ctx, []byte("del svcproxy-dnat-hairpin-v4 10.244.1.1,tcp:8080,10.244.1.1\n"))
 		}, from(pkt(lb.TCP, "10.96.0.10:80", pre), "10.244.1.1:5"), true},
-		{"stray chain and set", func(f *netfilter.Fake) error {
+		{"stray chain and set", func(f *netfiltertest.Fake) error {
 			return errors.Join(
 				f.IPSetRestore(ctx, []byte("create svcproxy-dnat-old hash:ip,port family inet\nadd svcproxy-dnat-old 8.8.8.8,tcp:443\n")),
 				f.IPTablesRestore(ctx, v4, []byte("*nat\n:SVCPROXY-DNAT-OLD - [0:0]\n-A SVCPROXY-DNAT-OLD -p tcp -m set --match-set svcproxy-dnat-old dst,dst -j DNAT --to-destination 10.0.0.1:1\n-I PREROUTING 1 -j SVCPROXY-DNAT-OLD\nCOMMIT\n")))
 		}, pkt(lb.TCP, "8.8.8.8:443", pre), false},
-		{"duplicate jump", func(f *netfilter.Fake) error {
+		{"duplicate jump", func(f *netfiltertest.Fake) error {
 			return f.IPTablesRestore(ctx, v4, []byte("*filter\n-A INPUT -j "+chainFilter+"\n-A INPUT -s 10.0.0.0/8 -j "+chainFilter+"\nCOMMIT\n"))
-		}, netfilter.Packet{}, false},
-		{"set destroyed", func(f *netfilter.Fake) error {
+		}, netfiltertest.Packet{}, false},
+		{"set destroyed", func(f *netfiltertest.Fake) error {
 			return errors.Join(
 				f.IPTablesRestore(ctx, v6, []byte("*nat\n-F "+chainPost+"\nCOMMIT\n")),
 				f.IPSetDestroy(ctx, "svcproxy-dnat-hairpin-v6"))
-		}, netfilter.Packet{}, false},
+		}, netfiltertest.Packet{}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, f := newFakeMode(t, Config{IPv6: true})
@@ -519,14 +520,14 @@ func TestRepair(t *testing.T) {
 			mustApply(t, m, snap, true)
 			clean := f.Dump()
 			check := tc.broken.Dst.IsValid()
-			var before []netfilter.Outcome
+			var before []netfiltertest.Outcome
 			if check {
 				before = f.TraceAll(tc.broken)
 			}
 			if err := tc.tamper(f); err != nil {
 				t.Fatalf("tampering: %v", err)
 			}
-			if check && slices.EqualFunc(before, f.TraceAll(tc.broken), func(a, b netfilter.Outcome) bool { return a.Verdict.String() == b.Verdict.String() }) {
+			if check && slices.EqualFunc(before, f.TraceAll(tc.broken), func(a, b netfiltertest.Outcome) bool { return a.Verdict.String() == b.Verdict.String() }) {
 				t.Fatalf("tampering did not change where %v goes: the test tests nothing", tc.broken.Dst)
 			}
 			mustApply(t, m, snap, false)
@@ -682,7 +683,7 @@ func TestConfig(t *testing.T) {
 		{ClusterCIDRs: []netip.Prefix{podCIDR, netip.MustParsePrefix("10.245.0.0/16")}},
 		{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}},
 	} {
-		cfg.Exec = netfilter.NewFake()
+		cfg.Exec = netfiltertest.NewFake()
 		if _, err := New(cfg); err == nil {
 			t.Errorf("New(%+v) succeeded", cfg)
 		}
@@ -697,7 +698,7 @@ func TestConfig(t *testing.T) {
 		"iptables v1.6.1":             {"legacy", false},
 		"iptables v1.4.21":            {"legacy", false},
 	} {
-		f := netfilter.NewFake()
+		f := netfiltertest.NewFake()
 		f.SetVersion(v)
 		m, err := New(Config{Exec: f})
 		if err != nil {

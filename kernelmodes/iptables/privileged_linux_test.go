@@ -22,6 +22,7 @@ import (
 	"github.com/svcproxy/svcproxy/internal/topology"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 )
 
 // privileged gates the privileged tests: root, the tools, and a kernel
@@ -112,7 +113,7 @@ func TestPrivilegedApplyCleanup(t *testing.T) {
 			// Fake-vs-kernel parity: the same Apply on the Fake holds the
 			// same rules and members.
 			fcfg := cfg
-			fake := netfilter.NewFake()
+			fake := netfiltertest.NewFake()
 			fcfg.Exec = fake
 			fm, err := New(fcfg)
 			if err != nil {

@@ -94,7 +94,7 @@
 // IPVS (the moby/ipvs Handle methods Mode calls), Links (rtnetlink), Rules
 // (iptables-restore and ipset), Conntrack (ctnetlink) and Sysctls are
 // interfaces; package ipvstest holds an in-memory fake of each
-// (netfilter.Fake for Rules) and a packet tracer (ipvstest.Fakes.Trace:
+// (netfiltertest.Fake for Rules) and a packet tracer (ipvstest.Fakes.Trace:
 // netfilter's tracer for the chains, then IPVS) that answers "a packet from A to VIP:port goes to which real
 // server, masqueraded or not, or is it rejected or untouched", so tests
 // assert behaviour, not calls. Available says whether the kernel has IPVS;

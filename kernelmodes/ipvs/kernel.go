@@ -55,7 +55,7 @@ type Links interface {
 // Rules runs iptables-restore/-save and ipset: the whole rule set of a
 // family in one iptables-restore, set contents in one ipset restore.
 //
-// *netfilter.Exec is the real one, *netfilter.Fake the in-memory one.
+// *netfilter.Exec is the real one, *netfiltertest.Fake the in-memory one.
 type Rules interface {
 	// IPTablesRestore feeds data to iptables-restore (ip6tables-restore
 	// for IPv6) with --noflush --wait: only the chains data declares are
@@ -112,7 +112,4 @@ func familyOf(a netip.Addr) Family {
 	return IPv6
 }
 
-var (
-	_ Rules = (*netfilter.Exec)(nil)
-	_ Rules = (*netfilter.Fake)(nil)
-)
+var _ Rules = (*netfilter.Exec)(nil)

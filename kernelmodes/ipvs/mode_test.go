@@ -15,6 +15,7 @@ import (
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/ipvstest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 )
 
 // TestServiceSemantics runs the shared Service table (the one the VM test
@@ -664,7 +665,7 @@ func TestFakeIPVSErrors(t *testing.T) {
 
 func TestFakeRulesRefusesWhatIptablesRefuses(t *testing.T) {
 	ctx := context.Background()
-	f := netfilter.NewFake()
+	f := netfiltertest.NewFake()
 	for _, bad := range []string{
 		"*nat\n-A PREROUTING -j NOPE\nCOMMIT\n",
 		"*nat\n-A PREROUTING -m set --match-set nope dst -j RETURN\nCOMMIT\n",
@@ -714,7 +715,7 @@ func TestAvailable(t *testing.T) {
 	t.Logf("Available() = %v", err)
 	// With the real kernel and no IPVS, Apply fails with it and touches
 	// nothing; Cleanup has no virtual servers to remove.
-	m, err := ipvs.New(ipvs.Config{Rules: netfilter.NewFake(), Links: ipvstest.NewLinks(), Sysctls: ipvstest.NewSysctls(), Conntrack: &ipvstest.Conntrack{}})
+	m, err := ipvs.New(ipvs.Config{Rules: netfiltertest.NewFake(), Links: ipvstest.NewLinks(), Sysctls: ipvstest.NewSysctls(), Conntrack: &ipvstest.Conntrack{}})
 	if err != nil {
 		t.Fatal(err)
 	}

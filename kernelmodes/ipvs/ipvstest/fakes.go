@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
-	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 )
 
 // Fakes is an in-memory kernel: one fake per boundary of the IPVS mode, and
@@ -16,10 +16,12 @@ import (
 type Fakes struct {
 	IPVS      *IPVS
 	Links     *Links
-	Rules     *netfilter.Fake
+	Rules     *netfiltertest.Fake
 	Conntrack *Conntrack
 	Sysctls   *Sysctls
 }
+
+var _ ipvs.Rules = (*netfiltertest.Fake)(nil)
 
 // NewFakes returns an empty kernel (loopback only) on clock now (nil:
 // time.Now).
@@ -27,7 +29,7 @@ func NewFakes(now func() time.Time) *Fakes {
 	return &Fakes{
 		IPVS:      NewIPVS(now),
 		Links:     NewLinks(),
-		Rules:     netfilter.NewFake(),
+		Rules:     netfiltertest.NewFake(),
 		Conntrack: &Conntrack{},
 		Sysctls:   NewSysctls(),
 	}

@@ -7,7 +7,7 @@ import (
 	"sync"
 
 	"github.com/svcproxy/svcproxy/lb"
-	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 )
 
 // Packet is the first packet of a connection or UDP flow, for Trace.
@@ -76,7 +76,7 @@ func (v Verdict) String() string {
 // OUTPUT, IPVS (any destination), filter OUTPUT (and INPUT for a local
 // destination). A packet IPVS sends on goes through filter OUTPUT and nat
 // POSTROUTING, which decides masquerading. The chains are walked by the
-// Rules' own tracer (netfilter.Fake.TraceChain), the mark nat set carried
+// Rules' own tracer (netfiltertest.Fake.TraceChain), the mark nat set carried
 // from one to the next.
 func (f *Fakes) Trace(p Packet) Verdict { return f.trace(p, false) }
 
@@ -116,13 +116,13 @@ func (c *Conn) Close() {
 
 // chain walks one chain of the Rules for p, carrying its mark; a verdict
 // is returned when a rule rejected or dropped it.
-func (f *Fakes) chain(p *netfilter.Packet, table, name string) (Verdict, bool) {
+func (f *Fakes) chain(p *netfiltertest.Packet, table, name string) (Verdict, bool) {
 	v, mark, decided := f.Rules.TraceChain(*p, table, name)
 	p.Mark = mark
 	switch {
-	case decided && v.Action == netfilter.Drop:
+	case decided && v.Action == netfiltertest.Drop:
 		return Verdict{Action: Dropped, Rule: v.Rule}, true
-	case decided && v.Action == netfilter.Reject:
+	case decided && v.Action == netfiltertest.Reject:
 		return Verdict{Action: Rejected, Rule: v.Rule}, true
 	}
 	return Verdict{}, false
@@ -138,10 +138,10 @@ func (f *Fakes) trace(p Packet, open bool) Verdict {
 	defer f.Conntrack.mu.Unlock()
 
 	unmap := func(a netip.AddrPort) netip.AddrPort { return netip.AddrPortFrom(a.Addr().Unmap(), a.Port()) }
-	t := netfilter.Packet{Src: unmap(p.Src), Dst: unmap(p.Dst), Proto: p.Proto, LocalAddrs: f.Links.local()}
+	t := netfiltertest.Packet{Src: unmap(p.Src), Dst: unmap(p.Dst), Proto: p.Proto, LocalAddrs: f.Links.local()}
 	nat := "PREROUTING"
 	if p.Local {
-		t.Hook, nat = netfilter.Output, "OUTPUT"
+		t.Hook, nat = netfiltertest.Output, "OUTPUT"
 	}
 	if v, ok := f.chain(&t, "nat", nat); ok {
 		return v
@@ -199,7 +199,7 @@ func (f *Fakes) trace(p Packet, open bool) Verdict {
 
 // postrouting sends t, IPVS-NATed to backend, through filter OUTPUT and nat
 // POSTROUTING (IPVS with conntrack=1 re-enters the output path).
-func (f *Fakes) postrouting(t netfilter.Packet, k string, backend netip.AddrPort) Verdict {
+func (f *Fakes) postrouting(t netfiltertest.Packet, k string, backend netip.AddrPort) Verdict {
 	t.Dst = backend
 	if v, ok := f.chain(&t, "filter", "OUTPUT"); ok {
 		v.VirtualServer = k

@@ -37,6 +37,7 @@ import (
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/internal/cases"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 )
 
 func main() {
@@ -86,7 +87,7 @@ func run(r *vmtest.Reporter) error {
 	}
 	var rules ipvs.Rules = &netfilter.Exec{Variant: "legacy"}
 	if _, err := os.Stat("/usr/sbin/iptables-legacy-restore"); err != nil {
-		rules = netfilter.NewFake()
+		rules = netfiltertest.NewFake()
 		r.Note("no iptables-legacy in the initramfs: using the fake Rules (masquerade and reject checks will fail)")
 	} else if v, err := rules.IPTablesVersion(ctx); err == nil {
 		r.Note("rules: %s and ipset", v)
@@ -248,7 +249,7 @@ func (g *guest) finish(ctx context.Context, rules ipvs.Rules) {
 // gets it and new connections reach the endpoints. ClusterIP traffic from a
 // pod needs no iptables rule, so the fake Rules save the tool runs.
 func (g *guest) schedulers(ctx context.Context) {
-	rules := netfilter.NewFake()
+	rules := netfiltertest.NewFake()
 	links, err := ipvs.NewLinks(netns.None())
 	if err != nil {
 		g.r.Fail("schedulers", "%v", err)

@@ -1,10 +1,12 @@
-package netfilter
+package netfiltertest
 
 import (
 	"context"
 	"testing"
 
 	"github.com/svcproxy/svcproxy/lb"
+
+	"github.com/svcproxy/svcproxy/netfilter"
 )
 
 // kernelCase is one input to the kernel tools, with whether they accept it.
@@ -12,10 +14,10 @@ import (
 // TestPrivilegedFakeParity, so the Fake refuses what the kernel refuses.
 type kernelCase struct {
 	name   string
-	ipset  string // ipset restore input (or else rules)
-	family Family // for rules
-	rules  string // iptables-restore input
-	ok     bool   // whether the tools accept the input
+	ipset  string           // ipset restore input (or else rules)
+	family netfilter.Family // for rules
+	rules  string           // iptables-restore input
+	ok     bool             // whether the tools accept the input
 	// ipsetFirst is ipset restore input applied (and required to succeed)
 	// before rules.
 	ipsetFirst string
@@ -40,8 +42,8 @@ var kernelCases = []kernelCase{
 	{name: "delete a non-empty chain", rules: "*nat\n-X SVCPROXY-T\nCOMMIT\n"},
 	{name: "delete a missing rule", rules: "*nat\n-D PREROUTING -j SVCPROXY-T\nCOMMIT\n"},
 	{name: "insert at 1", rules: "*nat\n-I PREROUTING 1 -j SVCPROXY-T\nCOMMIT\n", ok: true},
-	{name: "IPv4 address in ip6tables", family: IPv6, rules: "*nat\n:SVCPROXY-T - [0:0]\n-A SVCPROXY-T -d 10.0.0.1/32 -j RETURN\nCOMMIT\n"},
-	{name: "IPv6 set in ip6tables", family: IPv6, rules: "*nat\n:SVCPROXY-T - [0:0]\n-A SVCPROXY-T -d fd00::1/128 -p udp -m udp --dport 53 -m set --match-set svcproxy-t6 dst,dst -j REDIRECT --to-ports 1\nCOMMIT\n", ok: true},
+	{name: "IPv4 address in ip6tables", family: netfilter.IPv6, rules: "*nat\n:SVCPROXY-T - [0:0]\n-A SVCPROXY-T -d 10.0.0.1/32 -j RETURN\nCOMMIT\n"},
+	{name: "IPv6 set in ip6tables", family: netfilter.IPv6, rules: "*nat\n:SVCPROXY-T - [0:0]\n-A SVCPROXY-T -d fd00::1/128 -p udp -m udp --dport 53 -m set --match-set svcproxy-t6 dst,dst -j REDIRECT --to-ports 1\nCOMMIT\n", ok: true},
 	{name: "ipset add", ipset: "add svcproxy-t 10.0.0.1,tcp:80\nadd svcproxy-t 10.0.0.1,udp:80\nadd svcproxy-p 30000\n", ok: true},
 	{name: "ipset add twice (-exist)", ipset: "add svcproxy-t 10.0.0.1,tcp:80\nadd svcproxy-t 10.0.0.1,tcp:80\n", ok: true},
 	{name: "ipset del missing (-exist)", ipset: "add svcproxy-t 10.0.0.1,tcp:80\ndel svcproxy-t 10.0.0.2,tcp:80\ndel svcproxy-t 10.0.0.2,tcp:80\n", ok: true},
@@ -69,7 +71,7 @@ var kernelCases = []kernelCase{
 		"-A SVCPROXY-M -m conntrack --ctstate DNAT -m set --match-set svcproxy-h dst,dst,src -j MASQUERADE --random-fully\n" +
 		"-A SVCPROXY-M -m mark ! --mark 0x4000/0x4000 -j RETURN\n-A SVCPROXY-M -j MARK --set-xmark 0x4000/0x0\n-A SVCPROXY-M -j MASQUERADE\n" +
 		"-A POSTROUTING -j SVCPROXY-M\nCOMMIT\n", ok: true},
-	{name: "IPv6 DNAT", family: IPv6, rules: "*nat\n:SVCPROXY-D - [0:0]\n-A SVCPROXY-D -p tcp -j DNAT --to-destination [fd00::1]:8080\nCOMMIT\n", ok: true},
+	{name: "IPv6 DNAT", family: netfilter.IPv6, rules: "*nat\n:SVCPROXY-D - [0:0]\n-A SVCPROXY-D -p tcp -j DNAT --to-destination [fd00::1]:8080\nCOMMIT\n", ok: true},
 	{name: "SCTP DNAT", rules: "*nat\n:SVCPROXY-D - [0:0]\n:SVCPROXY-D2 - [0:0]\n-A SVCPROXY-D -d 10.96.0.3/32 -p sctp -m sctp --dport 3868 -j SVCPROXY-D2\n" +
 		"-A SVCPROXY-D2 -p sctp -m statistic --mode random --probability 0.5 -j DNAT --to-destination 10.244.0.3:3868\n" +
 		"-A SVCPROXY-D2 -p sctp -j DNAT --to-destination 10.244.0.4:3868\nCOMMIT\n", ok: true},
@@ -106,52 +108,17 @@ var kernelCases = []kernelCase{
 		ipsetFirst: "create svcproxy-i hash:ip family inet\n", ok: true},
 }
 
-// canonicalCases are rules as svcproxy writes them; the Fake's canonical
-// form of each must be what iptables-save prints (TestPrivilegedCanonical).
-var canonicalCases = []struct {
-	family Family
-	table  string
-	spec   string
-}{
-	{IPv4, "nat", "-d 10.96.0.10/32 -p tcp -m tcp --dport 80 -j RETURN"},
-	{IPv4, "nat", "! -d 127.0.0.0/8 -m addrtype --dst-type LOCAL -j RETURN"},
-	{IPv4, "nat", "-p tcp -m statistic --mode random --probability 0.3333333333 -j DNAT --to-destination 10.244.0.1:8080"},
-	{IPv4, "nat", "-p udp -m statistic --mode random --probability 0.1 -j DNAT --to-destination 10.244.0.1:53"},
-	{IPv4, "nat", "-p tcp -j DNAT --to-destination 10.244.0.3:8080"},
-	{IPv4, "nat", "-m recent --rcheck --seconds 10800 --reap --name SVCPROXY-X --rsource -j RETURN"},
-	{IPv4, "nat", "-p tcp -m recent --set --name SVCPROXY-X -j DNAT --to-destination 10.244.0.1:8080"},
-	{IPv4, "nat", "! -s 10.244.0.0/16 -j MARK --or-mark 0x4000"},
-	{IPv4, "nat", "-j MARK --xor-mark 0x4000"},
-	{IPv4, "nat", "-j MARK --set-xmark 0x4000/0x4000"},
-	{IPv4, "nat", "-m mark ! --mark 0x4000/0x4000 -j RETURN"},
-	{IPv4, "nat", "-m conntrack --ctstate DNAT -m set --match-set svcproxy-h dst,dst,src -j MASQUERADE --random-fully"},
-	{IPv4, "nat", "-j MASQUERADE"},
-	{IPv4, "filter", "-d 10.96.0.12/32 -p tcp -m tcp --dport 80 -j REJECT --reject-with tcp-reset"},
-	{IPv4, "filter", "-p udp -m udp --dport 30053 -j REJECT --reject-with icmp-port-unreachable"},
-	{IPv4, "filter", "-m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT"},
-	{IPv4, "nat", "-d 10.96.0.3/32 -p sctp -m sctp --dport 3868 -j RETURN"},
-	{IPv4, "nat", "-p sctp -m statistic --mode random --probability 0.5 -j DNAT --to-destination 10.244.0.3:3868"},
-	{IPv4, "nat", "-p sctp -m recent --set --name SVCPROXY-X -j DNAT --to-destination 10.244.0.3:3868"},
-	{IPv4, "filter", "-p sctp -m sctp --dport 30868 -j REJECT --reject-with icmp-port-unreachable"},
-	{IPv6, "nat", "-d fd00::3/128 -p sctp -m sctp --dport 3868 -j RETURN"},
-	{IPv4, "filter", "-m mark --mark 0x4000/0x4000 -j ACCEPT"},
-	{IPv6, "nat", "-p tcp -m statistic --mode random --probability 0.25 -j DNAT --to-destination [fd00::1]:8080"},
-	{IPv6, "nat", "-m recent --rcheck --seconds 5 --reap --name SVCPROXY-X6 --rsource -j RETURN"},
-	{IPv6, "nat", "! -d ::1/128 -m addrtype --dst-type LOCAL -j RETURN"},
-	{IPv6, "filter", "-d fd00::10/128 -p udp -m udp --dport 53 -j REJECT --reject-with icmp6-port-unreachable"},
-}
-
 // runKernelCase applies the base and the case to e and reports whether the
 // case's input was accepted.
-func runKernelCase(t *testing.T, e Executor, tc kernelCase) bool {
+func runKernelCase(t *testing.T, e netfilter.Executor, tc kernelCase) bool {
 	t.Helper()
 	ctx := context.Background()
 	if err := e.IPSetRestore(ctx, []byte(baseSets)); err != nil {
 		t.Fatalf("base sets: %v", err)
 	}
-	for _, fam := range []Family{IPv4, IPv6} {
+	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
 		base := baseRules
-		if fam == IPv6 {
+		if fam == netfilter.IPv6 {
 			base = "*nat\n:SVCPROXY-T - [0:0]\n-A SVCPROXY-T -m set --match-set svcproxy-t6 dst,dst -j RETURN\nCOMMIT\n"
 		}
 		if err := e.IPTablesRestore(ctx, fam, []byte(base)); err != nil {
@@ -183,47 +150,12 @@ func TestFakeRefusesWhatTheKernelRefuses(t *testing.T) {
 	}
 }
 
-func TestRuleRoundTrip(t *testing.T) {
-	for _, spec := range []string{
-		"-m mark --mark 0x80000/0x80000 -j RETURN",
-		"-d 10.96.0.53/32 -p udp -m udp --dport 53 -j REDIRECT --to-ports 40053",
-		"-p tcp -m addrtype --dst-type LOCAL -m set --match-set a dst -m set --match-set b dst -j REJECT --reject-with tcp-reset",
-		"! -d 10.0.0.0/8 -m set ! --match-set a dst,dst -m comment --comment \"a \\\"quoted\\\" comment\" -j ACCEPT",
-		"-s 10.0.0.0/8 -i eth0 -j SVCPROXY-X",
-		"-m conntrack --ctstate NEW,DNAT -j RETURN",
-	} {
-		r, err := parseRule(spec, IPv4)
-		if err != nil {
-			t.Errorf("parseRule(%q): %v", spec, err)
-			continue
-		}
-		again, err := parseRule(r.String(), IPv4)
-		if err != nil || again.String() != r.String() {
-			t.Errorf("round trip of %q: %q then %q (%v)", spec, r.String(), again, err)
-		}
-	}
-	// Spellings iptables-save may use mean the same rule.
-	for _, same := range [][2]string{
-		{"-p udp --dport 53 -d 10.0.0.1 -j RETURN", "-d 10.0.0.1/32 -p udp -m udp --dport 53 -j RETURN"},
-		{"-p 132 --dport 3868 -d 10.0.0.1 -j RETURN", "-d 10.0.0.1/32 -p sctp -m sctp --dport 3868 -j RETURN"},
-	} {
-		a, errA := parseRule(same[0], IPv4)
-		b, errB := parseRule(same[1], IPv4)
-		if errA != nil || errB != nil || a.String() != b.String() {
-			t.Errorf("%q != %q (%v, %v)", a, b, errA, errB)
-		}
-	}
-	if _, err := parseRule("-p tcp --dport", IPv4); err == nil {
-		t.Error("a dangling option parsed")
-	}
-}
-
 // TestTraceForeignRules checks the tracer's handling of rules it does not
 // understand and of foreign verdicts.
 func TestTraceForeignRules(t *testing.T) {
 	f := NewFake()
 	ctx := context.Background()
-	if err := f.IPTablesRestore(ctx, IPv4, []byte("*filter\n-A FORWARD -i eth0 -j DROP\n-A OUTPUT -d 192.0.2.1/32 -j DROP\n-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT\nCOMMIT\n")); err != nil {
+	if err := f.IPTablesRestore(ctx, netfilter.IPv4, []byte("*filter\n-A FORWARD -i eth0 -j DROP\n-A OUTPUT -d 192.0.2.1/32 -j DROP\n-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT\nCOMMIT\n")); err != nil {
 		t.Fatal(err)
 	}
 	checkTrace(t, f, pkt(lb.TCP, "10.0.0.1:80", Prerouting), accepted) // -i is not modelled: never matches
@@ -234,19 +166,19 @@ func TestTraceForeignRules(t *testing.T) {
 func TestRestoreFailures(t *testing.T) {
 	ctx := context.Background()
 	f := NewFake()
-	var c RestoreFailures
+	var c netfilter.RestoreFailures
 	good := []byte("*nat\n:SVCPROXY-X - [0:0]\nCOMMIT\n")
-	if err := c.Restore(ctx, f, IPv4, good); err != nil {
+	if err := c.Restore(ctx, f, netfilter.IPv4, good); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Restore(ctx, f, IPv6, []byte("*nat\n-A PREROUTING -j NOPE\nCOMMIT\n")); err == nil {
+	if err := c.Restore(ctx, f, netfilter.IPv6, []byte("*nat\n-A PREROUTING -j NOPE\nCOMMIT\n")); err == nil {
 		t.Fatal("a restore the Fake refuses succeeded")
 	}
 	f.FailNext("iptables-restore", context.DeadlineExceeded)
-	if err := c.Restore(ctx, f, IPv4, good); err == nil {
+	if err := c.Restore(ctx, f, netfilter.IPv4, good); err == nil {
 		t.Fatal("FailNext did not fail the restore")
 	}
-	if v4, v6 := c.Count(IPv4), c.Count(IPv6); v4 != 1 || v6 != 1 {
+	if v4, v6 := c.Count(netfilter.IPv4), c.Count(netfilter.IPv6); v4 != 1 || v6 != 1 {
 		t.Errorf("failures IPv4 %d, IPv6 %d; want 1 each", v4, v6)
 	}
 }

@@ -1,6 +1,6 @@
 //go:build linux
 
-package netfilter
+package netfiltertest
 
 import (
 	"context"
@@ -13,15 +13,17 @@ import (
 	"github.com/svcproxy/svcproxy/internal/sctp"
 	"github.com/svcproxy/svcproxy/internal/topology"
 	"github.com/svcproxy/svcproxy/lb"
+
+	"github.com/svcproxy/svcproxy/netfilter"
 )
 
 // requireSCTPMatch skips t, saying why, when e's kernel cannot load an
 // SCTP rule (no xt_sctp match).
-func requireSCTPMatch(t *testing.T, e *Exec) {
+func requireSCTPMatch(t *testing.T, e *netfilter.Exec) {
 	t.Helper()
 	probe := "*filter\n:SVCPROXY-PROBE - [0:0]\n-A SVCPROXY-PROBE -p sctp -m sctp --dport 1 -j RETURN\nCOMMIT\n" +
 		"*filter\n-F SVCPROXY-PROBE\n-X SVCPROXY-PROBE\nCOMMIT\n"
-	if err := e.IPTablesRestore(context.Background(), IPv4, []byte(probe)); err != nil {
+	if err := e.IPTablesRestore(context.Background(), netfilter.IPv4, []byte(probe)); err != nil {
 		t.Skipf("this kernel cannot match SCTP (CONFIG_NETFILTER_XT_MATCH_SCTP): %v", err)
 	}
 }
@@ -36,14 +38,14 @@ func TestPrivilegedSCTPMatches(t *testing.T) {
 	ctx := context.Background()
 	topo := topology.NewT(t, topology.Options{Clients: 1, Backends: -1})
 	client := topo.Clients[0]
-	e := &Exec{NetNS: client.NS}
+	e := &netfilter.Exec{NetNS: client.NS}
 	requireSCTPMatch(t, e)
 	node := topology.NodeAddr.String()
 	sets := "create svcproxy-t hash:ip,port family inet\nadd svcproxy-t " + node + ",sctp:3868\n" +
 		"create svcproxy-u hash:ip,port family inet\nadd svcproxy-u " + node + ",tcp:3868\n" +
 		"create svcproxy-p bitmap:port range 0-65535\nadd svcproxy-p 3868\n"
 	fake := NewFake()
-	for _, x := range []Executor{e, fake} {
+	for _, x := range []netfilter.Executor{e, fake} {
 		if err := x.IPSetRestore(ctx, []byte(sets)); err != nil {
 			t.Fatal(err)
 		}
@@ -68,8 +70,8 @@ func TestPrivilegedSCTPMatches(t *testing.T) {
 	} {
 		t.Run(tc.match, func(t *testing.T) {
 			rules := "*filter\n-F OUTPUT\n-A OUTPUT " + tc.match + " -j DROP\nCOMMIT\n"
-			for _, x := range []Executor{e, fake} {
-				if err := x.IPTablesRestore(ctx, IPv4, []byte(rules)); err != nil {
+			for _, x := range []netfilter.Executor{e, fake} {
+				if err := x.IPTablesRestore(ctx, netfilter.IPv4, []byte(rules)); err != nil {
 					t.Fatal(err)
 				}
 			}

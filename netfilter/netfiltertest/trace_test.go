@@ -1,4 +1,4 @@
-package netfilter
+package netfiltertest
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/svcproxy/svcproxy/lb"
+
+	"github.com/svcproxy/svcproxy/netfilter"
 )
 
 // dnatRules is a small kube-proxy-shaped nat table: a ClusterIP spread over
@@ -49,7 +51,7 @@ func newDNATFake(t *testing.T) *Fake {
 	if err := f.IPSetRestore(ctx, []byte("create hairpin hash:ip,port,ip family inet\nadd hairpin 10.244.0.1,tcp:8080,10.244.0.1\nadd hairpin 10.244.0.2,tcp:8080,10.244.0.2\nadd hairpin 10.244.0.3,tcp:8080,10.244.0.3\n")); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.IPTablesRestore(ctx, IPv4, []byte(dnatRules)); err != nil {
+	if err := f.IPTablesRestore(ctx, netfilter.IPv4, []byte(dnatRules)); err != nil {
 		t.Fatal(err)
 	}
 	return f
@@ -68,7 +70,7 @@ func TestTraceAllSpread(t *testing.T) {
 		t.Fatalf("TraceAll = %v, want %d outcomes", got, len(want))
 	}
 	for i, o := range got {
-		if !o.same(dnatTo(want[i], false)) || math.Abs(o.Probability-1.0/3) > 1e-6 {
+		if !sameVerdict(o.Verdict, dnatTo(want[i], false)) || math.Abs(o.Probability-1.0/3) > 1e-6 {
 			t.Errorf("outcome %d = %v p=%v, want %v p=1/3", i, o.Verdict, o.Probability, want[i])
 		}
 	}
@@ -137,14 +139,14 @@ func TestTraceFilterAfterDNAT(t *testing.T) {
 	ctx := context.Background()
 	// A DROP policy on FORWARD stops forwarded DNAT traffic but not the
 	// node's own.
-	if err := f.IPTablesRestore(ctx, IPv4, []byte("*filter\n:FORWARD DROP [0:0]\nCOMMIT\n")); err != nil {
+	if err := f.IPTablesRestore(ctx, netfilter.IPv4, []byte("*filter\n:FORWARD DROP [0:0]\nCOMMIT\n")); err != nil {
 		t.Fatal(err)
 	}
 	checkTrace(t, f, pkt(lb.TCP, "10.96.0.1:80", Prerouting), Verdict{Action: Drop})
 	if v := f.Trace(pkt(lb.TCP, "10.96.0.1:80", Output)); v.Action != DNAT {
 		t.Errorf("from the node: %v, want DNAT", v)
 	}
-	if err := f.IPTablesRestore(ctx, IPv4, []byte("*filter\n-A FORWARD -m mark --mark 0x4000/0x4000 -j ACCEPT\nCOMMIT\n")); err != nil {
+	if err := f.IPTablesRestore(ctx, netfilter.IPv4, []byte("*filter\n-A FORWARD -m mark --mark 0x4000/0x4000 -j ACCEPT\nCOMMIT\n")); err != nil {
 		t.Fatal(err)
 	}
 	p := pkt(lb.TCP, "10.96.0.1:80", Prerouting)
@@ -166,7 +168,7 @@ func TestTraceSCTP(t *testing.T) {
 		"create ports bitmap:port range 0-65535\nadd ports 30868\n")); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.IPTablesRestore(ctx, IPv4, []byte(`*nat
+	if err := f.IPTablesRestore(ctx, netfilter.IPv4, []byte(`*nat
 -A PREROUTING -d 10.96.0.3/32 -p sctp -m sctp --dport 3868 -j DNAT --to-destination 10.244.0.3:3868
 -A PREROUTING -d 10.96.0.4/32 -p tcp -m tcp --dport 3868 -j DNAT --to-destination 10.244.0.4:3868
 -A PREROUTING -m set --match-set vips dst,dst -j DNAT --to-destination 10.244.0.5
@@ -188,7 +190,7 @@ COMMIT
 		{lb.UDP, "10.96.0.9:30868", dnatTo("10.244.0.6:30868", false)},
 		{lb.SCTP, "10.96.0.9:30868", Verdict{Action: Accept}},
 	} {
-		if got := f.Trace(pkt(tc.proto, tc.dst, Prerouting)); !got.same(tc.want) {
+		if got := f.Trace(pkt(tc.proto, tc.dst, Prerouting)); !sameVerdict(got, tc.want) {
 			t.Errorf("%v to %s: %v, want %v", tc.proto, tc.dst, got, tc.want)
 		}
 	}
@@ -207,7 +209,7 @@ func TestTraceChain(t *testing.T) {
 	rules := "*nat\n:MARKVIP - [0:0]\n-A PREROUTING -j MARKVIP\n-A MARKVIP -m set --match-set vips dst -j MARK --or-mark 0x4000\n" +
 		":POST - [0:0]\n-A POSTROUTING -j POST\n-A POST -m mark ! --mark 0x4000/0x4000 -j RETURN\n-A POST -j MASQUERADE\nCOMMIT\n" +
 		"*filter\n-A INPUT -p tcp -m set --match-set vips dst -m tcp --dport 81 -j REJECT --reject-with tcp-reset\nCOMMIT\n"
-	if err := f.IPTablesRestore(ctx, IPv4, []byte(rules)); err != nil {
+	if err := f.IPTablesRestore(ctx, netfilter.IPv4, []byte(rules)); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {

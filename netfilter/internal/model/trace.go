@@ -1,4 +1,4 @@
-package netfilter
+package model
 
 import (
 	"cmp"
@@ -120,7 +120,7 @@ func (p *traced) local(a netip.Addr) bool {
 // tracer is how one walk resolves what is not determined by the packet:
 // choose decides a -m statistic match of probability prob (in the kernel's
 // units, over 2^31), and commit says whether -m recent --set/--update/
-// --remove change the Fake's lists.
+// --remove change the Kernel's lists.
 type tracer struct {
 	choose func(prob uint32) bool
 	commit bool
@@ -133,19 +133,17 @@ type tracer struct {
 // locally sent packet, or filter INPUT (local destination) or FORWARD for an
 // arriving one; then nat POSTROUTING (MASQUERADE) for a packet that leaves
 // through an interface. It takes one path: -m statistic draws from the
-// Fake's seeded random source (Seed), and -m recent --set records the source
-// at the Fake's clock (Advance), as a connection through the kernel would.
-func (f *Fake) Trace(p Packet) Verdict {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.trace(p, f.oneWay())
+// Kernel's seeded random source (Seed), and -m recent --set records the source
+// at the Kernel's clock (Advance), as a connection through the kernel would.
+func (k *Kernel) Trace(p Packet) Verdict {
+	return k.trace(p, k.oneWay())
 }
 
 // oneWay is the tracer of Trace and TraceChain: one path, drawn from the
-// Fake's random source, -m recent lists updated. Callers hold f.mu.
-func (f *Fake) oneWay() *tracer {
+// Kernel's random source, -m recent lists updated.
+func (k *Kernel) oneWay() *tracer {
 	return &tracer{
-		choose: func(prob uint32) bool { return f.rng.Uint32()&0x7fffffff < prob },
+		choose: func(prob uint32) bool { return k.rng.Uint32()&0x7fffffff < prob },
 		commit: true,
 	}
 }
@@ -154,9 +152,7 @@ func (f *Fake) oneWay() *tracer {
 // distinct outcome with its probability (they sum to 1), sorted by action
 // then destination. It changes nothing: -m recent lists are read, not
 // written. Tests assert "spread evenly over exactly these endpoints" with it.
-func (f *Fake) TraceAll(p Packet) []Outcome {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+func (k *Kernel) TraceAll(p Packet) []Outcome {
 	type decision struct {
 		prob   float64 // of the match succeeding
 		chosen bool
@@ -169,7 +165,7 @@ func (f *Fake) TraceAll(p Packet) []Outcome {
 			return
 		}
 		var ds []decision
-		v := f.trace(p, &tracer{choose: func(prob uint32) bool {
+		v := k.trace(p, &tracer{choose: func(prob uint32) bool {
 			k := len(ds)
 			c := prob > 0
 			if k < len(prefix) {
@@ -222,15 +218,15 @@ func newTraced(p Packet) *traced {
 	return t
 }
 
-func (f *Fake) trace(p Packet, tr *tracer) Verdict {
+func (k *Kernel) trace(p Packet, tr *tracer) Verdict {
 	t := newTraced(p)
-	tables := f.tables[t.family]
+	tables := k.tables[t.family]
 	natChain := "PREROUTING"
 	if p.Hook == Output {
 		natChain = "OUTPUT"
 	}
 	verdict := Verdict{Action: Accept}
-	nat, _ := f.walk(tables["nat"], natChain, t, tr, 0)
+	nat, _ := k.walk(tables["nat"], natChain, t, tr, 0)
 	switch nat.Action {
 	case Redirect:
 		verdict = nat
@@ -256,14 +252,14 @@ func (f *Fake) trace(p Packet, tr *tracer) Verdict {
 		filterChains = []string{"FORWARD"}
 	}
 	for _, c := range filterChains {
-		if v, _ := f.walk(tables["filter"], c, t, tr, 0); v.Action == Reject || v.Action == Drop {
+		if v, _ := k.walk(tables["filter"], c, t, tr, 0); v.Action == Reject || v.Action == Drop {
 			return v
 		}
 	}
 	// Locally sent packets (also to local addresses, through lo) and
 	// forwarded ones leave through an interface: nat POSTROUTING sees them.
 	if p.Hook == Output || !localDst {
-		if v, _ := f.walk(tables["nat"], "POSTROUTING", t, tr, 0); v.Masquerade {
+		if v, _ := k.walk(tables["nat"], "POSTROUTING", t, tr, 0); v.Masquerade {
 			verdict.Masquerade = true
 		}
 	}
@@ -277,15 +273,13 @@ func (f *Fake) trace(p Packet, tr *tracer) Verdict {
 // false when the chain ran out or RETURNed) and p's mark after the MARK
 // rules it passed, to carry into the next chain. -m statistic and -m recent
 // behave as in Trace.
-func (f *Fake) TraceChain(p Packet, tableName, chainName string) (v Verdict, mark uint32, decided bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+func (k *Kernel) TraceChain(p Packet, tableName, chainName string) (v Verdict, mark uint32, decided bool) {
 	t := newTraced(p)
-	tbl := f.tables[t.family][tableName]
+	tbl := k.tables[t.family][tableName]
 	if tbl == nil {
 		return Verdict{Action: Accept}, p.Mark, false
 	}
-	v, decided = f.walk(tbl, chainName, t, f.oneWay(), 0)
+	v, decided = k.walk(tbl, chainName, t, k.oneWay(), 0)
 	return v, t.Mark, decided
 }
 
@@ -309,13 +303,13 @@ func (p *traced) redirectAddr() netip.Addr {
 // or RETURNed (the caller continues); otherwise v is the verdict of a
 // terminating target (ACCEPT, DROP, REJECT, REDIRECT, DNAT, MASQUERADE).
 // MARK changes p's mark and goes on.
-func (f *Fake) walk(t *table, name string, p *traced, tr *tracer, depth int) (v Verdict, decided bool) {
+func (k *Kernel) walk(t *table, name string, p *traced, tr *tracer, depth int) (v Verdict, decided bool) {
 	c := t.chains[name]
 	if c == nil || depth > 32 {
 		return Verdict{Action: Accept}, false
 	}
 	for _, r := range c.rules {
-		if !f.matches(r, p, tr) {
+		if !k.matches(r, p, tr) {
 			continue
 		}
 		text := "-A " + name + " " + r.String()
@@ -350,7 +344,7 @@ func (f *Fake) walk(t *table, name string, p *traced, tr *tracer, depth int) (v 
 			continue
 		}
 		if sub := t.chains[r.target]; sub != nil && !sub.builtin {
-			if v, ok := f.walk(t, r.target, p, tr, depth+1); ok {
+			if v, ok := k.walk(t, r.target, p, tr, depth+1); ok {
 				return v, true
 			}
 		}
@@ -362,7 +356,7 @@ func (f *Fake) walk(t *table, name string, p *traced, tr *tracer, depth int) (v 
 	return Verdict{Action: Accept}, false
 }
 
-func (f *Fake) matches(r *rule, p *traced, tr *tracer) bool {
+func (k *Kernel) matches(r *rule, p *traced, tr *tracer) bool {
 	if r.opaque || len(r.extra) > 0 {
 		return false
 	}
@@ -396,11 +390,11 @@ func (f *Fake) matches(r *rule, p *traced, tr *tracer) bool {
 		}
 	}
 	for _, m := range r.sets {
-		if f.setMatches(m, p) == m.neg {
+		if k.setMatches(m, p) == m.neg {
 			return false
 		}
 	}
-	if r.recent != nil && !f.recentMatches(r.recent, p, tr.commit) {
+	if r.recent != nil && !k.recentMatches(r.recent, p, tr.commit) {
 		return false
 	}
 	if r.hasStat && !tr.choose(r.statProb) {
@@ -414,29 +408,29 @@ func (f *Fake) matches(r *rule, p *traced, tr *tracer) bool {
 const recentSize = 100
 
 // recentMatches is xt_recent for the first packet of a connection at the
-// Fake's clock.
-func (f *Fake) recentMatches(rc *recentMatch, p *traced, commit bool) bool {
+// Kernel's clock.
+func (k *Kernel) recentMatches(rc *recentMatch, p *traced, commit bool) bool {
 	a := p.Src.Addr()
 	if rc.rdest {
 		a = p.Dst.Addr()
 	}
 	a = maskAddr(a, rc.mask)
-	list := f.recent[rc.name]
+	list := k.recent[rc.name]
 	last, seen := list[a]
-	fresh := seen && (rc.seconds == 0 || f.now.Sub(last) <= time.Duration(rc.seconds)*time.Second) && rc.hits <= 1
+	fresh := seen && (rc.seconds == 0 || k.now.Sub(last) <= time.Duration(rc.seconds)*time.Second) && rc.hits <= 1
 	var match bool
 	switch rc.op {
 	case "--set":
 		match = true
 		if commit {
-			f.recentSet(rc.name, a)
+			k.recentSet(rc.name, a)
 		}
 	case "--rcheck":
 		match = fresh
 	case "--update":
 		match = fresh
 		if match && commit {
-			f.recentSet(rc.name, a)
+			k.recentSet(rc.name, a)
 		}
 	case "--remove":
 		match = seen
@@ -447,11 +441,11 @@ func (f *Fake) recentMatches(rc *recentMatch, p *traced, commit bool) bool {
 	return match != rc.neg
 }
 
-func (f *Fake) recentSet(name string, a netip.Addr) {
-	list := f.recent[name]
+func (k *Kernel) recentSet(name string, a netip.Addr) {
+	list := k.recent[name]
 	if list == nil {
 		list = map[netip.Addr]time.Time{}
-		f.recent[name] = list
+		k.recent[name] = list
 	}
 	if _, ok := list[a]; !ok && len(list) >= recentSize {
 		var oldest netip.Addr
@@ -463,7 +457,7 @@ func (f *Fake) recentSet(name string, a netip.Addr) {
 		}
 		delete(list, oldest)
 	}
-	list[a] = f.now
+	list[a] = k.now
 }
 
 func maskAddr(a, mask netip.Addr) netip.Addr {
@@ -486,8 +480,8 @@ func maskAddr(a, mask netip.Addr) netip.Addr {
 
 // setMatches is xt_set's test: the packet's addresses and ports picked by
 // the flags must be a member, in a set of the packet's family.
-func (f *Fake) setMatches(m setMatch, p *traced) bool {
-	s := f.sets[m.name]
+func (k *Kernel) setMatches(m setMatch, p *traced) bool {
+	s := k.sets[m.name]
 	if s == nil {
 		return false
 	}

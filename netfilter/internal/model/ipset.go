@@ -1,4 +1,4 @@
-package netfilter
+package model
 
 import (
 	"errors"
@@ -9,7 +9,7 @@ import (
 	"strings"
 )
 
-// The ipset types the Fake models.
+// The ipset types the model knows.
 const (
 	SetIP       = "hash:ip"
 	SetIPPort   = "hash:ip,port"
@@ -27,7 +27,7 @@ const (
 	typePort     = SetPort
 )
 
-// ipset is one set as the Fake keeps it.
+// ipset is one set as a Kernel keeps it.
 type ipset struct {
 	typ     string
 	family  string // inet or inet6 (hash types)

@@ -1,4 +1,4 @@
-package netfilter
+package netfiltertest
 
 import (
 	"net/netip"
@@ -40,4 +40,10 @@ func checkTrace(t *testing.T, f *Fake, p Packet, want Verdict) {
 	if got.Action != want.Action || got.Port != want.Port || got.Dst != want.Dst || got.Masquerade != want.Masquerade {
 		t.Errorf("Trace(%v %v -> %v via %v) = %v (rule %q), want %v\n%s", p.Proto, p.Src, p.Dst, p.Hook, got, got.Rule, want, f.Dump())
 	}
+}
+
+// sameVerdict reports whether v and o send a packet to the same place the
+// same way (the deciding Rule aside).
+func sameVerdict(v, o Verdict) bool {
+	return v.Action == o.Action && v.Port == o.Port && v.Dst == o.Dst && v.Masquerade == o.Masquerade
 }
