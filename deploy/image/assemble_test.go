@@ -329,7 +329,10 @@ func TestWriteTarball(t *testing.T) {
 	if len(manifest) != 1 {
 		t.Fatalf("manifest.json has %d images, want 1", len(manifest))
 	}
-	if want := []string{"svcproxy:v1.2.3", "svcproxy:latest"}; !slices.Equal(manifest[0].RepoTags, want) {
+	// go-containerregistry writes the tags from a map: in any order, which
+	// `docker load` does not mind.
+	slices.Sort(manifest[0].RepoTags)
+	if want := []string{"svcproxy:latest", "svcproxy:v1.2.3"}; !slices.Equal(manifest[0].RepoTags, want) {
 		t.Errorf("manifest.json tags %q, want %q", manifest[0].RepoTags, want)
 	}
 	for _, p := range append([]string{manifest[0].Config}, manifest[0].Layers...) {
