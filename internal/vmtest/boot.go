@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -38,7 +39,19 @@ type BootOptions struct {
 	// Console receives the serial console line by line as it arrives (the
 	// guest's /init output and kernel messages); nil: discarded.
 	Console func(line string)
+	// SilentLimit: a guest that has printed no "VMTEST " line this long
+	// after QEMU started is taken for a boot that hung (TCG has been seen
+	// to stop before /init ran, once in many runs, with nothing on the
+	// console): QEMU is killed and the guest booted once more. Zero: 4
+	// minutes, or the whole Timeout if that is shorter (no retry).
+	SilentLimit time.Duration
 }
+
+// qemuCommand builds the QEMU command (tests replace it).
+var qemuCommand = exec.CommandContext
+
+// errSilent is a boot whose guest printed nothing of its own in time.
+var errSilent = errors.New("the guest printed nothing")
 
 // Boot runs the kernel under QEMU with TCG (no KVM), no network device and
 // the serial console on stdio, and returns the console output once the
@@ -54,9 +67,31 @@ func Boot(ctx context.Context, o BootOptions) (string, error) {
 	if o.Timeout == 0 {
 		o.Timeout = 3 * time.Minute
 	}
+	return bootRetrying(ctx, o)
+}
+
+// bootRetrying boots, and boots once more if the first guest stayed silent.
+func bootRetrying(ctx context.Context, o BootOptions) (string, error) {
+	if o.SilentLimit == 0 {
+		o.SilentLimit = 4 * time.Minute
+	}
+	out, err := boot(ctx, o)
+	if errors.Is(err, errSilent) && ctx.Err() == nil {
+		note := fmt.Sprintf("vmtest: %v within %v of the boot (a hung boot): booting again", errSilent, o.SilentLimit)
+		if o.Console != nil {
+			o.Console(note)
+		}
+		again, err := boot(ctx, o)
+		return out + note + "\n" + again, err
+	}
+	return out, err
+}
+
+// boot is one run of QEMU.
+func boot(ctx context.Context, o BootOptions) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, QEMU,
+	cmd := qemuCommand(ctx, QEMU,
 		"-accel", "tcg",
 		"-cpu", "max",
 		"-smp", "2",
@@ -80,12 +115,29 @@ func Boot(ctx context.Context, o BootOptions) (string, error) {
 	var mu sync.Mutex
 	var out strings.Builder
 	done := make(chan struct{})
+	spoke := make(chan struct{})
+	var silent atomic.Bool
+	if o.SilentLimit < o.Timeout {
+		watchdog := time.AfterFunc(o.SilentLimit, func() {
+			select {
+			case <-spoke:
+			default:
+				silent.Store(true)
+				_ = cmd.Process.Kill()
+			}
+		})
+		defer watchdog.Stop()
+	}
 	go func() {
 		defer close(done)
 		sc := bufio.NewScanner(stdout)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		once := sync.Once{}
 		for sc.Scan() {
 			line := strings.TrimRight(sc.Text(), "\r")
+			if strings.Contains(line, "VMTEST ") {
+				once.Do(func() { close(spoke) })
+			}
 			mu.Lock()
 			out.WriteString(line + "\n")
 			mu.Unlock()
@@ -99,6 +151,9 @@ func Boot(ctx context.Context, o BootOptions) (string, error) {
 	err = cmd.Wait()
 	mu.Lock()
 	defer mu.Unlock()
+	if silent.Load() {
+		return out.String(), errSilent
+	}
 	if ctx.Err() != nil {
 		return out.String(), fmt.Errorf("the VM did not finish within %v", o.Timeout)
 	}
