@@ -365,14 +365,24 @@ func (c *conn) copy(s *splicer, dst, src *net.TCPConn, self, other *atomic.Int64
 	}
 	defer s.detach()
 	idle := c.f.cfg.IdleTimeout
+	var idleUntil time.Time
 	if idle > 0 {
-		_ = src.SetReadDeadline(time.Now().Add(idle))
+		idleUntil = time.Now().Add(idle)
+		_ = src.SetReadDeadline(idleUntil)
 	}
 	// The first-byte timeout: the client-to-backend copy starts it with
 	// the first bytes it delivers by moving the backend socket's read
-	// deadline, which the backend-to-client copy then sees here.
+	// deadline, which the backend-to-client copy then sees here. If those
+	// bytes went through before this copy began, the idle deadline just
+	// set has replaced it: put it back (read after the set, so whichever
+	// copy sets last sets the first-byte deadline).
 	firstByte := c.pool.Service.FirstByteTimeout
 	fromBackend := src == c.upstream
+	if first := c.firstIn.Load(); fromBackend && firstByte > 0 && first != 0 {
+		if until := time.Unix(0, first).Add(firstByte); idleUntil.IsZero() || until.Before(idleUntil) {
+			_ = src.SetReadDeadline(until)
+		}
+	}
 	for {
 		n, err := s.chunk()
 		if n > 0 {
