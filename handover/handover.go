@@ -58,17 +58,12 @@ func Take(ctx context.Context, path string) (*Handover, error) {
 	if err := supported(); err != nil {
 		return nil, fmt.Errorf("taking over from %s: %w", path, err)
 	}
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unixpacket", path)
-	if err != nil {
-		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
-			return nil, ErrNoPredecessor
-		}
-		return nil, fmt.Errorf("connecting to predecessor at %s: %w", path, err)
+	uc, err := dial(ctx, path)
+	if errors.Is(err, ErrNoPredecessor) {
+		return nil, err
 	}
-	uc := c.(*net.UnixConn)
-	if dl, ok := ctx.Deadline(); ok {
-		_ = uc.SetDeadline(dl)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to predecessor at %s: %w", path, err)
 	}
 	h := &Handover{conn: uc, Files: map[string]*os.File{}}
 	if err := h.take(); err != nil {
@@ -80,6 +75,34 @@ func Take(ctx context.Context, path string) (*Handover, error) {
 	}
 	_ = uc.SetDeadline(time.Time{})
 	return h, nil
+}
+
+// dial connects to the unix socket at path, with ctx's deadline on the
+// connection; nothing listening there (no file, or a stale one) is
+// ErrNoPredecessor.
+func dial(ctx context.Context, path string) (*net.UnixConn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unixpacket", path)
+	if err != nil {
+		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, ErrNoPredecessor
+		}
+		return nil, err
+	}
+	uc := c.(*net.UnixConn)
+	if dl, ok := ctx.Deadline(); ok {
+		_ = uc.SetDeadline(dl)
+	}
+	return uc, nil
+}
+
+// listenFresh listens on a private unix socket at path (listenPrivate),
+// replacing a stale socket file.
+func listenFresh(path string) (*net.UnixListener, error) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("removing stale socket %s: %w", path, err)
+	}
+	return listenPrivate(path)
 }
 
 // Answers reports whether a running svcproxy listens at path: a connect
@@ -200,10 +223,7 @@ func Listen(path string) (*Server, error) {
 	if err := supported(); err != nil {
 		return nil, fmt.Errorf("listening for a successor at %s: %w", path, err)
 	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("removing stale handover socket %s: %w", path, err)
-	}
-	ln, err := listenPrivate(path)
+	ln, err := listenFresh(path)
 	if err != nil {
 		return nil, fmt.Errorf("listening for a successor at %s: %w", path, err)
 	}

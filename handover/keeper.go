@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"sync"
-	"syscall"
 	"time"
 )
 
@@ -41,10 +40,7 @@ func ListenKeeper(path string) (*Keeper, error) {
 	if err := supported(); err != nil {
 		return nil, fmt.Errorf("keeping sockets at %s: %w", path, err)
 	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("removing stale keeper socket %s: %w", path, err)
-	}
-	ln, err := listenPrivate(path)
+	ln, err := listenFresh(path)
 	if err != nil {
 		return nil, fmt.Errorf("keeping sockets at %s: %w", path, err)
 	}
@@ -149,19 +145,14 @@ func Deposit(ctx context.Context, path string, files map[string]*os.File) error 
 	if err := supported(); err != nil {
 		return fmt.Errorf("depositing sockets at %s: %w", path, err)
 	}
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unixpacket", path)
+	uc, err := dial(ctx, path)
+	if errors.Is(err, ErrNoPredecessor) {
+		return fmt.Errorf("depositing sockets: no keeper at %s", path)
+	}
 	if err != nil {
-		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
-			return fmt.Errorf("depositing sockets: no keeper at %s: %w", path, err)
-		}
 		return fmt.Errorf("depositing sockets at %s: %w", path, err)
 	}
-	uc := c.(*net.UnixConn)
 	defer uc.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = uc.SetDeadline(dl)
-	}
 	if err := send(uc, deposit, nil); err != nil {
 		return fmt.Errorf("depositing sockets at %s: %w", path, err)
 	}
