@@ -181,8 +181,8 @@ func (r *Redirector) Apply(ctx context.Context, snap *lb.Snapshot, ports Ports, 
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	start := time.Now()
-	if r.steered == nil {
-		steered, err := r.SteeredUDP(ctx)
+	if r.steered == nil { // nothing written or read yet
+		steered, err := r.readSteered(ctx)
 		if err != nil {
 			r.log.Debug("cannot read what UDP frontends are steered to", zap.Error(err))
 		}
@@ -256,7 +256,20 @@ func (r *Redirector) Cleanup(ctx context.Context) error {
 // address): what a previous svcproxy left, one that crashed or was stopped
 // without removing its rules. A forwarder that binds its UDP sockets to the
 // same ports keeps serving the flows conntrack still redirects there.
+// Read before the first Apply, it is also what that Apply compares with,
+// so the rules are read once.
 func (r *Redirector) SteeredUDP(ctx context.Context) (map[lb.Frontend]uint16, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out, err := r.readSteered(ctx)
+	if err == nil && r.steered == nil {
+		r.steered = maps.Clone(out)
+	}
+	return out, err
+}
+
+// readSteered is SteeredUDP's read. Called with r.mu held.
+func (r *Redirector) readSteered(ctx context.Context) (map[lb.Frontend]uint16, error) {
 	out := map[lb.Frontend]uint16{}
 	for _, fam := range r.families {
 		save, err := r.exec.IPTablesSaveChains(ctx, fam, "nat", []string{chainUDP, chainNPUDP})
