@@ -141,8 +141,14 @@ func (e *goEngine) acceptLoop(ln *net.TCPListener, redirect bool, group *sync.Wa
 					continue
 				}
 				local := ln.Addr().(*net.TCPAddr).AddrPort()
-				if refuseQueuedTCP(ln, func(client netip.AddrPort) { f.logRefused(client, local) }) == nil {
+				switch err := refuseQueuedTCP(ln, func(client netip.AddrPort) { f.logRefused(client, local) }); {
+				case err == nil:
 					continue // one queued client refused at once: the next may be too
+				case errors.Is(err, syscall.EAGAIN):
+					// Nobody is queued (accept says EMFILE before it
+					// looks at the queue): wait for a client, not a timer.
+					waitQueued(ln)
+					continue
 				}
 				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 				if now := time.Now(); now.Sub(lastLog) > 10*time.Second {
@@ -163,6 +169,20 @@ func (e *goEngine) acceptLoop(ln *net.TCPListener, redirect bool, group *sync.Wa
 		f.handlers.Add(1)
 		go e.serve(c, redirect)
 	}
+}
+
+// waitQueued returns once ln has a new connection queued, or is closed.
+func waitQueued(ln *net.TCPListener) {
+	rc, err := ln.SyscallConn()
+	if err != nil {
+		return
+	}
+	waited := false
+	_ = rc.Read(func(uintptr) bool { // false: wait for readability, then call again
+		done := waited
+		waited = true
+		return done
+	})
 }
 
 // drain schedules the end of connections whose backend snap no longer

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -37,7 +38,10 @@ func TestOutOfDescriptors(t *testing.T) {
 	}{
 		{name: "spare refuses queued clients", want: "reset"},
 		{name: "no spare: backs off, serves later", dropSpare: true, want: "served"},
-		{name: "backend socket fails: local error", free: 1, want: "reset"},
+		// Without the spare: accept may look for a second client, fail
+		// for lack of a descriptor and free the spare to refuse it, and
+		// the backend socket would take the spare's.
+		{name: "backend socket fails: local error", free: 1, dropSpare: true, want: "reset"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			outOfDescriptors(t, tc.free, tc.dropSpare, tc.want)
@@ -49,7 +53,11 @@ func outOfDescriptors(t *testing.T, free int, dropSpare bool, want string) {
 	leakCheck(t)
 	fe := freeFrontend(t)
 	be := startBackend(t, "echo", modeEcho)
-	h := newHarness(t, Config{}, service("echo", fe, be.addr))
+	// One worker: with more, one worker's accept can take the descriptor
+	// another frees by closing the spare, and serve (dial, fail, reset)
+	// the client that would have been refused: the client is reset all
+	// the same, but counted as a local dial error.
+	h := newHarness(t, Config{Workers: 1}, service("echo", fe, be.addr))
 	open := dial(t, fe)
 	defer open.Close()
 	r := bufio.NewReader(open)
@@ -93,8 +101,11 @@ func outOfDescriptors(t *testing.T, free int, dropSpare bool, want string) {
 		t.Fatal(err)
 	}
 	closeIdlePipes(t) // descriptors accept would shed and retry with
+	// The limit caps descriptor numbers, not their count: above the
+	// highest open one, so that closing any of them (the spare above all)
+	// makes room.
 	low := lim
-	low.Cur = uint64(openFDs(t) + 64)
+	low.Cur = uint64(highestFD(t) + 16)
 	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
 		t.Skipf("cannot lower the descriptor limit: %v", err)
 	}
@@ -133,6 +144,12 @@ func outOfDescriptors(t *testing.T, free int, dropSpare bool, want string) {
 		if err := unix.Connect(fd, sa); err != nil {
 			restore()
 			t.Fatalf("connecting: %v", err)
+		}
+		// Non-blocking, so the file's deadlines hold: a client the proxy
+		// neither resets nor serves fails the test instead of hanging it.
+		if err := unix.SetNonblock(fd, true); err != nil {
+			restore()
+			t.Fatal(err)
 		}
 	}
 	conns := make([]net.Conn, len(fds))
@@ -200,6 +217,17 @@ func outOfDescriptors(t *testing.T, free int, dropSpare bool, want string) {
 	if !held {
 		t.Error("the spare descriptor was not taken back")
 	}
+}
+
+// highestFD is the highest descriptor number open.
+func highestFD(t *testing.T) int {
+	high := -1
+	for fd := range fdTargets(t) {
+		if n, err := strconv.Atoi(fd); err == nil && n > high {
+			high = n
+		}
+	}
+	return high
 }
 
 // fileConn reads and writes a client socket through its *os.File, which

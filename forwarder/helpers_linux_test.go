@@ -44,16 +44,45 @@ func blackholeAddr(t testing.TB) netip.AddrPort {
 	return addr
 }
 
+// openPipes counts the pipe descriptors the process opened itself: those
+// it inherited (a shell's, CI's) stay open throughout.
+func openPipes(t testing.TB) int {
+	n := 0
+	for fd, target := range fdTargets(t) {
+		if strings.HasPrefix(target, "pipe:") && inheritedFDs[fd] != target {
+			n++
+		}
+	}
+	return n
+}
+
+// inheritedFDs are the descriptors open when the test binary started.
+var inheritedFDs = fdTargets(nil)
+
+// fdTargets maps each open descriptor to its /proc/self/fd link.
+func fdTargets(t testing.TB) map[string]string {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		if t != nil {
+			t.Fatal(err)
+		}
+		return nil
+	}
+	m := make(map[string]string, len(ents))
+	for _, e := range ents {
+		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil {
+			m[e.Name()] = target
+		}
+	}
+	return m
+}
+
 // openFDs counts open sockets. Pipes are left out: the runtime keeps a pool
 // of splice pipes that the garbage collector closes when it likes.
 func openFDs(t testing.TB) int {
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
 	n := 0
-	for _, e := range ents {
-		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.HasPrefix(target, "socket:") {
+	for _, target := range fdTargets(t) {
+		if strings.HasPrefix(target, "socket:") {
 			n++
 		}
 	}

@@ -77,9 +77,9 @@ func startBackend(t testing.TB, name string, mode backendMode) *testBackend {
 					if _, err := io.WriteString(c, name+"\n"); err != nil {
 						return
 					}
-					_, _ = io.Copy(c, c)
+					_, _ = copyPlain(c, c)
 				case modeEcho:
-					_, _ = io.Copy(c, c)
+					_, _ = copyPlain(c, c)
 				case modeSink:
 					_, _ = io.Copy(io.Discard, c)
 				case modeNameThenSink:
@@ -204,6 +204,14 @@ func (h *harness) settle() {
 }
 
 // waitFor polls cond until it holds or 5s pass.
+// copyPlain copies as io.Copy does, through a buffer and never by splice:
+// Go's splice borrows pipes from a pool whose idle pipes the collector
+// closes when it likes, which would free descriptors in the middle of a
+// test that has taken them all (TestOutOfDescriptors).
+func copyPlain(dst io.Writer, src io.Reader) (int64, error) {
+	return io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, make([]byte, 64<<10))
+}
+
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)

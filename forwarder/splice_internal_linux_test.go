@@ -45,12 +45,16 @@ func TestShedPipes(t *testing.T) {
 
 // closeIdlePipes closes every pooled pipe, including those in other Ps'
 // private pool slots, which shedPipes cannot reach: two collections empty
-// the pool and the finalizers close them. No connection may be open.
+// the pool and the finalizers close them. No other pipe may be open but
+// those the process inherited: the test backends copy without splice
+// (copyPlain), as pipes in Go's own splice pool would close, freeing
+// descriptors, whenever the collector likes. No connection may be moving
+// bytes.
 func closeIdlePipes(t testing.TB) {
 	t.Helper()
 	waitFor(t, "idle splice pipes closed", func() bool {
 		shedPipes()
 		runtime.GC()
-		return livePipes.Load() == 0
+		return livePipes.Load() == 0 && openPipes(t) == 0
 	})
 }
