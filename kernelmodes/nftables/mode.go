@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -21,9 +23,12 @@ const DefaultMark = 0x4000
 // mark must not overlap.
 const defaultAvoidMark = 0x80000
 
+// Table is the name of the mode's table in each family (ip and ip6).
+const Table = "svcproxy"
+
 // Config configures the nftables mode. The zero value is usable: mark
 // 0x4000, NodePorts on every node address but loopback, no masquerade of
-// ClusterIP traffic, IPv4 only.
+// ClusterIP traffic, IPv4 only, netlink in this network namespace.
 type Config struct {
 	// Mark is the packet mark bit(s) that ask the postrouting chain to
 	// masquerade. Zero means DefaultMark.
@@ -33,6 +38,8 @@ type Config struct {
 	AvoidMark uint32
 	// NodePortAddresses restricts NodePorts to the node's addresses inside
 	// these prefixes, as in the iptables mode. Empty: every local address.
+	// A /0 of a family lifts the restriction for that family; a family
+	// with no prefix gets no NodePorts. Loopback never serves NodePorts.
 	NodePortAddresses []netip.Prefix
 	// ClusterCIDRs are the pod ranges, at most one per family: ClusterIP
 	// traffic from outside them is masqueraded.
@@ -41,42 +48,460 @@ type Config struct {
 	MasqueradeAll bool
 	// IPv6 also programs the ip6 table.
 	IPv6 bool
-	// FullSyncPeriod is how often a full Apply really is one (reads every
-	// element back and repairs). Zero: one hour. Negative: every full Apply.
+	// FullSyncPeriod is how often a full Apply really is one (every
+	// element read back and repaired). A full Apply sooner only checks that
+	// the tables, sets and chains are there. Zero: one hour. Negative:
+	// every full Apply.
 	FullSyncPeriod time.Duration
+	// Kernel reads and writes the tables. Nil: netlink in this process's
+	// network namespace.
+	Kernel Kernel
+	// ClearFlows deletes conntrack entries (UDP flows DNATed to an endpoint
+	// that left). Nil: the conntrack tool.
+	ClearFlows func(ctx context.Context, fam netfilter.Family, f netfilter.ConntrackFilter) error
 	// Logger; nil: no logging.
 	Logger *zap.Logger
 }
 
-// Mode is the nftables mode. Its methods are safe for concurrent use.
+// Layout is what a family's table looks like beyond its elements: the
+// fixed chains' rules depend on it (see the package doc).
+type Layout struct {
+	Family netfilter.Family
+	// Mark is the masquerade mark.
+	Mark uint32
+	// ClusterCIDR, if valid, is the pod range: SetMasqueradeOffCluster
+	// applies to sources outside it.
+	ClusterCIDR netip.Prefix
+	// NodePorts says whether the family serves NodePorts at all;
+	// NodePortPrefixes, if not empty, restricts them to local addresses
+	// inside these prefixes.
+	NodePorts        bool
+	NodePortPrefixes []netip.Prefix
+}
+
+// Kernel is what the mode needs of nf_tables, one family's table at a time.
+type Kernel interface {
+	// Setup makes l's table, sets and chains exist and writes the chains'
+	// rules, in one transaction, leaving elements alone. It reports whether
+	// everything was already there as l says.
+	Setup(ctx context.Context, l Layout) (intact bool, err error)
+	// Elements reads a set's elements back.
+	Elements(ctx context.Context, fam netfilter.Family, set string) (Elements, error)
+	// Update deletes, then adds, elements of fam's table, in as few
+	// transactions as fit (one for a change of a few Services).
+	Update(ctx context.Context, fam netfilter.Family, del, add []Element) error
+	// Delete removes fam's table; a table that is not there is no error.
+	Delete(ctx context.Context, fam netfilter.Family) error
+	// Probe reports why the mode cannot run for fam, or nil.
+	Probe(ctx context.Context, fam netfilter.Family) error
+}
+
+// Element is one element of a set: Val is empty unless the set is a map.
+type Element struct{ Set, Key, Val string }
+
+// Mode is the nftables mode. Its methods are safe for concurrent use;
+// calls are serialised.
 type Mode struct {
-	cfg Config
-	log *zap.Logger
-	mu  sync.Mutex
+	cfg      Config
+	k        Kernel
+	log      *zap.Logger
+	families []netfilter.Family
+	layouts  [2]Layout
+
+	clusterCIDR [2]netip.Prefix
+	nodePorts   [2]bool
+
+	repairs  atomic.Uint64
+	failures [2]atomic.Uint64
+
+	mu       sync.Mutex
+	cur      *state
+	lastFull time.Time
+	now      func() time.Time
 }
 
 // New checks cfg and returns the mode; it touches no kernel state.
 func New(cfg Config) (*Mode, error) {
-	return &Mode{cfg: cfg, log: zap.NewNop()}, nil
+	if cfg.Mark == 0 {
+		cfg.Mark = DefaultMark
+	}
+	if cfg.AvoidMark == 0 {
+		cfg.AvoidMark = defaultAvoidMark
+	}
+	if cfg.Mark&cfg.AvoidMark != 0 {
+		return nil, fmt.Errorf("creating nftables mode: masquerade mark %#x overlaps mark %#x (the forwarder's)", cfg.Mark, cfg.AvoidMark)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	switch {
+	case cfg.FullSyncPeriod == 0:
+		cfg.FullSyncPeriod = time.Hour
+	case cfg.FullSyncPeriod < 0:
+		cfg.FullSyncPeriod = 0
+	}
+	m := &Mode{cfg: cfg, k: cfg.Kernel, log: cfg.Logger.Named("nftables"), families: []netfilter.Family{netfilter.IPv4}, now: time.Now}
+	if m.k == nil {
+		m.k = netlinkKernel{}
+	}
+	if cfg.ClearFlows == nil {
+		exec := netfilter.NewExec("")
+		m.cfg.ClearFlows = exec.ConntrackDelete
+	}
+	if cfg.IPv6 {
+		m.families = append(m.families, netfilter.IPv6)
+	}
+	restricted, addrs, err := netfilter.NodePortPrefixes(cfg.NodePortAddresses)
+	if err != nil {
+		return nil, fmt.Errorf("creating nftables mode: %w", err)
+	}
+	for i, p := range cfg.ClusterCIDRs {
+		if !p.IsValid() || p.Bits() == 0 {
+			return nil, fmt.Errorf("creating nftables mode: clusterCIDRs[%d]: %v is not a pod range", i, p)
+		}
+		p = p.Masked()
+		fam := netfilter.FamilyOf(p.Addr())
+		if m.clusterCIDR[fam].IsValid() {
+			return nil, fmt.Errorf("creating nftables mode: clusterCIDRs: more than one %v range", fam)
+		}
+		m.clusterCIDR[fam] = p
+	}
+	for _, fam := range m.families {
+		m.nodePorts[fam] = !restricted[fam] || len(addrs[fam]) > 0
+		l := Layout{Family: fam, Mark: cfg.Mark, ClusterCIDR: m.clusterCIDR[fam], NodePorts: m.nodePorts[fam]}
+		if restricted[fam] {
+			l.NodePortPrefixes = slices.Clone(addrs[fam])
+		}
+		m.layouts[fam] = l
+	}
+	return m, nil
 }
 
-// Repairs counts full syncs that found the tables changed behind
-// svcproxy's back and repaired them.
-func (m *Mode) Repairs() uint64 { return 0 }
+// Repairs counts full syncs that found a table changed behind svcproxy's
+// back and repaired it.
+func (m *Mode) Repairs() uint64 { return m.repairs.Load() }
 
-// RestoreFailures counts failed transactions of family's table.
-func (m *Mode) RestoreFailures(family netfilter.Family) uint64 { return 0 }
+// RestoreFailures counts failed transactions on family's table (the
+// iptables modes count failed iptables-restores under the same metric).
+func (m *Mode) RestoreFailures(family netfilter.Family) uint64 { return m.failures[family].Load() }
 
-// Apply makes the kernel serve snap.
+// Apply makes the kernel serve snap. An incremental Apply writes only the
+// elements of the Service ports that changed since the last, in one
+// transaction per family; a full one also makes sure the tables, sets and
+// chains are there, and, once per FullSyncPeriod (or when they were not),
+// reads every element back and repairs what differs.
 func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
-	return errors.New("not yet")
+	if snap == nil {
+		return errors.New("applying nftables rules: nil snapshot")
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	start := time.Now()
+	prev := m.cur
+	kind := "incremental"
+	var err error
+	var changed int
+	var flows [2][]udpFlow
+	if prev == nil || full {
+		deep := prev == nil || m.cfg.FullSyncPeriod == 0 || m.now().Sub(m.lastFull) >= m.cfg.FullSyncPeriod
+		kind = "checked"
+		if deep {
+			kind = "full"
+		}
+		var next *state
+		next, flows, err = m.fullSync(ctx, snap, prev, deep)
+		if err == nil {
+			m.cur = next
+			changed = next.snap.Len()
+			if deep {
+				m.lastFull = m.now()
+			}
+		}
+	} else {
+		changed, flows, err = m.incremental(ctx, snap, prev)
+		if err != nil {
+			m.log.Warn("incremental sync failed; doing a full one", zap.Error(err))
+			kind = "full"
+			var next *state
+			if next, flows, err = m.fullSync(ctx, snap, nil, true); err == nil {
+				m.cur = next
+				m.lastFull = m.now()
+			}
+		}
+	}
+	if err != nil {
+		m.cur = nil
+	} else {
+		m.clearStaleFlows(ctx, flows)
+	}
+	took := time.Since(start)
+	level := zap.DebugLevel
+	if kind == "full" && (prev == nil || took > time.Second) {
+		level = zap.InfoLevel
+	}
+	m.log.Log(level, "synced", zap.String("sync", kind), zap.Uint64("version", snap.Version),
+		zap.Int("services", snap.Len()), zap.Int("changed", changed), zap.Duration("duration", took), zap.Error(err))
+	if err != nil {
+		return fmt.Errorf("applying nftables rules: %w", err)
+	}
+	return nil
 }
 
-// Cleanup removes the mode's tables.
-func (m *Mode) Cleanup(ctx context.Context) error { return nil }
+// build computes every Service port's elements for snap. It reuses prev's
+// for the Service ports snap did not change.
+func (m *Mode) build(snap *lb.Snapshot) *state {
+	s := newState(snap)
+	var d delta
+	for _, bal := range snap.Balancers() {
+		if bal == nil || bal.Service == nil {
+			continue
+		}
+		se := m.service(snap, bal)
+		s.svcs[bal.Service.Name] = se
+		for _, fam := range m.families {
+			for _, e := range se.elems[fam] {
+				s.put(fam, e, &d)
+			}
+		}
+		d = delta{d.del[:0], d.add[:0]}
+	}
+	return s
+}
 
-// Close does nothing: the tables stay for a successor or --cleanup.
+func (m *Mode) service(snap *lb.Snapshot, bal *lb.Balancer) *svcElems {
+	se := &svcElems{}
+	for _, fam := range m.families {
+		se.elems[fam], se.flows[fam] = m.compute(snap, bal, fam)
+	}
+	return se
+}
+
+// fullSync writes snap as a whole. deep reads every element back and
+// writes the difference (a repair if prev, what the mode last wrote, says
+// otherwise); shallow only makes sure the tables, sets and chains are
+// there, and goes deep when they were not. The UDP flows returned are
+// those of prev that snap no longer has.
+func (m *Mode) fullSync(ctx context.Context, snap *lb.Snapshot, prev *state, deep bool) (*state, [2][]udpFlow, error) {
+	var stale [2][]udpFlow
+	if !deep && prev != nil {
+		for _, fam := range m.families {
+			intact, err := m.k.Setup(ctx, m.layouts[fam])
+			if err != nil {
+				m.failures[fam].Add(1)
+				return nil, stale, fmt.Errorf("setting up the %v table: %w", fam, err)
+			}
+			if !intact {
+				m.log.Warn("the table was changed behind svcproxy's back; repairing", zap.Stringer("family", fam))
+				return m.fullSync(ctx, snap, prev, true)
+			}
+		}
+		changed, flows, err := m.incremental(ctx, snap, prev)
+		_ = changed
+		return m.cur, flows, err
+	}
+	next := m.build(snap)
+	repaired := false
+	for _, fam := range m.families {
+		intact, err := m.k.Setup(ctx, m.layouts[fam])
+		if err != nil {
+			m.failures[fam].Add(1)
+			return nil, stale, fmt.Errorf("setting up the %v table: %w", fam, err)
+		}
+		var del, add []Element
+		var diffs []string
+		for _, set := range Sets {
+			have, err := m.k.Elements(ctx, fam, set)
+			if err != nil {
+				return nil, stale, fmt.Errorf("reading the %v set %s: %w", fam, set, err)
+			}
+			want := next.tables[fam][set]
+			var wrote Elements
+			if prev != nil {
+				wrote = prev.tables[fam][set]
+			}
+			for k, v := range have {
+				if w, ok := want[k]; !ok || w != v {
+					del = append(del, Element{set, k, v})
+				}
+				if prev != nil {
+					if w, ok := wrote[k]; !ok || w != v {
+						diffs = append(diffs, set+": an element svcproxy did not write")
+					}
+				}
+			}
+			for k, v := range want {
+				if h, ok := have[k]; !ok || h != v {
+					add = append(add, Element{set, k, v})
+				}
+			}
+			if prev != nil {
+				for k := range wrote {
+					if _, ok := have[k]; !ok {
+						diffs = append(diffs, set+": an element svcproxy wrote is missing")
+					}
+				}
+			}
+		}
+		if prev != nil && (!intact || len(diffs) > 0) {
+			repaired = true
+			if !intact {
+				diffs = append(diffs, "table, sets or chains missing or changed")
+			}
+			m.log.Warn("the table was changed behind svcproxy's back; repairing", zap.Stringer("family", fam),
+				zap.Int("differences", len(diffs)), zap.Strings("first", diffs[:min(len(diffs), 5)]))
+		}
+		if err := m.k.Update(ctx, fam, del, add); err != nil {
+			m.failures[fam].Add(1)
+			return nil, stale, fmt.Errorf("writing the %v table's elements: %w", fam, err)
+		}
+	}
+	if repaired {
+		m.repairs.Add(1)
+	}
+	if prev != nil {
+		for _, fam := range m.families {
+			stale[fam] = staleFlows(prev, next, fam, nil)
+		}
+	}
+	return next, stale, nil
+}
+
+// incremental writes the elements of the Service ports snap changed since
+// prev, updating prev into the new state. On error the state is unusable
+// (the caller does a full sync).
+func (m *Mode) incremental(ctx context.Context, snap *lb.Snapshot, prev *state) (int, [2][]udpFlow, error) {
+	var stale [2][]udpFlow
+	diff := snap.Changed(prev.snap)
+	names := slices.Concat(diff.Removed, diff.Updated, diff.Added)
+	if len(names) == 0 {
+		prev.snap = snap
+		return 0, stale, nil
+	}
+	var deltas [2]delta
+	changedSvcs := map[lb.ServicePortName][2]*svcElems{}
+	for _, name := range names {
+		old := prev.svcs[name]
+		var next *svcElems
+		if bal := snap.Balancer(name); bal != nil && bal.Service != nil {
+			next = m.service(snap, bal)
+		}
+		changedSvcs[name] = [2]*svcElems{old, next}
+		for _, fam := range m.families {
+			if old != nil {
+				for _, e := range old.elems[fam] {
+					prev.drop(fam, e, &deltas[fam])
+				}
+			}
+		}
+	}
+	for _, name := range names {
+		next := changedSvcs[name][1]
+		if next == nil {
+			delete(prev.svcs, name)
+			continue
+		}
+		prev.svcs[name] = next
+		for _, fam := range m.families {
+			for _, e := range next.elems[fam] {
+				prev.put(fam, e, &deltas[fam])
+			}
+		}
+	}
+	prev.snap = snap
+	for _, fam := range m.families {
+		d := &deltas[fam]
+		d.cancel()
+		if !d.empty() {
+			if err := m.k.Update(ctx, fam, toElements(d.del), toElements(d.add)); err != nil {
+				m.failures[fam].Add(1)
+				return 0, stale, fmt.Errorf("writing the %v table's elements: %w", fam, err)
+			}
+		}
+		for _, c := range changedSvcs {
+			var now []udpFlow
+			if c[1] != nil {
+				now = c[1].flows[fam]
+			}
+			if c[0] != nil {
+				for _, f := range c[0].flows[fam] {
+					if !slices.Contains(now, f) {
+						stale[fam] = append(stale[fam], f)
+					}
+				}
+			}
+		}
+	}
+	return len(names), stale, nil
+}
+
+func toElements(es []elem) []Element {
+	out := make([]Element, len(es))
+	for i, e := range es {
+		out[i] = Element{e.set, e.key, e.val}
+	}
+	return out
+}
+
+// staleFlows are the UDP flows of prev's Service ports that next has not.
+func staleFlows(prev, next *state, fam netfilter.Family, _ []lb.ServicePortName) []udpFlow {
+	var out []udpFlow
+	for name, old := range prev.svcs {
+		var now []udpFlow
+		if n := next.svcs[name]; n != nil {
+			now = n.flows[fam]
+		}
+		for _, f := range old.flows[fam] {
+			if !slices.Contains(now, f) {
+				out = append(out, f)
+			}
+		}
+	}
+	return out
+}
+
+// clearStaleFlows deletes the conntrack entries of UDP flows whose
+// endpoint left their frontend, so their next datagram picks a live one.
+func (m *Mode) clearStaleFlows(ctx context.Context, flows [2][]udpFlow) {
+	for _, fam := range m.families {
+		seen := map[netfilter.ConntrackFilter]bool{}
+		for _, f := range flows[fam] {
+			filter := netfilter.ConntrackFilter{Proto: lb.UDP, OrigDst: f.front.Addr(), OrigDstPort: f.front.Port(), ReplySrc: f.ep}
+			if seen[filter] {
+				continue
+			}
+			seen[filter] = true
+			if err := m.cfg.ClearFlows(ctx, fam, filter); err != nil {
+				m.log.Warn("clearing conntrack entries of a removed UDP endpoint", zap.Stringer("flows", filter), zap.Error(err))
+			}
+		}
+	}
+}
+
+// Cleanup removes the mode's tables, also when another process wrote them.
+func (m *Mode) Cleanup(ctx context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.cur = nil
+	var errs []error
+	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
+		if err := m.k.Delete(ctx, fam); err != nil {
+			errs = append(errs, fmt.Errorf("deleting the %v table %s: %w", fam, Table, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Close does nothing: the tables stay for a successor, or for --cleanup.
 func (m *Mode) Close(ctx context.Context, handedOver bool) error { return nil }
 
-// Available reports why this node cannot run the mode.
-func (m *Mode) Available(ctx context.Context) error { return fmt.Errorf("not yet") }
+// Available reports why this node cannot run the mode, or nil.
+func (m *Mode) Available(ctx context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, fam := range m.families {
+		if err := m.k.Probe(ctx, fam); err != nil {
+			return fmt.Errorf("nftables mode unavailable (%v): %w", fam, err)
+		}
+	}
+	return nil
+}

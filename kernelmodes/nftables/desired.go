@@ -1,0 +1,195 @@
+package nftables
+
+import (
+	"net/netip"
+
+	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
+)
+
+// elem is one element a Service port puts in a set of its family's table.
+type elem struct{ set, key, val string }
+
+// udpFlow is a UDP frontend (a NodePort when front's address is invalid)
+// and an endpoint it is DNATed to: when the pair goes, so must the
+// conntrack entries that keep DNATing a flow's datagrams to the endpoint.
+type udpFlow struct{ front, ep netip.AddrPort }
+
+// svcElems is what one Service port puts in each family's table.
+type svcElems struct {
+	elems [2][]elem
+	flows [2][]udpFlow
+}
+
+// compute translates one Service port into its elements for family fam.
+// It decides nothing the snapshot has not: the pools say which endpoints
+// serve internal and external traffic; compute writes them down.
+func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family) ([]elem, []udpFlow) {
+	svc := bal.Service
+	inFamily := func(p *lb.Pool) []netip.AddrPort {
+		if p == nil {
+			return nil
+		}
+		var out []netip.AddrPort
+		for _, b := range p.Backends() {
+			if a := netip.AddrPortFrom(b.Addr.Addr().Unmap(), b.Addr.Port()); netfilter.FamilyOf(a.Addr()) == fam {
+				out = append(out, a)
+			}
+		}
+		return out
+	}
+	intEps, extEps := inFamily(bal.Internal), inFamily(bal.External)
+	var out []elem
+	var flows []udpFlow
+	slots := func(key string, eps []netip.AddrPort, set string, front netip.AddrPort) {
+		for i := range Slots {
+			out = append(out, elem{set, SlotKey(key, i), EndpointValue(eps[i%len(eps)])})
+		}
+		if svc.Protocol == lb.UDP {
+			for _, ep := range eps[:min(len(eps), Slots)] {
+				flows = append(flows, udpFlow{front, ep})
+			}
+		}
+	}
+	usedInt, usedExt := false, false
+	for fe, pool := range snap.Frontends(bal) {
+		ip := fe.Addr.Addr().Unmap()
+		if !ip.IsValid() || pool == nil || netfilter.FamilyOf(ip) != fam {
+			continue
+		}
+		eps := intEps
+		if pool.External {
+			eps = extEps
+		}
+		key := FrontendKey(ip, svc.Protocol, fe.Addr.Port())
+		if len(eps) == 0 {
+			out = append(out, elem{set: SetNoEndpoints, key: key})
+			continue
+		}
+		slots(key, eps, SetServiceEndpoints, netip.AddrPortFrom(ip, fe.Addr.Port()))
+		switch {
+		case m.cfg.MasqueradeAll || (pool.External && svc.ExternalTrafficPolicy == lb.PolicyCluster):
+			out = append(out, elem{set: SetMasquerade, key: key})
+		case !pool.External && m.clusterCIDR[fam].IsValid():
+			out = append(out, elem{set: SetMasqueradeOffCluster, key: key})
+		}
+		if pool.External {
+			usedExt = true
+		} else {
+			usedInt = true
+		}
+	}
+	if np := snap.NodePort(bal); np != 0 && m.nodePorts[fam] {
+		key := NodePortKey(svc.Protocol, np)
+		if len(extEps) == 0 {
+			out = append(out, elem{set: SetNodePortNoEndpoints, key: key})
+		} else {
+			slots(key, extEps, SetNodePortEndpoints, netip.AddrPortFrom(netip.Addr{}, np))
+			if m.cfg.MasqueradeAll || svc.ExternalTrafficPolicy == lb.PolicyCluster {
+				out = append(out, elem{set: SetNodePortMasquerade, key: key})
+			}
+			usedExt = true
+		}
+	}
+	// Hairpin: an endpoint reaching itself through the Service.
+	seen := map[netip.Addr]bool{}
+	hairpin := func(eps []netip.AddrPort) {
+		for _, ep := range eps[:min(len(eps), Slots)] {
+			if !seen[ep.Addr()] {
+				seen[ep.Addr()] = true
+				out = append(out, elem{set: SetHairpin, key: HairpinKey(ep.Addr())})
+			}
+		}
+	}
+	if usedInt {
+		hairpin(intEps)
+	}
+	if usedExt {
+		hairpin(extEps)
+	}
+	return out, flows
+}
+
+// state is what the mode last wrote: each Service port's elements, and
+// their union per family, with how many Service ports share each element
+// (endpoints shared by Services share hairpin elements).
+type state struct {
+	snap   *lb.Snapshot
+	svcs   map[lb.ServicePortName]*svcElems
+	tables [2]Tables
+	refs   [2]map[elem]int
+}
+
+func newState(snap *lb.Snapshot) *state {
+	s := &state{snap: snap, svcs: make(map[lb.ServicePortName]*svcElems, snap.Len())}
+	for fam := range s.tables {
+		s.tables[fam] = newTables()
+		s.refs[fam] = map[elem]int{}
+	}
+	return s
+}
+
+// delta is the element changes of one family's table: deletions first.
+type delta struct{ del, add []elem }
+
+func (d *delta) empty() bool { return len(d.del)+len(d.add) == 0 }
+
+// put adds e to the union (once per sharing Service port), recording the
+// change in d.
+func (s *state) put(fam netfilter.Family, e elem, d *delta) {
+	s.refs[fam][e]++
+	if s.refs[fam][e] > 1 {
+		return
+	}
+	els := s.tables[fam][e.set]
+	if old, ok := els[e.key]; ok && old != e.val { // another Service port's value: the newest wins
+		d.del = append(d.del, elem{e.set, e.key, old})
+	}
+	els[e.key] = e.val
+	d.add = append(d.add, e)
+}
+
+// drop removes e from the union once no Service port has it.
+func (s *state) drop(fam netfilter.Family, e elem, d *delta) {
+	if s.refs[fam][e]--; s.refs[fam][e] > 0 {
+		return
+	}
+	delete(s.refs[fam], e)
+	els := s.tables[fam][e.set]
+	if v, ok := els[e.key]; ok && v == e.val {
+		delete(els, e.key)
+		d.del = append(d.del, e)
+	}
+}
+
+// cancel removes from d what it both deletes and adds again: an element
+// that stays needs no transaction.
+func (d *delta) cancel() {
+	if len(d.del) == 0 || len(d.add) == 0 {
+		return
+	}
+	added := make(map[elem]bool, len(d.add))
+	for _, e := range d.add {
+		added[e] = true
+	}
+	both := map[elem]bool{}
+	del := d.del[:0]
+	for _, e := range d.del {
+		if added[e] {
+			both[e] = true
+			continue
+		}
+		del = append(del, e)
+	}
+	d.del = del
+	if len(both) == 0 {
+		return
+	}
+	add := d.add[:0]
+	for _, e := range d.add {
+		if !both[e] {
+			add = append(add, e)
+		}
+	}
+	d.add = add
+}

@@ -1,0 +1,345 @@
+package nftables_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/svcproxy/svcproxy/kernelmodes/nftables"
+	"github.com/svcproxy/svcproxy/kernelmodes/nftables/nftablestest"
+	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
+)
+
+const nodeName = "node-a"
+
+var (
+	podCIDR  = netip.MustParsePrefix("10.244.0.0/16")
+	podIP    = netip.MustParseAddr("10.244.9.9")
+	hostIP   = netip.MustParseAddr("192.0.2.77") // off the pod range
+	nodeIP   = netip.MustParseAddr("192.0.2.10")
+	nodeIP2  = netip.MustParseAddr("198.51.100.10")
+	loopback = netip.MustParseAddr("127.0.0.1")
+)
+
+func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+func ip(s string) netip.Addr     { return netip.MustParseAddr(s) }
+
+func name(n string) lb.ServicePortName { return lb.ServicePortName{Namespace: "default", Name: n, Port: "p"} }
+
+// eps are ready endpoints at addrs (port 8080), on node (empty: another).
+func eps(node string, addrs ...string) []lb.Endpoint {
+	var out []lb.Endpoint
+	for _, a := range addrs {
+		out = append(out, lb.Endpoint{Addr: netip.AddrPortFrom(ip(a), 8080), Ready: true, Serving: true, NodeName: node})
+	}
+	return out
+}
+
+func cluster() []lb.Service {
+	return []lb.Service{
+		{Name: name("web"), Port: 80, ClusterIPs: []netip.Addr{ip("10.96.0.10"), ip("fd00::10")}, NodePort: 30080,
+			ExternalIPs: []netip.Addr{ip("203.0.113.10")},
+			Endpoints:   append(eps(nodeName, "10.244.1.1", "10.244.1.2", "fd00:244::1"), eps("node-b", "10.244.2.1")...)},
+		{Name: name("local"), Port: 80, ClusterIPs: []netip.Addr{ip("10.96.0.20")}, NodePort: 30081, ExternalIPs: []netip.Addr{ip("203.0.113.20")},
+			ExternalTrafficPolicy: lb.PolicyLocal, Endpoints: append(eps(nodeName, "10.244.1.3"), eps("node-b", "10.244.2.3")...)},
+		{Name: name("remote-only"), Port: 80, ClusterIPs: []netip.Addr{ip("10.96.0.30")}, NodePort: 30082,
+			ExternalTrafficPolicy: lb.PolicyLocal, Endpoints: eps("node-b", "10.244.2.4")},
+		{Name: name("empty"), Port: 53, Protocol: lb.UDP, ClusterIPs: []netip.Addr{ip("10.96.0.40")}, NodePort: 30053},
+		{Name: name("dns"), Port: 53, Protocol: lb.UDP, ClusterIPs: []netip.Addr{ip("10.96.0.53")}, Endpoints: eps(nodeName, "10.244.1.53", "10.244.1.54")},
+		{Name: name("sctp"), Port: 9999, Protocol: lb.SCTP, ClusterIPs: []netip.Addr{ip("10.96.0.60")}, Endpoints: eps(nodeName, "10.244.1.60")},
+	}
+}
+
+func snapshot(t testing.TB, st *lb.Store, services []lb.Service) *lb.Snapshot {
+	t.Helper()
+	snap, err := st.Replace(services)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snap
+}
+
+func newMode(t testing.TB, cfg nftables.Config) (*nftables.Mode, *nftablestest.Fake, *lb.Store) {
+	t.Helper()
+	fake := nftablestest.New()
+	cfg.Kernel = fake
+	cfg.Logger = zaptest.NewLogger(t)
+	if cfg.ClearFlows == nil {
+		cfg.ClearFlows = func(context.Context, netfilter.Family, netfilter.ConntrackFilter) error { return nil }
+	}
+	m, err := nftables.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, fake, lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: nodeName}})
+}
+
+func share(ep string, n int) nftablestest.Share { return nftablestest.Share{Endpoint: ap(ep), Slots: n} }
+
+// TestTrace: a packet from A to B:port goes where? One case per Service
+// kind, policy and outcome, in both families.
+func TestTrace(t *testing.T) {
+	m, fake, st := newMode(t, nftables.Config{IPv6: true, ClusterCIDRs: []netip.Prefix{podCIDR}})
+	if err := m.Apply(context.Background(), snapshot(t, st, cluster()), true); err != nil {
+		t.Fatal(err)
+	}
+	all3 := []nftablestest.Share{share("10.244.1.1:8080", 22), share("10.244.1.2:8080", 21), share("10.244.2.1:8080", 21)}
+	for _, tc := range []struct {
+		name string
+		fam  netfilter.Family
+		p    nftablestest.Packet
+		want nftablestest.Verdict
+	}{
+		{"ClusterIP from a pod: spread, client kept", netfilter.IPv4,
+			nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.10:80")}, nftablestest.Verdict{DNAT: all3}},
+		{"ClusterIP from off the pod range: masqueraded", netfilter.IPv4,
+			nftablestest.Packet{Src: hostIP, Dst: ap("10.96.0.10:80")}, nftablestest.Verdict{DNAT: all3, Masquerade: true}},
+		{"ClusterIP, other port: untouched", netfilter.IPv4,
+			nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.10:81")}, nftablestest.Verdict{}},
+		{"ClusterIP, UDP to a TCP Service: untouched", netfilter.IPv4,
+			nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.10:80"), Proto: lb.UDP}, nftablestest.Verdict{}},
+		{"IPv6 ClusterIP: the IPv6 endpoint", netfilter.IPv6,
+			nftablestest.Packet{Src: ip("fd00:244::9"), Dst: ap("[fd00::10]:80")}, nftablestest.Verdict{DNAT: []nftablestest.Share{share("[fd00:244::1]:8080", 64)}}},
+		{"NodePort, Cluster policy: masqueraded", netfilter.IPv4,
+			nftablestest.Packet{Src: hostIP, Dst: netip.AddrPortFrom(nodeIP, 30080), Local: true}, nftablestest.Verdict{DNAT: all3, Masquerade: true}},
+		{"NodePort on loopback: untouched", netfilter.IPv4,
+			nftablestest.Packet{Src: loopback, Dst: netip.AddrPortFrom(loopback, 30080), Local: true}, nftablestest.Verdict{}},
+		{"NodePort port on a non-local address: untouched", netfilter.IPv4,
+			nftablestest.Packet{Src: hostIP, Dst: ap("192.0.2.99:30080")}, nftablestest.Verdict{}},
+		{"ExternalIP, Cluster policy: masqueraded", netfilter.IPv4,
+			nftablestest.Packet{Src: hostIP, Dst: ap("203.0.113.10:80")}, nftablestest.Verdict{DNAT: all3, Masquerade: true}},
+		{"ExternalIP, Local policy: the local endpoint, client kept", netfilter.IPv4,
+			nftablestest.Packet{Src: hostIP, Dst: ap("203.0.113.20:80")}, nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.3:8080", 64)}}},
+		{"NodePort, Local policy: the local endpoint, client kept", netfilter.IPv4,
+			nftablestest.Packet{Src: hostIP, Dst: netip.AddrPortFrom(nodeIP2, 30081), Local: true}, nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.3:8080", 64)}}},
+		{"ClusterIP of a Local-policy Service: every endpoint", netfilter.IPv4,
+			nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.20:80")}, nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.3:8080", 32), share("10.244.2.3:8080", 32)}}},
+		{"NodePort, Local policy, no local endpoint: rejected", netfilter.IPv4,
+			nftablestest.Packet{Src: hostIP, Dst: netip.AddrPortFrom(nodeIP, 30082), Local: true}, nftablestest.Verdict{Reject: true}},
+		{"its ClusterIP still serves", netfilter.IPv4,
+			nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.30:80")}, nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.2.4:8080", 64)}}},
+		{"UDP ClusterIP without endpoints: rejected", netfilter.IPv4,
+			nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.40:53"), Proto: lb.UDP}, nftablestest.Verdict{Reject: true}},
+		{"UDP NodePort without endpoints: rejected", netfilter.IPv4,
+			nftablestest.Packet{Src: hostIP, Dst: netip.AddrPortFrom(nodeIP, 30053), Proto: lb.UDP, Local: true}, nftablestest.Verdict{Reject: true}},
+		{"UDP ClusterIP", netfilter.IPv4,
+			nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.53:53"), Proto: lb.UDP}, nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.53:8080", 32), share("10.244.1.54:8080", 32)}}},
+		{"SCTP ClusterIP", netfilter.IPv4,
+			nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.60:9999"), Proto: lb.SCTP}, nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.60:8080", 64)}}},
+		{"hairpin: an endpoint reaching itself", netfilter.IPv4,
+			nftablestest.Packet{Src: ip("10.244.1.60"), Dst: ap("10.96.0.60:9999"), Proto: lb.SCTP},
+			nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.60:8080", 64)}, Hairpin: []netip.AddrPort{ap("10.244.1.60:8080")}}},
+		{"IPv4 ClusterIP in the IPv6 table: untouched", netfilter.IPv6,
+			nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.10:80")}, nftablestest.Verdict{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := fake.Trace(tc.fam, tc.p); got.String() != tc.want.String() {
+				t.Errorf("%v → %v: got %v, want %v", tc.p.Src, tc.p.Dst, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestNodePortAddresses: restricted NodePorts answer only on local
+// addresses inside the prefixes; a family without a prefix has none.
+func TestNodePortAddresses(t *testing.T) {
+	m, fake, st := newMode(t, nftables.Config{IPv6: true, NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}})
+	if err := m.Apply(context.Background(), snapshot(t, st, cluster()), true); err != nil {
+		t.Fatal(err)
+	}
+	in := fake.Trace(netfilter.IPv4, nftablestest.Packet{Src: hostIP, Dst: netip.AddrPortFrom(nodeIP2, 30080), Local: true})
+	out := fake.Trace(netfilter.IPv4, nftablestest.Packet{Src: hostIP, Dst: netip.AddrPortFrom(nodeIP, 30080), Local: true})
+	if len(in.DNAT) == 0 || len(out.DNAT) != 0 {
+		t.Errorf("inside the prefix: %v (want DNAT); outside: %v (want pass)", in, out)
+	}
+	if n := fake.Count(netfilter.IPv6, nftables.SetNodePortEndpoints); n != 0 {
+		t.Errorf("IPv6 has no NodePort prefix, yet %d NodePort elements", n)
+	}
+}
+
+// TestMasqueradeAll: every Service's traffic is masqueraded, Local policy's
+// too.
+func TestMasqueradeAll(t *testing.T) {
+	m, fake, st := newMode(t, nftables.Config{MasqueradeAll: true})
+	if err := m.Apply(context.Background(), snapshot(t, st, cluster()), true); err != nil {
+		t.Fatal(err)
+	}
+	for _, dst := range []netip.AddrPort{ap("10.96.0.10:80"), ap("203.0.113.20:80")} {
+		if v := fake.Trace(netfilter.IPv4, nftablestest.Packet{Src: podIP, Dst: dst}); !v.Masquerade {
+			t.Errorf("%v: %v, want masqueraded", dst, v)
+		}
+	}
+}
+
+// TestIncremental: a change writes only the changed Service's elements, in
+// one Update per family; no change writes nothing; adding a Service adds
+// its elements alone; a removed UDP endpoint's flows are cleared.
+func TestIncremental(t *testing.T) {
+	var mu sync.Mutex
+	var cleared []string
+	m, fake, st := newMode(t, nftables.Config{ClearFlows: func(_ context.Context, _ netfilter.Family, f netfilter.ConntrackFilter) error {
+		mu.Lock()
+		defer mu.Unlock()
+		cleared = append(cleared, f.String())
+		return nil
+	}})
+	ctx := context.Background()
+	svcs := cluster()
+	if err := m.Apply(ctx, snapshot(t, st, svcs), true); err != nil {
+		t.Fatal(err)
+	}
+	fake.ResetCalls()
+	if err := m.Apply(ctx, snapshot(t, st, cluster()), false); err != nil {
+		t.Fatal(err)
+	}
+	if c := fake.Calls(); len(c) != 0 {
+		t.Errorf("no change wrote %v", c)
+	}
+
+	// One endpoint of the UDP Service goes: its 64 slots are rewritten
+	// (32 change value), the hairpin element goes.
+	svcs[4].Endpoints = svcs[4].Endpoints[:1]
+	if err := m.Apply(ctx, snapshot(t, st, svcs), false); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := fake.Calls(), []string{"Update IPv4 -33 +32"}; !slices.Equal(got, want) {
+		t.Errorf("an endpoint removed: calls %q, want %q", got, want)
+	}
+	if v := fake.Trace(netfilter.IPv4, nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.53:53"), Proto: lb.UDP}); v.String() != (nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.53:8080", 64)}}).String() {
+		t.Errorf("after the change: %v", v)
+	}
+	mu.Lock()
+	if len(cleared) != 1 || !strings.Contains(cleared[0], "10.244.1.54") {
+		t.Errorf("conntrack cleared %q, want the removed endpoint's flows", cleared)
+	}
+	mu.Unlock()
+
+	fake.ResetCalls()
+	svcs = append(svcs, lb.Service{Name: name("new"), Port: 8080, ClusterIPs: []netip.Addr{ip("10.96.1.1")}, Endpoints: eps(nodeName, "10.244.1.99")})
+	if err := m.Apply(ctx, snapshot(t, st, svcs), false); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := fake.Calls(), []string{"Update IPv4 -0 +65"}; !slices.Equal(got, want) { // 64 slots, 1 hairpin
+		t.Errorf("a Service added: calls %q, want %q", got, want)
+	}
+	fake.ResetCalls()
+	if err := m.Apply(ctx, snapshot(t, st, svcs[:len(svcs)-1]), false); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := fake.Calls(), []string{"Update IPv4 -65 +0"}; !slices.Equal(got, want) {
+		t.Errorf("a Service removed: calls %q, want %q", got, want)
+	}
+}
+
+// TestSharedHairpin: two Services with the same endpoint share its hairpin
+// element; removing one keeps it.
+func TestSharedHairpin(t *testing.T) {
+	m, fake, st := newMode(t, nftables.Config{})
+	ctx := context.Background()
+	a := lb.Service{Name: name("a"), Port: 80, ClusterIPs: []netip.Addr{ip("10.96.2.1")}, Endpoints: eps(nodeName, "10.244.3.1")}
+	b := a
+	b.Name, b.ClusterIPs = name("b"), []netip.Addr{ip("10.96.2.2")}
+	if err := m.Apply(ctx, snapshot(t, st, []lb.Service{a, b}), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Apply(ctx, snapshot(t, st, []lb.Service{b}), false); err != nil {
+		t.Fatal(err)
+	}
+	v := fake.Trace(netfilter.IPv4, nftablestest.Packet{Src: ip("10.244.3.1"), Dst: ap("10.96.2.2:80")})
+	if len(v.Hairpin) != 1 {
+		t.Errorf("hairpin through b after a left: %v", v)
+	}
+}
+
+// TestRepair: a full Apply finds elements removed or added behind its back,
+// repairs them and counts a repair; a failed incremental write falls back
+// to a full sync.
+func TestRepair(t *testing.T) {
+	m, fake, st := newMode(t, nftables.Config{FullSyncPeriod: -1})
+	ctx := context.Background()
+	svcs := cluster()
+	snap := snapshot(t, st, svcs)
+	if err := m.Apply(ctx, snap, true); err != nil {
+		t.Fatal(err)
+	}
+	want := fake.Trace(netfilter.IPv4, nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.10:80")})
+	fake.Tamper(netfilter.IPv4, func(t nftables.Tables) {
+		clear(t[nftables.SetServiceEndpoints])
+		t[nftables.SetNoEndpoints][nftables.FrontendKey(ip("10.96.0.10"), lb.TCP, 80)] = ""
+	})
+	if v := fake.Trace(netfilter.IPv4, nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.10:80")}); !v.Reject {
+		t.Fatalf("tampering did not take: %v", v)
+	}
+	if err := m.Apply(ctx, snap, true); err != nil {
+		t.Fatal(err)
+	}
+	if got := fake.Trace(netfilter.IPv4, nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.10:80")}); got.String() != want.String() {
+		t.Errorf("after the repair: %v, want %v", got, want)
+	}
+	if m.Repairs() != 1 {
+		t.Errorf("Repairs() = %d, want 1", m.Repairs())
+	}
+	if err := m.Apply(ctx, snap, true); err != nil || m.Repairs() != 1 {
+		t.Errorf("an intact table: err %v, Repairs() = %d, want 1", err, m.Repairs())
+	}
+
+	fake.Fail = errors.New("injected")
+	svcs[0].Endpoints = svcs[0].Endpoints[:1]
+	if err := m.Apply(ctx, snapshot(t, st, svcs), false); err != nil {
+		t.Fatalf("a failed incremental write is not retried as a full sync: %v", err)
+	}
+	if got := m.RestoreFailures(netfilter.IPv4); got != 1 {
+		t.Errorf("RestoreFailures = %d, want 1", got)
+	}
+	if v := fake.Trace(netfilter.IPv4, nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.10:80")}); v.String() != (nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.1:8080", 64)}}).String() {
+		t.Errorf("after the fallback: %v", v)
+	}
+}
+
+// TestCleanup removes both families' tables.
+func TestCleanup(t *testing.T) {
+	m, fake, st := newMode(t, nftables.Config{IPv6: true})
+	if err := m.Apply(context.Background(), snapshot(t, st, cluster()), true); err != nil {
+		t.Fatal(err)
+	}
+	fake.ResetCalls()
+	if err := m.Cleanup(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := fake.Calls(), []string{"Delete IPv4", "Delete IPv6"}; !slices.Equal(got, want) {
+		t.Errorf("calls %q, want %q", got, want)
+	}
+	if v := fake.Trace(netfilter.IPv4, nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.10:80")}); len(v.DNAT) != 0 {
+		t.Errorf("after Cleanup: %v", v)
+	}
+}
+
+// TestConfigErrors: bad configuration is refused with the field named.
+func TestConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  nftables.Config
+		want string
+	}{
+		{nftables.Config{Mark: 0x80000}, "overlaps"},
+		{nftables.Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}}, "clusterCIDRs[0]"},
+		{nftables.Config{ClusterCIDRs: []netip.Prefix{podCIDR, netip.MustParsePrefix("10.0.0.0/8")}}, "more than one"},
+	} {
+		_, err := nftables.New(tc.cfg)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New(%+v) = %v, want an error with %q", tc.cfg, err, tc.want)
+		}
+	}
+}
+
+func ExampleFrontendKey() {
+	fmt.Printf("% x\n", nftables.FrontendKey(netip.MustParseAddr("10.96.0.10"), lb.TCP, 80))
+	// Output: 0a 60 00 0a 06 00 00 00 00 50 00 00
+}

@@ -1,0 +1,269 @@
+// Package nftablestest owns the in-memory nf_tables of the nftables mode's
+// tests: a Fake kernel that keeps each family's layout and elements, and a
+// packet tracer that answers "a packet from A to B:port goes where?" from
+// them, as the mode's fixed rules would (see the nftables package doc).
+package nftablestest
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/netip"
+	"sort"
+	"sync"
+
+	"github.com/svcproxy/svcproxy/kernelmodes/nftables"
+	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
+)
+
+// Fake is an in-memory Kernel. Its zero value is not usable: use New.
+type Fake struct {
+	mu     sync.Mutex
+	tables map[netfilter.Family]*table
+	calls  []string
+	// Fail, if set, is returned by the next Update (then cleared).
+	Fail error
+}
+
+type table struct {
+	layout nftables.Layout
+	sets   nftables.Tables
+}
+
+// New returns an empty Fake.
+func New() *Fake { return &Fake{tables: map[netfilter.Family]*table{}} }
+
+// Calls returns the calls made so far, as "Setup ip", "Update ip -3 +64", ...
+func (f *Fake) Calls() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.calls...)
+}
+
+// ResetCalls forgets the calls made so far.
+func (f *Fake) ResetCalls() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = nil
+}
+
+func (f *Fake) Setup(_ context.Context, l nftables.Layout) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, fmt.Sprintf("Setup %v", l.Family))
+	t := f.tables[l.Family]
+	intact := t != nil
+	if t == nil {
+		t = &table{sets: nftables.Tables{}}
+		f.tables[l.Family] = t
+	}
+	for _, s := range nftables.Sets {
+		if t.sets[s] == nil {
+			intact = false
+			t.sets[s] = nftables.Elements{}
+		}
+	}
+	t.layout = l
+	return intact, nil
+}
+
+func (f *Fake) Elements(_ context.Context, fam netfilter.Family, set string) (nftables.Elements, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t := f.tables[fam]
+	if t == nil || t.sets[set] == nil {
+		return nil, fmt.Errorf("no set %s in the %v table", set, fam)
+	}
+	return maps.Clone(t.sets[set]), nil
+}
+
+// Update applies deletions then additions, all or nothing, as one
+// transaction would: deleting an element that is not there, or adding one
+// whose key holds another value, fails it.
+func (f *Fake) Update(_ context.Context, fam netfilter.Family, del, add []nftables.Element) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, fmt.Sprintf("Update %v -%d +%d", fam, len(del), len(add)))
+	if err := f.Fail; err != nil {
+		f.Fail = nil
+		return err
+	}
+	t := f.tables[fam]
+	if t == nil {
+		return fmt.Errorf("no %v table", fam)
+	}
+	next := nftables.Tables{}
+	for s, els := range t.sets {
+		next[s] = maps.Clone(els)
+	}
+	for _, e := range del {
+		els := next[e.Set]
+		if v, ok := els[e.Key]; !ok || v != e.Val {
+			return fmt.Errorf("deleting an element of %s that is not there", e.Set)
+		}
+		delete(els, e.Key)
+	}
+	for _, e := range add {
+		els := next[e.Set]
+		if els == nil {
+			return fmt.Errorf("no set %s", e.Set)
+		}
+		if len(e.Key) != nftables.KeyLen(fam, e.Set) {
+			return fmt.Errorf("an element of %s with a %d-byte key, want %d", e.Set, len(e.Key), nftables.KeyLen(fam, e.Set))
+		}
+		if v, ok := els[e.Key]; ok && v != e.Val {
+			return fmt.Errorf("adding an element of %s whose key holds another value", e.Set)
+		}
+		els[e.Key] = e.Val
+	}
+	t.sets = next
+	return nil
+}
+
+func (f *Fake) Delete(_ context.Context, fam netfilter.Family) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, fmt.Sprintf("Delete %v", fam))
+	delete(f.tables, fam)
+	return nil
+}
+
+func (f *Fake) Probe(context.Context, netfilter.Family) error { return nil }
+
+// Tamper runs edit on fam's sets, as another process changing the table.
+func (f *Fake) Tamper(fam netfilter.Family, edit func(nftables.Tables)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if t := f.tables[fam]; t != nil {
+		edit(t.sets)
+	}
+}
+
+// Count is how many elements fam's set holds.
+func (f *Fake) Count(fam netfilter.Family, set string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if t := f.tables[fam]; t != nil {
+		return len(t.sets[set])
+	}
+	return 0
+}
+
+// Packet is a new connection's first packet.
+type Packet struct {
+	Src   netip.Addr
+	Dst   netip.AddrPort
+	Proto lb.Protocol
+	// Local says Dst's address is one of the node's (fib daddr type local).
+	Local bool
+}
+
+// Verdict is what the table does with a Packet.
+type Verdict struct {
+	// DNAT are the endpoints it may be DNATed to, sorted, each with how many
+	// of the Slots lead to it; empty if not DNATed.
+	DNAT []Share
+	// Masquerade says the connection is masqueraded on its way out (for a
+	// hairpin, when the endpoint chosen is Src itself: see Hairpin).
+	Masquerade bool
+	// Hairpin are the endpoints among DNAT that masquerade because they
+	// are Src.
+	Hairpin []netip.AddrPort
+	// Reject says the packet is rejected (TCP reset or ICMP unreachable).
+	Reject bool
+}
+
+// Share is an endpoint and the slots that pick it.
+type Share struct {
+	Endpoint netip.AddrPort
+	Slots    int
+}
+
+func (v Verdict) String() string {
+	switch {
+	case v.Reject:
+		return "reject"
+	case len(v.DNAT) == 0:
+		return "pass"
+	}
+	s := fmt.Sprintf("dnat %v", v.DNAT)
+	if v.Masquerade {
+		s += " masquerade"
+	}
+	if len(v.Hairpin) > 0 {
+		s += fmt.Sprintf(" hairpin %v", v.Hairpin)
+	}
+	return s
+}
+
+// Trace follows p through fam's table as the rules do.
+func (f *Fake) Trace(fam netfilter.Family, p Packet) Verdict {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t := f.tables[fam]
+	var v Verdict
+	if t == nil {
+		return v
+	}
+	l, sets := t.layout, t.sets
+	fe := nftables.FrontendKey(p.Dst.Addr(), p.Proto, p.Dst.Port())
+	np := nftables.NodePortKey(p.Proto, p.Dst.Port())
+	shares := func(set, key string) []Share {
+		count := map[netip.AddrPort]int{}
+		for i := range nftables.Slots {
+			if val, ok := sets[set][nftables.SlotKey(key, i)]; ok {
+				ep, _ := nftables.DecodeEndpoint(fam, val)
+				count[ep]++
+			}
+		}
+		var out []Share
+		for ep, n := range count {
+			out = append(out, Share{ep, n})
+		}
+		sort.Slice(out, func(i, j int) bool { return out[i].Endpoint.Compare(out[j].Endpoint) < 0 })
+		return out
+	}
+	has := func(set, key string) bool { _, ok := sets[set][key]; return ok }
+	nodePortAddr := func() bool {
+		a := p.Dst.Addr()
+		if !p.Local || !l.NodePorts || a.IsLoopback() {
+			return false
+		}
+		if len(l.NodePortPrefixes) == 0 {
+			return true
+		}
+		for _, pr := range l.NodePortPrefixes {
+			if pr.Contains(a) {
+				return true
+			}
+		}
+		return false
+	}
+	// nat: services, then nodeports.
+	if has(nftables.SetMasquerade, fe) {
+		v.Masquerade = true
+	}
+	if l.ClusterCIDR.IsValid() && !l.ClusterCIDR.Contains(p.Src) && has(nftables.SetMasqueradeOffCluster, fe) {
+		v.Masquerade = true
+	}
+	v.DNAT = shares(nftables.SetServiceEndpoints, fe)
+	if len(v.DNAT) == 0 && nodePortAddr() {
+		if has(nftables.SetNodePortMasquerade, np) {
+			v.Masquerade = true
+		}
+		v.DNAT = shares(nftables.SetNodePortEndpoints, np)
+	}
+	if len(v.DNAT) > 0 {
+		for _, s := range v.DNAT {
+			if s.Endpoint.Addr() == p.Src && has(nftables.SetHairpin, nftables.HairpinKey(p.Src)) {
+				v.Hairpin = append(v.Hairpin, s.Endpoint)
+			}
+		}
+		return v
+	}
+	v.Masquerade = false
+	// filter: reject what has no endpoints.
+	v.Reject = has(nftables.SetNoEndpoints, fe) || (nodePortAddr() && has(nftables.SetNodePortNoEndpoints, np))
+	return v
+}

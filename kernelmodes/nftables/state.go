@@ -1,0 +1,167 @@
+package nftables
+
+import (
+	"encoding/binary"
+	"net/netip"
+
+	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
+)
+
+// Slots is how many elements of a map stand for one frontend: a new
+// connection picks one with `numgen random mod Slots`, and the frontend's
+// endpoints fill the slots round robin. 64 keeps an endpoint's share within
+// 1/64 of even (3 endpoints: 22, 21 and 21 slots) and 10,000 Services at
+// 640,000 elements; a frontend with more than 64 endpoints serves from 64
+// of them.
+const Slots = 64
+
+// The sets and maps of each family's table. Keys and values are
+// concatenations whose fields the kernel pads to 4 bytes each; addresses
+// and ports are in network order, a slot in host order (numgen's).
+const (
+	// SetServiceEndpoints maps frontend address . protocol . port . slot to
+	// endpoint address . port: ClusterIPs, ExternalIPs, LoadBalancer IPs.
+	SetServiceEndpoints = "service-endpoints"
+	// SetNodePortEndpoints maps protocol . NodePort . slot to endpoint
+	// address . port, on the node's NodePort addresses.
+	SetNodePortEndpoints = "nodeport-endpoints"
+	// SetNoEndpoints holds frontends (address . protocol . port) that have
+	// no endpoints of the family: rejected.
+	SetNoEndpoints = "no-endpoints"
+	// SetNodePortNoEndpoints holds protocol . NodePort of NodePorts without
+	// endpoints of the family: rejected.
+	SetNodePortNoEndpoints = "nodeport-no-endpoints"
+	// SetMasquerade holds frontends whose traffic is always masqueraded
+	// (external traffic with the Cluster policy; all with MasqueradeAll).
+	SetMasquerade = "masquerade"
+	// SetMasqueradeOffCluster holds ClusterIP frontends whose traffic is
+	// masqueraded when it comes from outside the family's cluster CIDR.
+	SetMasqueradeOffCluster = "masquerade-off-cluster"
+	// SetNodePortMasquerade holds protocol . NodePort of NodePorts whose
+	// traffic is masqueraded (Cluster policy, or MasqueradeAll).
+	SetNodePortMasquerade = "nodeport-masquerade"
+	// SetHairpin holds endpoint address . endpoint address: a connection
+	// DNATed to its own source is masqueraded, so the reply comes back
+	// through the node.
+	SetHairpin = "hairpin"
+)
+
+// Sets is every set and map of a table, in the order they are created.
+var Sets = []string{SetServiceEndpoints, SetNodePortEndpoints, SetNoEndpoints, SetNodePortNoEndpoints,
+	SetMasquerade, SetMasqueradeOffCluster, SetNodePortMasquerade, SetHairpin}
+
+// IsMap reports whether set is a map (its elements have values).
+func IsMap(set string) bool { return set == SetServiceEndpoints || set == SetNodePortEndpoints }
+
+// Elements are a set's elements as the kernel holds them: encoded key →
+// encoded value ("" in a set that is not a map).
+type Elements map[string]string
+
+// Tables is what one family's table holds: its sets' elements by set name.
+type Tables map[string]Elements
+
+func newTables() Tables {
+	t := make(Tables, len(Sets))
+	for _, s := range Sets {
+		t[s] = Elements{}
+	}
+	return t
+}
+
+func protoNumber(p lb.Protocol) byte {
+	switch p {
+	case lb.UDP:
+		return 17
+	case lb.SCTP:
+		return 132
+	}
+	return 6
+}
+
+// ProtocolOf is the lb protocol of an IP protocol number (ok false for
+// another protocol).
+func ProtocolOf(n byte) (p lb.Protocol, ok bool) {
+	switch n {
+	case 6:
+		return lb.TCP, true
+	case 17:
+		return lb.UDP, true
+	case 132:
+		return lb.SCTP, true
+	}
+	return 0, false
+}
+
+// addrBytes is a in its family's length (4 or 16 bytes).
+func addrBytes(a netip.Addr) []byte { return a.Unmap().AsSlice() }
+
+// FrontendKey encodes address . protocol . port.
+func FrontendKey(a netip.Addr, proto lb.Protocol, port uint16) string {
+	b := addrBytes(a)
+	b = append(b, protoNumber(proto), 0, 0, 0)
+	b = binary.BigEndian.AppendUint16(b, port)
+	return string(append(b, 0, 0))
+}
+
+// NodePortKey encodes protocol . port.
+func NodePortKey(proto lb.Protocol, port uint16) string {
+	b := []byte{protoNumber(proto), 0, 0, 0}
+	b = binary.BigEndian.AppendUint16(b, port)
+	return string(append(b, 0, 0))
+}
+
+// SlotKey appends slot (host order, as numgen writes it) to a frontend or
+// NodePort key.
+func SlotKey(key string, slot int) string {
+	return string(binary.NativeEndian.AppendUint32([]byte(key), uint32(slot)))
+}
+
+// EndpointValue encodes an endpoint's address . port.
+func EndpointValue(ep netip.AddrPort) string {
+	b := addrBytes(ep.Addr())
+	b = binary.BigEndian.AppendUint16(b, ep.Port())
+	return string(append(b, 0, 0))
+}
+
+// HairpinKey encodes an endpoint address twice.
+func HairpinKey(a netip.Addr) string {
+	b := addrBytes(a)
+	return string(append(b, addrBytes(a)...))
+}
+
+// addrLen is the length of an address of fam.
+func addrLen(fam netfilter.Family) int {
+	if fam == netfilter.IPv6 {
+		return 16
+	}
+	return 4
+}
+
+// DecodeEndpoint decodes an EndpointValue of fam.
+func DecodeEndpoint(fam netfilter.Family, v string) (netip.AddrPort, bool) {
+	n := addrLen(fam)
+	if len(v) != n+4 {
+		return netip.AddrPort{}, false
+	}
+	a, _ := netip.AddrFromSlice([]byte(v[:n]))
+	return netip.AddrPortFrom(a, binary.BigEndian.Uint16([]byte(v[n:n+2]))), true
+}
+
+// KeyLen is the length of a key of set in fam.
+func KeyLen(fam netfilter.Family, set string) int {
+	n := addrLen(fam)
+	switch set {
+	case SetServiceEndpoints:
+		return n + 12
+	case SetNoEndpoints, SetMasquerade, SetMasqueradeOffCluster:
+		return n + 8
+	case SetNodePortEndpoints:
+		return 12
+	case SetNodePortNoEndpoints, SetNodePortMasquerade:
+		return 8
+	case SetHairpin:
+		return 2 * n
+	}
+	return 0
+}
