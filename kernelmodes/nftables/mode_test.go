@@ -32,7 +32,9 @@ var (
 func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
 func ip(s string) netip.Addr     { return netip.MustParseAddr(s) }
 
-func name(n string) lb.ServicePortName { return lb.ServicePortName{Namespace: "default", Name: n, Port: "p"} }
+func name(n string) lb.ServicePortName {
+	return lb.ServicePortName{Namespace: "default", Name: n, Port: "p"}
+}
 
 // eps are ready endpoints at addrs (port 8080), on node (empty: another).
 func eps(node string, addrs ...string) []lb.Endpoint {
@@ -82,7 +84,9 @@ func newMode(t testing.TB, cfg nftables.Config) (*nftables.Mode, *nftablestest.F
 	return m, fake, lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: nodeName}})
 }
 
-func share(ep string, n int) nftablestest.Share { return nftablestest.Share{Endpoint: ap(ep), Slots: n} }
+func share(ep string, n int) nftablestest.Share {
+	return nftablestest.Share{Endpoint: ap(ep), Slots: n}
+}
 
 // TestTrace: a packet from A to B:port goes where? One case per Service
 // kind, policy and outcome, in both families.
