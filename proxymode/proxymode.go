@@ -2,8 +2,8 @@
 // (Mode), the table of modes a node can run (Table), and the choice among
 // them: the one asked for (flag or config), else the node's
 // net.experimental.kubernetes.io/proxy-mode annotation, else userspace;
-// and the fallback ipvs → iptables → userspace when the kernel lacks what
-// the chosen mode needs.
+// and the fallback when the kernel lacks what the chosen mode needs:
+// ipvs → iptables → userspace, and nftables → iptables → userspace.
 package proxymode
 
 import (
@@ -47,6 +47,7 @@ const (
 	Userspace Name = "userspace"
 	IPTables  Name = "iptables"
 	IPVS      Name = "ipvs"
+	NFTables  Name = "nftables"
 )
 
 // Annotation is the Node annotation that picks a mode when none is asked
@@ -56,16 +57,16 @@ const Annotation = "net.experimental.kubernetes.io/proxy-mode"
 // Parse accepts a mode name in any case; "" is allowed and means "choose".
 func Parse(s string) (Name, error) {
 	switch m := Name(strings.ToLower(strings.TrimSpace(s))); m {
-	case "", Userspace, IPTables, IPVS:
+	case "", Userspace, IPTables, IPVS, NFTables:
 		return m, nil
 	}
-	return "", fmt.Errorf("unknown proxy mode %q (want userspace, iptables or ipvs)", s)
+	return "", fmt.Errorf("unknown proxy mode %q (want userspace, iptables, ipvs or nftables)", s)
 }
 
 // fallback is the mode to try when m cannot run.
 func fallback(m Name) Name {
 	switch m {
-	case IPVS:
+	case IPVS, NFTables:
 		return IPTables
 	case IPTables:
 		return Userspace
@@ -114,7 +115,7 @@ func Built(build func(ctx context.Context) (Mode, error)) Entry {
 type Table map[Name]Entry
 
 // order is the order Cleanup removes the modes in.
-var order = []Name{Userspace, IPTables, IPVS}
+var order = []Name{Userspace, IPTables, IPVS, NFTables}
 
 // Cleanup removes the rules of every mode of t but keep ("" removes all).
 func (t Table) Cleanup(ctx context.Context, keep Name) error {

@@ -31,6 +31,14 @@ func TestChoose(t *testing.T) {
 		{name: "iptables falls back to userspace", requested: IPTables, probes: map[Name]Probe{IPTables: no, Userspace: ok}, want: Userspace, source: "flag", fallbacks: 1},
 		{name: "nothing can run", requested: IPVS, probes: map[Name]Probe{IPVS: no, IPTables: no, Userspace: no}, wantErr: true},
 		{name: "annotation mode falls back too", annotation: "ipvs", probes: map[Name]Probe{IPVS: no}, want: IPTables, source: "annotation", fallbacks: 1},
+		{name: "nftables by flag", requested: NFTables, annotation: "ipvs", probes: map[Name]Probe{NFTables: ok}, want: NFTables, source: "flag"},
+		{name: "nftables by annotation", annotation: "nftables", probes: map[Name]Probe{NFTables: ok}, want: NFTables, source: "annotation"},
+		{name: "nftables annotation in any case", annotation: " NFTables ", want: NFTables, source: "annotation"},
+		{name: "nftables falls back to iptables", requested: NFTables, probes: map[Name]Probe{NFTables: no, IPTables: ok}, want: IPTables, source: "flag", fallbacks: 1},
+		{name: "nftables falls back to userspace", requested: NFTables, probes: map[Name]Probe{NFTables: no, IPTables: no}, want: Userspace, source: "flag", fallbacks: 2},
+		{name: "nftables annotation falls back too", annotation: "nftables", probes: map[Name]Probe{NFTables: no}, want: IPTables, source: "annotation", fallbacks: 1},
+		{name: "nftables: nothing can run", requested: NFTables, probes: map[Name]Probe{NFTables: no, IPTables: no, Userspace: no}, wantErr: true},
+		{name: "ipvs does not fall back to nftables", requested: IPVS, probes: map[Name]Probe{IPVS: no, IPTables: no, NFTables: ok}, want: Userspace, source: "flag", fallbacks: 2},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -56,13 +64,18 @@ func TestChoose(t *testing.T) {
 }
 
 func TestParse(t *testing.T) {
-	for in, want := range map[string]Name{"": "", "userspace": Userspace, " IPTables ": IPTables, "ipvs": IPVS} {
+	for in, want := range map[string]Name{"": "", "userspace": Userspace, " IPTables ": IPTables, "ipvs": IPVS,
+		"nftables": NFTables, "NFTables": NFTables} {
 		if got, err := Parse(in); err != nil || got != want {
 			t.Errorf("Parse(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
-	if _, err := Parse("nftables"); err == nil {
-		t.Error("Parse(nftables) succeeded")
+	_, err := Parse("ebpf")
+	if err == nil {
+		t.Fatal("Parse(ebpf) succeeded")
+	}
+	if want := "want userspace, iptables, ipvs or nftables"; !strings.Contains(err.Error(), want) {
+		t.Errorf("Parse(ebpf) = %v, want it to list the modes: %q", err, want)
 	}
 }
 
@@ -92,24 +105,28 @@ func TestTable(t *testing.T) {
 			return fakeMode{name: name, calls: &calls, unavailable: unavailable}, nil
 		})
 	}
-	table := Table{IPTables: built(IPTables, nil), IPVS: built(IPVS, errors.New("no ip_vs"))}
+	table := Table{IPTables: built(IPTables, nil), IPVS: built(IPVS, errors.New("no ip_vs")), NFTables: built(NFTables, errors.New("no nf_tables"))}
 	ctx := context.Background()
 	c, err := Choose(ctx, IPVS, "", table)
 	if err != nil || c.Name != IPTables || len(c.Fallbacks) != 1 || !strings.Contains(c.Fallbacks[0], "no ip_vs") {
 		t.Fatalf("Choose = %+v, %v; want iptables after ipvs said no ip_vs", c, err)
 	}
+	c, err = Choose(ctx, "", "nftables", table)
+	if err != nil || c.Name != IPTables || c.Requested != NFTables || c.Source != "annotation" || len(c.Fallbacks) != 1 || !strings.Contains(c.Fallbacks[0], "no nf_tables") {
+		t.Fatalf("Choose(annotation nftables) = %+v, %v; want iptables after nftables said no nf_tables", c, err)
+	}
 	calls = nil
 	if err := table.Cleanup(ctx, IPTables); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := strings.Join(calls, ", "), "new ipvs, cleanup ipvs"; got != want {
+	if got, want := strings.Join(calls, ", "), "new ipvs, cleanup ipvs, new nftables, cleanup nftables"; got != want {
 		t.Errorf("Cleanup(keep iptables) called %q, want %q", got, want)
 	}
 	calls = nil
 	if err := table.Cleanup(ctx, ""); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := strings.Join(calls, ", "), "new iptables, cleanup iptables, new ipvs, cleanup ipvs"; got != want {
+	if got, want := strings.Join(calls, ", "), "new iptables, cleanup iptables, new ipvs, cleanup ipvs, new nftables, cleanup nftables"; got != want {
 		t.Errorf("Cleanup(all) called %q, want %q", got, want)
 	}
 	if _, err := table.New(ctx, Userspace, nil); err == nil || !strings.Contains(err.Error(), "not built into") {
