@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,6 +16,7 @@ import (
 	"github.com/svcproxy/svcproxy/forwarder"
 	"github.com/svcproxy/svcproxy/kernelmodes/iptables"
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
+	"github.com/svcproxy/svcproxy/kernelmodes/nftables"
 	"github.com/svcproxy/svcproxy/netfilter"
 	"github.com/svcproxy/svcproxy/proxymode"
 	"github.com/svcproxy/svcproxy/redirect"
@@ -28,13 +30,7 @@ import (
 func modes(o *options, reg prometheus.Registerer, log *zap.Logger, clog *connlog.Log) proxymode.Table {
 	ipt := kernelEntry("iptables", o, reg, func() (*iptables.Mode, error) { return iptables.New(iptablesConfig(o, log)) },
 		func(m *iptables.Mode) { log.Info("kernel DNAT mode", zap.String("iptables", m.Backend())) })
-	probe := ipt.Probe
-	ipt.Probe = func(ctx context.Context) error {
-		if err := proxymode.LinuxOnly("the iptables mode"); err != nil {
-			return err
-		}
-		return probe(ctx)
-	}
+	nft := kernelEntry("nftables", o, reg, func() (*nftables.Mode, error) { return nftables.New(nftablesConfig(o, log)) }, nil)
 	t := proxymode.Table{
 		proxymode.Userspace: {
 			New: func(_ context.Context, inherited map[string]*os.File) (proxymode.Mode, error) {
@@ -43,16 +39,33 @@ func modes(o *options, reg prometheus.Registerer, log *zap.Logger, clog *connlog
 			Probe:   func(context.Context) error { return userspace.Available(o.steering == "redirect") },
 			Cleanup: func(ctx context.Context) error { return userspace.CleanupSteering(ctx, log) },
 		},
-		proxymode.IPTables: ipt,
+		proxymode.IPTables: linuxOnly(ipt, "the iptables mode"),
 		proxymode.IPVS:     kernelEntry("ipvs", o, reg, func() (*ipvs.Mode, error) { return ipvs.New(ipvsConfig(o, log)) }, nil),
+		proxymode.NFTables: linuxOnly(nft, "the nftables mode"),
 	}
 	if _, err := exec.LookPath("iptables-restore"); err != nil {
 		for name, e := range t {
+			if name == proxymode.NFTables {
+				continue // its tables are made over netlink, without iptables-restore
+			}
 			e.Cleanup = nil // no mode can have installed anything
 			t[name] = e
 		}
 	}
 	return t
+}
+
+// linuxOnly is e, whose probe first checks that this system runs what, a
+// Linux-only kernel mode.
+func linuxOnly(e proxymode.Entry, what string) proxymode.Entry {
+	probe := e.Probe
+	e.Probe = func(ctx context.Context) error {
+		if err := proxymode.LinuxOnly(what); err != nil {
+			return err
+		}
+		return probe(ctx)
+	}
+	return e
 }
 
 // kernelMode is a mode whose rules the kernel runs by itself.
@@ -135,6 +148,18 @@ func iptablesConfig(o *options, log *zap.Logger) iptables.Config {
 	}
 }
 
+func nftablesConfig(o *options, log *zap.Logger) nftables.Config {
+	return nftables.Config{
+		NodePortAddresses: o.nodePortAddresses,
+		ClusterCIDRs:      o.clusterCIDRs,
+		MasqueradeAll:     o.masqueradeAll,
+		Mark:              o.masqueradeMark,
+		AvoidMark:         uint32(max(o.mark, 0)),
+		IPv6:              o.ipv6,
+		Logger:            log,
+	}
+}
+
 func ipvsConfig(o *options, log *zap.Logger) ipvs.Config {
 	return ipvs.Config{
 		Scheduler:         o.ipvsScheduler,
@@ -151,10 +176,15 @@ func ipvsConfig(o *options, log *zap.Logger) ipvs.Config {
 // (every mode's chains are named SVCPROXY-*, and jumped to from the
 // built-in chains of nat and filter) as they are committed, through
 // nf_tables notifications. The userspace mode without steering has no
-// rules; iptables-legacy makes no notifications.
+// rules; iptables-legacy makes no notifications. The nftables mode's own
+// tables are not watched (yet): changes to them are repaired by its
+// periodic full sync, which the error says.
 func watchRules(ctx context.Context, mode proxymode.Name, o *options, changed func()) error {
 	if mode == proxymode.Userspace && o.steering != "redirect" {
 		return nil
+	}
+	if mode == proxymode.NFTables {
+		return errors.New("the nftables mode's tables are not watched for changes")
 	}
 	v, err := (&netfilter.Exec{}).IPTablesVersion(ctx)
 	if err != nil {
