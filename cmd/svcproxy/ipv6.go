@@ -15,7 +15,13 @@ type ipv6Probe func(ctx context.Context, rules bool) error
 // detectIPv6 decides whether mode serves IPv6 on this node, sets o.ipv6 and
 // logs the decision. It returns why IPv6 is off, nil when it is on.
 func detectIPv6(ctx context.Context, probe ipv6Probe, mode proxymode.Name, o *options, log *zap.Logger) error {
-	rules := mode != proxymode.Userspace || o.steering == "redirect"
+	rules := true // the iptables and IPVS modes program ip6tables
+	switch mode {
+	case proxymode.Userspace:
+		rules = o.steering == "redirect"
+	case proxymode.NFTables:
+		rules = false // its ip6 table is made over netlink, not with ip6tables
+	}
 	err := probe(ctx, rules)
 	o.ipv6 = err == nil
 	if err != nil {

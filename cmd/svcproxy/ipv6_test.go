@@ -17,10 +17,11 @@ import (
 )
 
 // TestIPv6Detection: with the probe saying the node has IPv6, every mode's
-// configuration serves it (REDIRECT and the kernel modes program
-// ip6tables, the forwarder listens on [::] too) and the metrics carry
-// ip_family="IPv6"; without, none does. Modes that write rules ask the
-// probe about ip6tables.
+// configuration serves it (REDIRECT and the iptables and IPVS modes
+// program ip6tables, the nftables mode its ip6 table, the forwarder listens
+// on [::] too) and the metrics carry ip_family="IPv6"; without, none does.
+// Modes that write ip6tables rules ask the probe about ip6tables; the
+// nftables mode, which programs over netlink, does not.
 func TestIPv6Detection(t *testing.T) {
 	noIP6Tables := errors.New("ip6tables does not work: exit status 3")
 	disabled := errors.New("IPv6 is disabled (net.ipv6.conf.all.disable_ipv6 = 1)")
@@ -35,9 +36,12 @@ func TestIPv6Detection(t *testing.T) {
 		{"userspace without steering", nil, proxymode.Userspace, nil, false},
 		{"iptables", nil, proxymode.IPTables, nil, true},
 		{"ipvs", nil, proxymode.IPVS, nil, true},
+		{"nftables", nil, proxymode.NFTables, nil, false},
+		{"nftables, REDIRECT steering given", []string{"--steering=redirect"}, proxymode.NFTables, nil, false},
 		{"REDIRECT steering without ip6tables", []string{"--steering=redirect"}, proxymode.Userspace, noIP6Tables, true},
 		{"iptables, IPv6 disabled", nil, proxymode.IPTables, disabled, true},
 		{"ipvs, IPv6 disabled", nil, proxymode.IPVS, disabled, true},
+		{"nftables, IPv6 disabled", nil, proxymode.NFTables, disabled, false},
 		{"userspace without steering, IPv6 disabled", nil, proxymode.Userspace, disabled, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -64,6 +68,7 @@ func TestIPv6Detection(t *testing.T) {
 				"redirect.Config.IPv6": redirectConfig(o, log).IPv6,
 				"iptables.Config.IPv6": iptablesConfig(o, log).IPv6,
 				"ipvs.Config.IPv6":     ipvsConfig(o, log).IPv6,
+				"nftables.Config.IPv6": nftablesConfig(o, log).IPv6,
 			} {
 				if got != on {
 					t.Errorf("%s = %v, want %v", what, got, on)

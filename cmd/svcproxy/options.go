@@ -149,7 +149,7 @@ func (s *flagSections) print(w io.Writer) {
 	fmt.Fprint(w, `Usage: svcproxy [flags]
 
 svcproxy makes Kubernetes Services work on a node, like kube-proxy, with a
-fast userspace L4 proxy (or kernel iptables/IPVS modes). It takes
+fast userspace L4 proxy (or kernel iptables/IPVS/nftables modes). It takes
 kube-proxy's flags and configuration file where the meaning is the same.
 With no flags, and outside a pod, it serves the embedded example services
 file in the userspace mode.
@@ -299,18 +299,18 @@ func parseFlags(args []string, env environment) (*options, error) {
 		fs.StringVar(&o.zone, "zone", "", "this node's topology zone, for topology-aware routing hints; empty: the Node's topology.kubernetes.io/zone label, followed as it changes")
 	})
 	secs.section("Proxy mode", false, func() {
-		proxyMode = fs.String("proxy-mode", "", "userspace (the forwarder), iptables (kernel DNAT) or ipvs; empty: the Node's net.experimental.kubernetes.io/proxy-mode annotation, else userspace. A mode the kernel cannot run falls back ipvs → iptables → userspace")
+		proxyMode = fs.String("proxy-mode", "", "userspace (the forwarder), iptables (kernel DNAT), ipvs or nftables; empty: the Node's net.experimental.kubernetes.io/proxy-mode annotation, else userspace. A mode the kernel cannot run falls back ipvs → iptables → userspace, nftables → iptables → userspace")
 		fs.DurationVar(&o.syncPeriod, "sync-period", 30*time.Second, "longest time between syncs that check and repair the rules (the iptables mode rewrites everything hourly); /healthz fails when an update waits twice this")
 		fs.DurationVar(&o.minSyncPeriod, "min-sync-period", 0, "shortest time between syncs; bursts of changes in it are applied together")
-		iptSync = fs.Duration("iptables-sync-period", 0, "kube-proxy's name for --sync-period (iptables and userspace modes)")
-		iptMinSync = fs.Duration("iptables-min-sync-period", 0, "kube-proxy's name for --min-sync-period (iptables and userspace modes)")
+		iptSync = fs.Duration("iptables-sync-period", 0, "kube-proxy's name for --sync-period (iptables, nftables and userspace modes)")
+		iptMinSync = fs.Duration("iptables-min-sync-period", 0, "kube-proxy's name for --min-sync-period (iptables, nftables and userspace modes)")
 		ipvsSync = fs.Duration("ipvs-sync-period", 0, "kube-proxy's name for --sync-period (ipvs mode)")
 		ipvsMinSync = fs.Duration("ipvs-min-sync-period", 0, "kube-proxy's name for --min-sync-period (ipvs mode)")
 		nodePortAddresses = fs.String("nodeport-addresses", "", "comma-separated CIDRs: NodePorts only on the node's addresses inside them; 'primary': only on the node's primary IPs (from the Node object); empty: all of them")
 		bindAddress = fs.String("bind-address", "0.0.0.0", "this node's primary IP of its family, overriding the Node object's (as kube-proxy; used by --nodeport-addresses=primary)")
-		clusterCIDRs = fs.String("cluster-cidr", "", "iptables mode: comma-separated pod CIDRs (one per family); ClusterIP traffic from outside them is masqueraded")
-		fs.BoolVar(&o.masqueradeAll, "masquerade-all", false, "iptables and ipvs modes: masquerade all Service traffic")
-		masqBit = fs.Int("iptables-masquerade-bit", 14, "iptables and ipvs modes: the bit of the packet mark that asks for masquerade, 0-31")
+		clusterCIDRs = fs.String("cluster-cidr", "", "iptables and nftables modes: comma-separated pod CIDRs (one per family); ClusterIP traffic from outside them is masqueraded")
+		fs.BoolVar(&o.masqueradeAll, "masquerade-all", false, "iptables, ipvs and nftables modes: masquerade all Service traffic")
+		masqBit = fs.Int("iptables-masquerade-bit", 14, "iptables, ipvs and nftables modes: the bit of the packet mark that asks for masquerade, 0-31")
 		fs.StringVar(&o.ipvsScheduler, "ipvs-scheduler", "rr", "ipvs mode: the default scheduler: "+strings.Join(config.IPVSSchedulers, ", "))
 	})
 	secs.section("Userspace proxy", false, func() {
@@ -399,7 +399,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 		return nil, fmt.Errorf("--proxy-mode: %w", err)
 	}
 	serving := !o.cleanup && !o.initOnly && !o.check && o.writeConfigTo == ""
-	if serving && (o.proxyMode == proxymode.IPTables || o.proxyMode == proxymode.IPVS) {
+	if serving && (o.proxyMode == proxymode.IPTables || o.proxyMode == proxymode.IPVS || o.proxyMode == proxymode.NFTables) {
 		if o.services == "" && o.kubeconfig == "" && o.master == "" && !o.inCluster {
 			return nil, fmt.Errorf("--proxy-mode=%s: no source of Services: give --services, --kubeconfig or --master, or run in a pod (the embedded example file is for the userspace mode only: a kernel mode would leave its Services in the kernel)", o.proxyMode)
 		}

@@ -67,6 +67,10 @@ func TestParseFlags(t *testing.T) {
 		// Safe defaults: a kernel mode needs a real source.
 		{"iptables without a source", []string{"--proxy-mode=iptables"}, outsidePod, "no source of Services"},
 		{"ipvs without a source", []string{"--proxy-mode=ipvs"}, outsidePod, "no source of Services"},
+		{"nftables without a source", []string{"--proxy-mode=nftables"}, outsidePod, "no source of Services"},
+		{"nftables with a services file", []string{"--proxy-mode=NFTables", "--services=x.yaml"}, outsidePod, ""},
+		{"nftables in a pod", []string{"--proxy-mode=nftables"}, environment{inPod: true}, ""},
+		{"nftables cleanup needs no source", []string{"--proxy-mode=nftables", "--cleanup"}, outsidePod, ""},
 		{"iptables with a services file", []string{"--proxy-mode=iptables", "--services=x.yaml"}, outsidePod, ""},
 		{"iptables with a kubeconfig", []string{"--proxy-mode=iptables", "--kubeconfig=k"}, outsidePod, ""},
 		{"iptables with a master", []string{"--proxy-mode=iptables", "--master=https://10.0.0.1:6443"}, outsidePod, ""},
@@ -178,6 +182,9 @@ func TestHelp(t *testing.T) {
 		t.Fatalf("err = %v, want flag.ErrHelp", err)
 	}
 	help := out.String()
+	if want := "ipvs or nftables"; !strings.Contains(strings.Join(strings.Fields(help), " "), want) {
+		t.Errorf("--proxy-mode's help does not list the nftables mode (%q)", want)
+	}
 	sections := []string{"\nConfiguration:\n", "\nSource of Services:\n", "\nProxy mode:\n", "\nUserspace proxy:\n", "\nProcess:\n", "\nkube-proxy flags accepted and ignored, each named in a startup warning:\n"}
 	last := -1
 	for _, s := range sections {
