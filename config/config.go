@@ -7,7 +7,7 @@
 //	bindAddress: 0.0.0.0              # this node's primary IP of its family (for nodePortAddresses: [primary]); 0.0.0.0: from the Node
 //	healthzBindAddress: 0.0.0.0:10256 # /healthz, /livez; "" off
 //	metricsBindAddress: 127.0.0.1:10249
-//	mode: ""                          # userspace | iptables | ipvs; "": the Node's annotation, else userspace
+//	mode: ""                          # userspace | iptables | ipvs | nftables; "": the Node's annotation, else userspace
 //	hostnameOverride: ""              # this node's name; "": the hostname
 //	nodePortAddresses: []             # CIDRs, or [primary]: the Node's primary IPs; empty: every node address
 //	oomScoreAdj: -999                 # unset: left as it is
@@ -28,7 +28,8 @@
 // Decoding is strict: an unknown field, a value of the wrong type or out of
 // range is an error naming the field path and line. kube-proxy fields that
 // svcproxy has no use for (featureGates, nftables, winkernel, ...) are
-// accepted with a warning, so a kube-proxy file moves over as it is.
+// accepted with a warning, so a kube-proxy file moves over as it is (the
+// nftables mode takes its settings from the iptables section).
 package config
 
 import (
@@ -60,6 +61,7 @@ const (
 	ModeUserspace = "userspace"
 	ModeIPTables  = "iptables"
 	ModeIPVS      = "ipvs"
+	ModeNFTables  = "nftables"
 )
 
 // ErrInvalid wraps every error Parse and Validate return.
@@ -90,7 +92,7 @@ type Config struct {
 	// MetricsBindAddress is host:port of /metrics; "" turns it off.
 	// Default 127.0.0.1:10249.
 	MetricsBindAddress string `yaml:"metricsBindAddress"`
-	// Mode is userspace, iptables or ipvs; "" (default): the Node's
+	// Mode is userspace, iptables, ipvs or nftables; "" (default): the Node's
 	// net.experimental.kubernetes.io/proxy-mode annotation, else userspace.
 	Mode string `yaml:"mode"`
 	// HostnameOverride is this node's name; "" (default): the hostname.
@@ -312,7 +314,8 @@ func (c *Config) Write(w io.Writer) error {
 
 // SyncPeriods returns the sync period and minimum sync period of c's mode:
 // the ipvs section's for ipvs, the iptables section's otherwise (the
-// userspace mode steers with iptables).
+// userspace mode steers with iptables; the nftables mode, for which
+// svcproxy reads no nftables section, uses the iptables one).
 func (c *Config) SyncPeriods() (sync, minSync time.Duration) {
 	if c.Mode == ModeIPVS {
 		return c.IPVS.SyncPeriod.D(), c.IPVS.MinSyncPeriod.D()
@@ -392,9 +395,9 @@ func (c *Config) problems() []error {
 		}
 	}
 	switch c.Mode {
-	case "", ModeUserspace, ModeIPTables, ModeIPVS:
+	case "", ModeUserspace, ModeIPTables, ModeIPVS, ModeNFTables:
 	default:
-		bad("mode", "want userspace, iptables, ipvs or empty, got %q", c.Mode)
+		bad("mode", "want userspace, iptables, ipvs, nftables or empty, got %q", c.Mode)
 	}
 	if len(c.HostnameOverride) > 253 {
 		bad("hostnameOverride", "longer than 253 characters")

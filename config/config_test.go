@@ -101,6 +101,14 @@ svcproxy:
 			},
 		},
 		{
+			name: "the nftables mode, its settings from the iptables section",
+			yaml: header + "mode: nftables\niptables: {masqueradeAll: true, syncPeriod: 20s}\n",
+			want: func(c *Config) {
+				c.Mode = ModeNFTables
+				c.IPTables.MasqueradeAll, c.IPTables.SyncPeriod = true, Duration(20*time.Second)
+			},
+		},
+		{
 			name: "nulls keep the defaults",
 			yaml: header + "iptables:\nipvs: ~\nmode: null\n",
 			want: func(*Config) {},
@@ -162,7 +170,7 @@ func TestParseErrors(t *testing.T) {
 		{"ignored name in the wrong place", header + "svcproxy: {featureGates: {}}\n", []string{"svcproxy.featureGates: unknown field"}},
 		{"duplicate key", header + "mode: ipvs\nmode: iptables\n", []string{"line 4: mode: given more than once"}},
 		{"bad duration", header + "iptables: {syncPeriod: 30}\n", []string{`line 3: iptables.syncPeriod: want a duration such as 30s or 1m30s, got "30"`}},
-		{"bad mode", header + "mode: nftables\n", []string{`mode: want userspace, iptables, ipvs or empty, got "nftables"`}},
+		{"bad mode", header + "mode: ebpf\n", []string{`mode: want userspace, iptables, ipvs, nftables or empty, got "ebpf"`}},
 		{"number for a string", header + "hostnameOverride: 12\n", []string{"hostnameOverride: want a string"}},
 		{"string for a number", header + "clientConnection: {burst: lots}\n", []string{`clientConnection.burst: want an integer (32 bits), got "lots"`}},
 		{"port out of range", header + "svcproxy: {redirectPort: 70000}\n", []string{"svcproxy.redirectPort: want an integer in 0-65535"}},
@@ -281,6 +289,10 @@ func TestAccessors(t *testing.T) {
 	c.IPVS.MinSyncPeriod = Duration(2 * time.Second)
 	if s, m := c.SyncPeriods(); s != 30*time.Second || m != 2*time.Second {
 		t.Errorf("ipvs SyncPeriods = %v, %v; want the ipvs section's", s, m)
+	}
+	c.Mode = ModeNFTables
+	if s, m := c.SyncPeriods(); s != 30*time.Second || m != time.Second {
+		t.Errorf("nftables SyncPeriods = %v, %v; want the iptables section's 30s, 1s", s, m)
 	}
 	c.NodePortAddresses = []string{"10.1.2.3/8", "fd00::1/64"}
 	p, primary := c.NodePortPrefixes()

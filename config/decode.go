@@ -20,7 +20,7 @@ var ignored = map[string]string{
 	"bindAddressHardFail":                 "svcproxy always fails when it cannot bind",
 	"enableProfiling":                     "not supported",
 	"showHiddenMetricsForVersion":         "svcproxy hides no metrics",
-	"nftables":                            "svcproxy has no nftables mode",
+	"nftables":                            "svcproxy's nftables mode uses the iptables section",
 	"winkernel":                           "svcproxy runs on Linux only",
 	"windowsRunAsService":                 "svcproxy runs on Linux only",
 	"detectLocalMode":                     "svcproxy does not masquerade by local-traffic detection",

@@ -20,8 +20,9 @@ import (
 //
 // Every mode serves IPv4. IPv6 is served too when the node has it (as
 // kube-proxy decides in platformCheckSupported): the kernel has IPv6
-// enabled, and, for a mode that writes rules (REDIRECT steering, the
-// iptables and IPVS modes), ip6tables works. A node without it serves the
+// enabled, and, for a mode that writes ip6tables rules (REDIRECT
+// steering, the iptables and IPVS modes), ip6tables works; the nftables
+// mode programs its ip6 table over netlink. A node without it serves the
 // IPv4 addresses of dual-stack Services, and says once per Service which
 // IPv6 addresses are not served.
 

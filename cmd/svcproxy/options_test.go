@@ -308,3 +308,32 @@ func TestResolvePrimary(t *testing.T) {
 		})
 	}
 }
+
+// TestConfigFileNFTablesMode: mode: nftables in the file picks the nftables
+// mode; a mode the file gets wrong is an error naming the field.
+func TestConfigFileNFTablesMode(t *testing.T) {
+	for _, tc := range []struct {
+		mode, wantErr string
+	}{
+		{"nftables", ""},
+		{"nft", `mode: want userspace, iptables, ipvs, nftables or empty, got "nft"`},
+	} {
+		path := filepath.Join(t.TempDir(), "config.yaml")
+		if err := os.WriteFile(path, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: "+tc.mode+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		o, err := parseFlags([]string{"--config=" + path}, outsidePod)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("mode: %s: err = %v, want %q", tc.mode, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("mode: %s: %v", tc.mode, err)
+		}
+		if o.proxyMode != proxymode.NFTables {
+			t.Errorf("mode: %s: proxy mode %q, want nftables", tc.mode, o.proxyMode)
+		}
+	}
+}

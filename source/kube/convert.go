@@ -22,7 +22,7 @@ const (
 	// LabelHeadless marks EndpointSlices of headless Services.
 	LabelHeadless = v1.IsHeadlessService
 	// AnnotationProxyMode on the Node asks for a proxy mode
-	// (userspace, iptables or ipvs) when none is configured.
+	// (userspace, iptables, ipvs or nftables) when none is configured.
 	AnnotationProxyMode = "net.experimental.kubernetes.io/proxy-mode"
 	// AnnotationFirstByteTimeout on a Service (a duration, e.g. "2s") fails
 	// a userspace TCP connection whose backend sends nothing that long
