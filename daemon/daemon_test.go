@@ -70,19 +70,25 @@ func TestRun(t *testing.T) {
 	}{
 		{name: "ipvs falls back to iptables; ipvs and userspace rules removed; ctx ends it",
 			mode: proxymode.IPVS, unusable: []proxymode.Name{proxymode.IPVS}, wantChosen: proxymode.IPTables,
-			want: []string{"userspace cleanup", "ipvs cleanup", "iptables apply full", "iptables close"}},
+			want: []string{"userspace cleanup", "ipvs cleanup", "nftables cleanup", "iptables apply full", "iptables close"}},
+		{name: "nftables falls back to iptables; nftables, ipvs and userspace rules removed",
+			mode: proxymode.NFTables, unusable: []proxymode.Name{proxymode.NFTables}, wantChosen: proxymode.IPTables,
+			want: []string{"userspace cleanup", "ipvs cleanup", "nftables cleanup", "iptables apply full", "iptables close"}},
+		{name: "nftables: the other modes' rules removed, in order",
+			mode: proxymode.NFTables, wantChosen: proxymode.NFTables,
+			want: []string{"userspace cleanup", "iptables cleanup", "ipvs cleanup", "nftables apply full", "nftables close"}},
 		{name: "a successor takes over: the mode is closed handed over, its rules left",
 			mode: proxymode.IPTables, successor: true, wantChosen: proxymode.IPTables,
-			want: []string{"userspace cleanup", "ipvs cleanup", "iptables apply full", "iptables close, handed over"}},
+			want: []string{"userspace cleanup", "ipvs cleanup", "nftables cleanup", "iptables apply full", "iptables close, handed over"}},
 		{name: "userspace without steering removes nothing",
 			mode: proxymode.Userspace, steering: "none", wantChosen: proxymode.Userspace,
 			want: []string{"userspace apply full", "userspace close"}},
 		{name: "userspace with steering removes the kernel modes' rules",
 			mode: proxymode.Userspace, steering: "redirect", wantChosen: proxymode.Userspace,
-			want: []string{"iptables cleanup", "ipvs cleanup", "userspace apply full", "userspace close"}},
+			want: []string{"iptables cleanup", "ipvs cleanup", "nftables cleanup", "userspace apply full", "userspace close"}},
 		{name: "rules changed by another process: a full sync at once",
 			mode: proxymode.IPTables, tampered: true, wantChosen: proxymode.IPTables,
-			want: []string{"userspace cleanup", "ipvs cleanup", "iptables apply full", "iptables apply full", "iptables close"}},
+			want: []string{"userspace cleanup", "ipvs cleanup", "nftables cleanup", "iptables apply full", "iptables apply full", "iptables close"}},
 		{name: "a source failing after its first load ends it with the error",
 			mode: proxymode.IPTables, wantChosen: proxymode.IPTables,
 			source: func(ctx context.Context, feed Feed) error {
@@ -90,17 +96,17 @@ func TestRun(t *testing.T) {
 				time.Sleep(300 * time.Millisecond)
 				return errSource
 			},
-			wantErr: "loading services: injected", want: []string{"userspace cleanup", "ipvs cleanup", "iptables apply full", "iptables close"}},
+			wantErr: "loading services: injected", want: []string{"userspace cleanup", "ipvs cleanup", "nftables cleanup", "iptables apply full", "iptables close"}},
 		{name: "a source failing before any load: nothing synced, the mode is not closed",
 			mode: proxymode.IPTables, wantChosen: proxymode.IPTables,
 			source:  func(context.Context, Feed) error { return errSource },
-			wantErr: "loading services: injected", want: []string{"userspace cleanup", "ipvs cleanup"}},
+			wantErr: "loading services: injected", want: []string{"userspace cleanup", "ipvs cleanup", "nftables cleanup"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var mu sync.Mutex
 			var calls []string
 			table := proxymode.Table{}
-			for _, name := range []proxymode.Name{proxymode.Userspace, proxymode.IPTables, proxymode.IPVS} {
+			for _, name := range []proxymode.Name{proxymode.Userspace, proxymode.IPTables, proxymode.IPVS, proxymode.NFTables} {
 				r := recorder{name: name, mu: &mu, calls: &calls}
 				e := proxymode.Entry{
 					New:     func(context.Context, map[string]*os.File) (proxymode.Mode, error) { return r, nil },
