@@ -61,6 +61,7 @@ func TestImportBoundaries(t *testing.T) {
 		mod + "netfilter":            {"k8s.io/client-go", mod + "forwarder", mod + "redirect", mod + "kernelmodes", mod + "source"},
 		mod + "kernelmodes/iptables": {"k8s.io/client-go", mod + "forwarder", mod + "redirect", mod + "source"},
 		mod + "kernelmodes/ipvs":     {"k8s.io/client-go", mod + "forwarder", mod + "redirect", mod + "source"},
+		mod + "kernelmodes/nftables": {"k8s.io/client-go", mod + "forwarder", mod + "redirect", mod + "source"},
 	}
 	for _, p := range listPackages(t) {
 		rules, ok := forbidden[p.ImportPath]
