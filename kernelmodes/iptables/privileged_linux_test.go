@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os/exec"
 	"slices"
@@ -194,68 +193,6 @@ func TestPrivilegedTraffic(t *testing.T) {
 	}
 }
 
-// backend serves TCP and UDP on :8080 in h, answering "<name> <peer>".
-func backend(t *testing.T, h *topology.Host) {
-	ctx := context.Background()
-	ln, err := h.Listen(ctx, "tcp4", ":8080")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc, err := h.ListenPacket(ctx, "udp4", ":8080")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close(); pc.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			fmt.Fprintf(c, "%s %s\n", h.Name, c.RemoteAddr())
-			c.Close()
-		}
-	}()
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			_, src, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			pc.WriteTo(fmt.Appendf(nil, "%s %s\n", h.Name, src), src)
-		}
-	}()
-}
-
-// ask connects from h to addr and returns which backend answered and the
-// peer address it saw.
-func ask(h *topology.Host, network, addr string, timeout time.Duration) (name, peer string, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	c, err := h.Dial(ctx, network, addr)
-	if err != nil {
-		return "", "", err
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(timeout))
-	if network == "udp4" {
-		if _, err := c.Write([]byte("hello")); err != nil {
-			return "", "", err
-		}
-	}
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return "", "", err
-	}
-	f := strings.Fields(line)
-	if len(f) != 2 {
-		return "", "", fmt.Errorf("bad answer %q", line)
-	}
-	host, _, _ := net.SplitHostPort(f[1])
-	return f[0], host, nil
-}
-
 // serviceTopology is a client, the node and two backends, the node
 // routing the Service IP range to itself: its own connections to Service
 // IPs need a route for nat OUTPUT to see them.
@@ -271,7 +208,7 @@ func testTraffic(t *testing.T, variant string) {
 	node, client := top.Node, top.Clients[0]
 	b0, b1 := top.Backends[0], top.Backends[1]
 	for _, b := range top.Backends {
-		backend(t, b)
+		topology.ServeNames(t, b)
 	}
 	ep := func(h *topology.Host, node string) lb.Endpoint {
 		return lb.Endpoint{Addr: netip.AddrPortFrom(h.Addr, 8080), Ready: true, Serving: true, NodeName: node}
@@ -329,7 +266,7 @@ func testTraffic(t *testing.T, variant string) {
 		t.Run(fmt.Sprintf("%s %s from %s", tc.network, tc.dst, tc.from), func(t *testing.T) {
 			seen := map[string]int{}
 			for range 40 {
-				name, peer, err := ask(hosts[tc.from], tc.network, tc.dst, 2*time.Second)
+				name, peer, err := topology.Ask(hosts[tc.from], tc.network, tc.dst, 2*time.Second)
 				if err != nil {
 					t.Fatalf("after %v: %v", seen, err)
 				}
@@ -360,7 +297,7 @@ func testTraffic(t *testing.T, variant string) {
 	} {
 		t.Run(fmt.Sprintf("no endpoints: %s %s from %s refused at once", tc.network, tc.dst, tc.from), func(t *testing.T) {
 			start := time.Now()
-			_, _, err := ask(hosts[tc.from], tc.network, tc.dst, 2*time.Second)
+			_, _, err := topology.Ask(hosts[tc.from], tc.network, tc.dst, 2*time.Second)
 			if took := time.Since(start); took > 500*time.Millisecond {
 				t.Errorf("refused after %v, want at once", took)
 			}
@@ -371,12 +308,12 @@ func testTraffic(t *testing.T, variant string) {
 	}
 
 	t.Run("affinity sticks", func(t *testing.T) {
-		first, _, err := ask(client, "tcp4", "198.19.0.15:80", 2*time.Second)
+		first, _, err := topology.Ask(client, "tcp4", "198.19.0.15:80", 2*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for range 20 {
-			name, _, err := ask(client, "tcp4", "198.19.0.15:80", 2*time.Second)
+			name, _, err := topology.Ask(client, "tcp4", "198.19.0.15:80", 2*time.Second)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -436,7 +373,7 @@ func testTraffic(t *testing.T, variant string) {
 		}
 		mustApply(t, m, snap, false)
 		for range 20 {
-			name, _, err := ask(client, "tcp4", "198.19.0.10:80", 2*time.Second)
+			name, _, err := topology.Ask(client, "tcp4", "198.19.0.10:80", 2*time.Second)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -452,14 +389,14 @@ func testTraffic(t *testing.T, variant string) {
 			t.Fatal(err)
 		}
 		mustApply(t, m, snap, false)
-		if name, _, err := ask(client, "tcp4", "198.19.0.10:80", 300*time.Millisecond); err == nil {
+		if name, _, err := topology.Ask(client, "tcp4", "198.19.0.10:80", 300*time.Millisecond); err == nil {
 			t.Fatalf("a removed Service answered (%s)", name)
 		}
-		if name, _, err := ask(client, "tcp4", nodeAddr+":30080", 300*time.Millisecond); err == nil {
+		if name, _, err := topology.Ask(client, "tcp4", nodeAddr+":30080", 300*time.Millisecond); err == nil {
 			t.Fatalf("a removed NodePort answered (%s)", name)
 		}
 		// The others still work.
-		if _, _, err := ask(client, "tcp4", "198.19.0.11:80", 2*time.Second); err != nil {
+		if _, _, err := topology.Ask(client, "tcp4", "198.19.0.11:80", 2*time.Second); err != nil {
 			t.Fatal(err)
 		}
 	})
