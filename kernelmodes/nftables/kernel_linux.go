@@ -17,8 +17,9 @@ import (
 
 // netlinkKernel is Kernel over nf_tables netlink (github.com/google/nftables:
 // no nft process, no parsing, no cache of the ruleset; see the package doc
-// for the measurement that chose it). Each call opens its own socket.
-type netlinkKernel struct{}
+// for the measurement that chose it). Each call opens its own socket, in
+// the named network namespace ns ("": the process's).
+type netlinkKernel struct{ ns string }
 
 // Netlink caps an attribute at 64 KiB and a batch at the socket's send
 // buffer: elements go 64 to a message and about 2,000 to a batch.
@@ -67,15 +68,15 @@ func setOf(fam netfilter.Family, set string) *nft.Set {
 
 // The chains of each table.
 const (
-	chainPrerouting  = "prerouting"  // nat, prerouting: jump services
-	chainOutput      = "output"      // nat, output: jump services
-	chainServices    = "services"    // mark, DNAT frontends; NodePorts on local addresses
-	chainNodePorts   = "nodeports"   // mark, DNAT NodePorts
-	chainPostrouting = "postrouting" // nat, postrouting: hairpin and marked masquerade
+	chainPrerouting  = "nat-prerouting"  // nat, prerouting: jump services
+	chainOutput      = "nat-output"      // nat, output: jump services
+	chainServices    = "services"        // mark, DNAT frontends; NodePorts on local addresses
+	chainNodePorts   = "nodeports"       // mark, DNAT NodePorts
+	chainPostrouting = "nat-postrouting" // nat, postrouting: hairpin and marked masquerade
 	chainFilterIn    = "filter-input"
 	chainFilterOut   = "filter-output"
 	chainFilterFwd   = "filter-forward"
-	chainReject      = "reject" // reject what has no endpoints
+	chainReject      = "reject-no-endpoints" // reject what has no endpoints
 )
 
 var chainNames = []string{chainServices, chainNodePorts, chainReject, chainPrerouting, chainOutput, chainPostrouting, chainFilterIn, chainFilterOut, chainFilterFwd}
@@ -311,23 +312,41 @@ func rules(l Layout) map[string][][]expr.Any {
 	return r
 }
 
-func dial() (*nft.Conn, error) {
-	c, err := nft.New()
-	if err != nil {
-		return nil, fmt.Errorf("opening an nf_tables netlink socket: %w", err)
+// dial opens a netlink socket in k's namespace; done closes what it opened.
+func (k netlinkKernel) dial() (c *nft.Conn, done func(), err error) {
+	var opts []nft.ConnOption
+	closeNS := func() {}
+	if k.ns != "" {
+		f, err := os.Open("/run/netns/" + k.ns)
+		if err != nil {
+			return nil, nil, fmt.Errorf("opening network namespace %s: %w", k.ns, err)
+		}
+		closeNS = func() { f.Close() }
+		opts = append(opts, nft.WithNetNSFd(int(f.Fd())), nft.AsLasting())
 	}
-	return c, nil
+	c, err = nft.New(opts...)
+	if err != nil {
+		closeNS()
+		return nil, nil, fmt.Errorf("opening an nf_tables netlink socket: %w", err)
+	}
+	return c, func() {
+		if k.ns != "" {
+			_ = c.CloseLasting()
+		}
+		closeNS()
+	}, nil
 }
 
 // Setup checks what is there, then adds the table, sets and chains (a no-op
 // for those that exist), flushes the chains and writes their rules, in one
 // transaction. A set that exists with another type (an older layout) makes
 // it start over with a new table.
-func (netlinkKernel) Setup(ctx context.Context, l Layout) (bool, error) {
-	c, err := dial()
+func (k netlinkKernel) Setup(ctx context.Context, l Layout) (bool, error) {
+	c, done, err := k.dial()
 	if err != nil {
 		return false, err
 	}
+	defer done()
 	t := tableOf(l.Family)
 	want := rules(l)
 	intact := true
@@ -390,11 +409,12 @@ func (netlinkKernel) Setup(ctx context.Context, l Layout) (bool, error) {
 	return intact, nil
 }
 
-func (netlinkKernel) Elements(ctx context.Context, fam netfilter.Family, set string) (Elements, error) {
-	c, err := dial()
+func (k netlinkKernel) Elements(ctx context.Context, fam netfilter.Family, set string) (Elements, error) {
+	c, done, err := k.dial()
 	if err != nil {
 		return nil, err
 	}
+	defer done()
 	s := setOf(fam, set)
 	got, err := c.GetSetElements(s)
 	if err != nil {
@@ -407,14 +427,15 @@ func (netlinkKernel) Elements(ctx context.Context, fam netfilter.Family, set str
 	return out, nil
 }
 
-func (netlinkKernel) Update(ctx context.Context, fam netfilter.Family, del, add []Element) error {
+func (k netlinkKernel) Update(ctx context.Context, fam netfilter.Family, del, add []Element) error {
 	if len(del)+len(add) == 0 {
 		return nil
 	}
-	c, err := dial()
+	c, done, err := k.dial()
 	if err != nil {
 		return err
 	}
+	defer done()
 	pending := 0
 	write := func(es []Element, f func(*nft.Set, []nft.SetElement) error) error {
 		for len(es) > 0 {
@@ -450,11 +471,12 @@ func (netlinkKernel) Update(ctx context.Context, fam netfilter.Family, del, add 
 	return nil
 }
 
-func (netlinkKernel) Delete(ctx context.Context, fam netfilter.Family) error {
-	c, err := dial()
+func (k netlinkKernel) Delete(ctx context.Context, fam netfilter.Family) error {
+	c, done, err := k.dial()
 	if err != nil {
 		return err
 	}
+	defer done()
 	t := tableOf(fam)
 	if _, err := c.ListTableOfFamily(Table, t.Family); err != nil {
 		return nil // not there
@@ -467,11 +489,12 @@ func (netlinkKernel) Delete(ctx context.Context, fam netfilter.Family) error {
 }
 
 // Probe writes the whole layout in a throwaway table and deletes it.
-func (netlinkKernel) Probe(ctx context.Context, fam netfilter.Family) error {
-	c, err := dial()
+func (k netlinkKernel) Probe(ctx context.Context, fam netfilter.Family) error {
+	c, done, err := k.dial()
 	if err != nil {
 		return err
 	}
+	defer done()
 	t := tableOf(fam)
 	t.Name = Table + "-probe"
 	l := Layout{Family: fam, Mark: DefaultMark, NodePorts: true}

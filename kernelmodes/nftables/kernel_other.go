@@ -10,7 +10,7 @@ import (
 )
 
 // netlinkKernel: nf_tables is Linux's.
-type netlinkKernel struct{}
+type netlinkKernel struct{ ns string }
 
 var errNotLinux = errors.New("nftables needs Linux")
 

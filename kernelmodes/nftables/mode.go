@@ -53,8 +53,10 @@ type Config struct {
 	// the tables, sets and chains are there. Zero: one hour. Negative:
 	// every full Apply.
 	FullSyncPeriod time.Duration
-	// Kernel reads and writes the tables. Nil: netlink in this process's
-	// network namespace.
+	// NetNS is the named network namespace (ip netns) to program; empty:
+	// this process's.
+	NetNS string
+	// Kernel reads and writes the tables. Nil: netlink in NetNS.
 	Kernel Kernel
 	// ClearFlows deletes conntrack entries (UDP flows DNATed to an endpoint
 	// that left). Nil: the conntrack tool.
@@ -142,10 +144,10 @@ func New(cfg Config) (*Mode, error) {
 	}
 	m := &Mode{cfg: cfg, k: cfg.Kernel, log: cfg.Logger.Named("nftables"), families: []netfilter.Family{netfilter.IPv4}, now: time.Now}
 	if m.k == nil {
-		m.k = netlinkKernel{}
+		m.k = netlinkKernel{ns: cfg.NetNS}
 	}
 	if cfg.ClearFlows == nil {
-		exec := netfilter.NewExec("")
+		exec := netfilter.NewExec(cfg.NetNS)
 		m.cfg.ClearFlows = exec.ConntrackDelete
 	}
 	if cfg.IPv6 {

@@ -34,7 +34,7 @@ const (
 	SetNodePortNoEndpoints = "nodeport-no-endpoints"
 	// SetMasquerade holds frontends whose traffic is always masqueraded
 	// (external traffic with the Cluster policy; all with MasqueradeAll).
-	SetMasquerade = "masquerade"
+	SetMasquerade = "masquerade-frontends"
 	// SetMasqueradeOffCluster holds ClusterIP frontends whose traffic is
 	// masqueraded when it comes from outside the family's cluster CIDR.
 	SetMasqueradeOffCluster = "masquerade-off-cluster"
