@@ -47,3 +47,21 @@ func NodePortPrefixes(prefixes []netip.Prefix) (restricted [2]bool, addrs [2][]n
 	}
 	return restricted, addrs, nil
 }
+
+// ClusterCIDRs sorts --cluster-cidr by family, as the kernel modes read it:
+// at most one pod range per family, masked; a /0 or invalid prefix is no
+// pod range.
+func ClusterCIDRs(prefixes []netip.Prefix) (byFamily [2]netip.Prefix, err error) {
+	for i, p := range prefixes {
+		if !p.IsValid() || p.Bits() == 0 {
+			return byFamily, fmt.Errorf("clusterCIDRs[%d]: %v is not a pod range", i, p)
+		}
+		p = p.Masked()
+		fam := FamilyOf(p.Addr())
+		if byFamily[fam].IsValid() {
+			return byFamily, fmt.Errorf("clusterCIDRs: more than one %v range", fam)
+		}
+		byFamily[fam] = p
+	}
+	return byFamily, nil
+}

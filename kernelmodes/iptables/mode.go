@@ -150,16 +150,8 @@ func New(cfg Config) (*Mode, error) {
 				zap.Strings("differences", diffs[:min(len(diffs), 10)]), zap.Int("count", len(diffs)))
 		},
 	})
-	for i, p := range cfg.ClusterCIDRs {
-		if !p.IsValid() || p.Bits() == 0 {
-			return nil, fmt.Errorf("creating iptables mode: clusterCIDRs[%d]: %v is not a pod range", i, p)
-		}
-		p = p.Masked()
-		fam := familyOf(p.Addr())
-		if m.clusterCIDR[fam].IsValid() {
-			return nil, fmt.Errorf("creating iptables mode: clusterCIDRs: more than one %v range", fam)
-		}
-		m.clusterCIDR[fam] = p
+	if m.clusterCIDR, err = netfilter.ClusterCIDRs(cfg.ClusterCIDRs); err != nil {
+		return nil, fmt.Errorf("creating iptables mode: %w", err)
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

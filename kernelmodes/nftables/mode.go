@@ -157,16 +157,8 @@ func New(cfg Config) (*Mode, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating nftables mode: %w", err)
 	}
-	for i, p := range cfg.ClusterCIDRs {
-		if !p.IsValid() || p.Bits() == 0 {
-			return nil, fmt.Errorf("creating nftables mode: clusterCIDRs[%d]: %v is not a pod range", i, p)
-		}
-		p = p.Masked()
-		fam := netfilter.FamilyOf(p.Addr())
-		if m.clusterCIDR[fam].IsValid() {
-			return nil, fmt.Errorf("creating nftables mode: clusterCIDRs: more than one %v range", fam)
-		}
-		m.clusterCIDR[fam] = p
+	if m.clusterCIDR, err = netfilter.ClusterCIDRs(cfg.ClusterCIDRs); err != nil {
+		return nil, fmt.Errorf("creating nftables mode: %w", err)
 	}
 	for _, fam := range m.families {
 		m.nodePorts[fam] = !restricted[fam] || len(addrs[fam]) > 0
@@ -297,9 +289,8 @@ func (m *Mode) fullSync(ctx context.Context, snap *lb.Snapshot, prev *state, dee
 				return m.fullSync(ctx, snap, prev, true)
 			}
 		}
-		changed, flows, err := m.incremental(ctx, snap, prev)
-		_ = changed
-		return m.cur, flows, err
+		_, flows, err := m.incremental(ctx, snap, prev)
+		return prev, flows, err
 	}
 	next := m.build(snap)
 	repaired := false
@@ -362,7 +353,7 @@ func (m *Mode) fullSync(ctx context.Context, snap *lb.Snapshot, prev *state, dee
 	}
 	if prev != nil {
 		for _, fam := range m.families {
-			stale[fam] = staleFlows(prev, next, fam, nil)
+			stale[fam] = staleFlows(prev, next, fam)
 		}
 	}
 	return next, stale, nil
@@ -445,7 +436,7 @@ func toElements(es []elem) []Element {
 }
 
 // staleFlows are the UDP flows of prev's Service ports that next has not.
-func staleFlows(prev, next *state, fam netfilter.Family, _ []lb.ServicePortName) []udpFlow {
+func staleFlows(prev, next *state, fam netfilter.Family) []udpFlow {
 	var out []udpFlow
 	for name, old := range prev.svcs {
 		var now []udpFlow
