@@ -111,20 +111,21 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 }
 
 // state is what the mode last wrote: each Service port's elements, and
-// their union per family, with how many Service ports share each element
-// (endpoints shared by Services share hairpin elements).
+// their union per family, with how many Service ports share each hairpin
+// element (the only kind Services share: an endpoint address may serve
+// several).
 type state struct {
-	snap   *lb.Snapshot
-	svcs   map[lb.ServicePortName]*svcElems
-	tables [2]Tables
-	refs   [2]map[elem]int
+	snap    *lb.Snapshot
+	svcs    map[lb.ServicePortName]*svcElems
+	tables  [2]Tables
+	hairpin [2]map[string]int
 }
 
 func newState(snap *lb.Snapshot) *state {
 	s := &state{snap: snap, svcs: make(map[lb.ServicePortName]*svcElems, snap.Len())}
 	for fam := range s.tables {
 		s.tables[fam] = newTables()
-		s.refs[fam] = map[elem]int{}
+		s.hairpin[fam] = map[string]int{}
 	}
 	return s
 }
@@ -137,9 +138,10 @@ func (d *delta) empty() bool { return len(d.del)+len(d.add) == 0 }
 // put adds e to the union (once per sharing Service port), recording the
 // change in d.
 func (s *state) put(fam netfilter.Family, e elem, d *delta) {
-	s.refs[fam][e]++
-	if s.refs[fam][e] > 1 {
-		return
+	if e.set == SetHairpin {
+		if s.hairpin[fam][e.key]++; s.hairpin[fam][e.key] > 1 {
+			return
+		}
 	}
 	els := s.tables[fam][e.set]
 	if old, ok := els[e.key]; ok && old != e.val { // another Service port's value: the newest wins
@@ -151,10 +153,12 @@ func (s *state) put(fam netfilter.Family, e elem, d *delta) {
 
 // drop removes e from the union once no Service port has it.
 func (s *state) drop(fam netfilter.Family, e elem, d *delta) {
-	if s.refs[fam][e]--; s.refs[fam][e] > 0 {
-		return
+	if e.set == SetHairpin {
+		if s.hairpin[fam][e.key]--; s.hairpin[fam][e.key] > 0 {
+			return
+		}
+		delete(s.hairpin[fam], e.key)
 	}
-	delete(s.refs[fam], e)
 	els := s.tables[fam][e.set]
 	if v, ok := els[e.key]; ok && v == e.val {
 		delete(els, e.key)

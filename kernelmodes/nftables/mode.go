@@ -144,7 +144,7 @@ func New(cfg Config) (*Mode, error) {
 	}
 	m := &Mode{cfg: cfg, k: cfg.Kernel, log: cfg.Logger.Named("nftables"), families: []netfilter.Family{netfilter.IPv4}, now: time.Now}
 	if m.k == nil {
-		m.k = netlinkKernel{ns: cfg.NetNS}
+		m.k = &netlinkKernel{ns: cfg.NetNS}
 	}
 	if cfg.ClearFlows == nil {
 		exec := netfilter.NewExec(cfg.NetNS)
