@@ -7,11 +7,12 @@
 // Modes: direct (client to backend, no proxy: the floor), svcproxy-userspace,
 // kube-dnat (kernel DNAT with kube-proxy-shaped rules the bench writes
 // itself), the peers haproxy and nginx-stream when installed,
-// svcproxy-iptables, and svcproxy-ipvs, which this machine's kernel cannot
-// run: it is reported as skipped, or with --ipvs-vm run inside a QEMU VM
-// beside baselines measured in the same VM and reported apart (emulated
-// CPU: not comparable with the host rows). Modes are interleaved over rounds
-// (A B C, A B C) and medians reported.
+// svcproxy-iptables, svcproxy-nftables (its own nftables table, written over
+// netlink) and svcproxy-ipvs, which this machine's kernel cannot run: it is
+// reported as skipped, or with --ipvs-vm run inside a QEMU VM beside
+// baselines measured in the same VM and reported apart (emulated CPU: not
+// comparable with the host rows). Modes are interleaved over rounds (A B C,
+// A B C) and medians reported.
 //
 //	sudo go run ./bench --quick      # 1 round, short tests, 1,000 Services (< 3 min)
 //	sudo go run ./bench --full       # 3 rounds, 1,000 and 10,000 Services (< 15 min)
@@ -19,8 +20,9 @@
 //	sudo go run ./bench --ipvs-vm    # also svcproxy-ipvs in a QEMU VM
 //
 // It needs root, iproute2, iptables (with iptables-legacy for kube-dnat) and
-// ipset; wrk and iperf3 are the load generators when installed (a built-in Go
-// generator otherwise, labelled as such), nginx the HTTP backend (else the
+// ipset (svcproxy-nftables needs no nft: it speaks netlink); wrk and iperf3
+// are the load generators when installed (a built-in Go generator
+// otherwise, labelled as such), nginx the HTTP backend (else the
 // repo's svcproxy-backend). Every packet stays inside the namespaces it
 // creates; nothing in the caller's namespace is changed. Ctrl-C stops every
 // process it started, removes the namespaces and writes what was measured.

@@ -105,6 +105,7 @@ var modes = []Mode{
 	&kubeDNATMode{},
 	kubeDNATMasqMode{&kubeDNATMode{masqueradeAll: true}},
 	svcproxyMode{name: "svcproxy-iptables", kernelMode: "iptables"},
+	svcproxyMode{name: "svcproxy-nftables", kernelMode: "nftables"},
 	svcproxyMode{name: "svcproxy-ipvs", kernelMode: "ipvs"},
 	haproxyMode{},
 	nginxStreamMode{},
@@ -125,6 +126,18 @@ func modeByName(name string) Mode {
 		}
 	}
 	return nil
+}
+
+// kernelDataPath tells whether m's data path is the kernel's, with no proxy
+// process to profile: direct, kube-dnat and svcproxy's kernel modes.
+func kernelDataPath(m Mode) bool {
+	switch m := m.(type) {
+	case directMode, *kubeDNATMode, kubeDNATMasqMode:
+		return true
+	case svcproxyMode:
+		return m.kernelMode != ""
+	}
+	return false
 }
 
 // baselines are the modes ratios are reported against, when they ran.

@@ -4,6 +4,7 @@ import (
 	"encoding/xml"
 	"math"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -224,6 +225,7 @@ func TestControlPlaneOf(t *testing.T) {
 	}{
 		{svcproxyMode{name: "svcproxy-userspace"}, true},
 		{svcproxyMode{name: "svcproxy-iptables", kernelMode: "iptables"}, true},
+		{svcproxyMode{name: "svcproxy-nftables", kernelMode: "nftables"}, true},
 		{svcproxyMode{name: "svcproxy-vip", onVIP: true}, false}, // no rules to wait for
 		{&kubeDNATMode{}, true},
 		{haproxyMode{}, false},
@@ -247,5 +249,45 @@ func TestClip(t *testing.T) {
 		if got := clip(tc.in, tc.n); got != tc.want {
 			t.Errorf("clip(%q, %d) = %q, want %q", tc.in, tc.n, got, tc.want)
 		}
+	}
+}
+
+// TestNFTablesMode checks svcproxy-nftables is a mode of the bench like
+// svcproxy-iptables: named by --modes, in the default run (so in make bench
+// and --full), run with --proxy-mode=nftables, its rules awaited on the
+// "synced" log line, charted in a colour of its own and counted as a
+// kernel data path (no proxy process to profile).
+func TestNFTablesMode(t *testing.T) {
+	c, err := parseFlags([]string{"--modes", "direct,svcproxy-nftables"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"direct", "svcproxy-nftables"}; !slices.Equal(c.Modes, want) {
+		t.Errorf("--modes: %v, want %v", c.Modes, want)
+	}
+	for _, preset := range [][]string{nil, {"--quick"}, {"--full"}} {
+		c, err := parseFlags(preset)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.withDefaults().Modes; !slices.Contains(got, "svcproxy-nftables") || !slices.Contains(got, "svcproxy-iptables") {
+			t.Errorf("%v: modes %v lack svcproxy-nftables or svcproxy-iptables", preset, got)
+		}
+	}
+	m, ok := modeByName("svcproxy-nftables").(svcproxyMode)
+	if !ok || m.kernelMode != "nftables" {
+		t.Fatalf("svcproxy-nftables is %#v, want svcproxyMode with kernelMode nftables", modeByName("svcproxy-nftables"))
+	}
+	if !kernelDataPath(m) || kernelDataPath(modeByName("svcproxy-userspace")) || kernelDataPath(haproxyMode{}) {
+		t.Error("kernelDataPath: want svcproxy-nftables a kernel data path, svcproxy-userspace and haproxy not")
+	}
+	if d := m.Describe(); !strings.Contains(d, "--proxy-mode=nftables") {
+		t.Errorf("Describe: %q does not say --proxy-mode=nftables", d)
+	}
+	if !live(logEvent{Msg: "synced"}) {
+		t.Error(`the nftables mode's "synced" is not taken as live`)
+	}
+	if modeColor("svcproxy-nftables") == modeColor("svcproxy-iptables") || modeColor("svcproxy-nftables") == modeColor("no such mode") {
+		t.Error("svcproxy-nftables has no colour of its own")
 	}
 }

@@ -102,7 +102,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	}
 	steps += cfg.Rounds * len(runnable) * perRound
 	for _, m := range runnable { // round 1 profiles the proxies (modes with a process)
-		if _, kernel := m.(directMode); kernel || strings.HasPrefix(m.Name(), "kube-dnat") || strings.HasPrefix(m.Name(), "svcproxy-ip") {
+		if kernelDataPath(m) {
 			continue
 		}
 		if cfg.Syscalls && e.Tools.Strace != "" {

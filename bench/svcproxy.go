@@ -24,7 +24,7 @@ import (
 type svcproxyMode struct {
 	name string
 	// kernelMode is "" for the userspace mode, else the --proxy-mode value
-	// ("iptables", "ipvs").
+	// ("iptables", "ipvs", "nftables").
 	kernelMode string
 	// onVIP runs the userspace mode on the peers' footing: listening on the
 	// VIPs put on the node's lo, no steering rules, no connection log.
@@ -59,12 +59,22 @@ func hasFlag(e *Env, name string) bool {
 	return regexp.MustCompile(`(?m)^\s+--?` + regexp.QuoteMeta(name) + `\b`).MatchString(svcproxyHelp.text) // "-name" (Go's usage), "--name" (grouped help)
 }
 
+// knowsMode tells whether this svcproxy binary's help names the kernel
+// mode (the --proxy-mode flag's help lists them, wrapped over lines), so a
+// binary older than the mode is a skip, not a failure.
+func knowsMode(e *Env, mode string) bool {
+	return hasFlag(e, "proxy-mode") && strings.Contains(svcproxyHelp.text, mode)
+}
+
 func (m svcproxyMode) Available(e *Env) error {
 	if m.kernelMode == "" {
 		return nil // preflight checked iptables and ipset
 	}
 	if !hasFlag(e, "proxy-mode") {
 		return skipf("not built yet: this svcproxy has no --proxy-mode flag (kernelmodes/ is being built)")
+	}
+	if !knowsMode(e, m.kernelMode) {
+		return skipf("not built yet: this svcproxy's --proxy-mode has no %s mode", m.kernelMode)
 	}
 	if m.kernelMode == "ipvs" {
 		if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
@@ -231,8 +241,10 @@ func (sp *svcproxyProc) wait(ctx context.Context, what string, from int, timeout
 }
 
 // waitRunning waits for "svcproxy running" and checks the mode it chose is
-// the one asked for (svcproxy falls back ipvs → iptables → userspace when
-// the kernel cannot run a mode: that is a skip, reported with its reason).
+// the one asked for (svcproxy falls back ipvs → iptables → userspace and
+// nftables → iptables → userspace when the kernel cannot run a mode: that
+// is a skip, reported with its reason). The iptables mode logs its iptables
+// backend; the nftables mode has none (its tables are written over netlink).
 func (m svcproxyMode) waitRunning(ctx context.Context, sp *svcproxyProc) (backend string, err error) {
 	ev, err := sp.wait(ctx, "start-up", 0, 30*time.Second, func(ev logEvent) bool { return ev.Msg == "svcproxy running" })
 	if err != nil {
@@ -307,6 +319,9 @@ func (m svcproxyMode) Start(ctx context.Context, c *Cluster) (*Running, error) {
 	if backend != "" {
 		run.Notes = append(run.Notes, "Its iptables rules use the "+backend+" backend (the node's default iptables)")
 	}
+	if m.kernelMode == "nftables" {
+		run.Notes = append(run.Notes, "Its rules are its own nftables table (ip svcproxy) of fixed rules over sets and maps, written over netlink: no iptables backend")
+	}
 	return run, nil
 }
 
@@ -341,12 +356,15 @@ func servicesYAML(services []SvcPort) []byte {
 // each endpoint change. The times come from its own log (JSON, debug
 // level): "loaded services" (the file was read and the store published
 // snapshot V) and "applied" or "synced" for a version ≥ V (the rules and
-// sets are live; the userspace forwarder swapped its snapshot just before). Changes are
+// sets are live; the userspace forwarder swapped its snapshot just before;
+// for the nftables mode, its table's sets and maps). Changes are
 // made by rewriting the services file and sending SIGHUP, so the file
 // watcher's 100 ms debounce is not counted; the whole file is re-read and
 // re-parsed on each change, which the end-to-end figure includes.
 //
-// The kernel modes log the same version-tagged line after each sync.
+// The kernel modes log the same version-tagged line after each sync (the
+// iptables and nftables modes "synced", the IPVS mode "applied"), at debug
+// level for incremental syncs, hence --log-level=debug.
 func (m svcproxyMode) ProgramServices(ctx context.Context, e *Env, c *Cluster, services []SvcPort, changes []EndpointChange) (*CPResult, error) {
 	file, err := servicesFile(c, services)
 	if err != nil {
@@ -412,7 +430,7 @@ func (m svcproxyMode) ProgramServices(ctx context.Context, e *Env, c *Cluster, s
 }
 
 // live tells whether ev says a snapshot is programmed: the redirector's
-// and the IPVS mode's "applied", the iptables mode's "synced".
+// and the IPVS mode's "applied", the iptables and nftables modes' "synced".
 func live(ev logEvent) bool { return ev.Msg == "applied" || ev.Msg == "synced" }
 
 // ipsetEntries counts the members of an ipset in the node's namespace.

@@ -228,6 +228,7 @@ var modeColors = map[string]string{
 	"svcproxy-userspace": "#1f77b4",
 	"kube-dnat":          "#2ca02c",
 	"svcproxy-iptables":  "#9467bd",
+	"svcproxy-nftables":  "#e377c2",
 	"svcproxy-ipvs":      "#8c564b",
 	"haproxy":            "#ff7f0e",
 	"nginx-stream":       "#d62728",
