@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"net/netip"
+	"time"
 
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
@@ -19,12 +20,26 @@ type udpFlow struct{ front, ep netip.AddrPort }
 type svcElems struct {
 	elems [2][]elem
 	flows [2][]udpFlow
+	// sticky, for a Service port with session affinity, maps each of its
+	// frontend keys (FrontendKey, or NodePortKey) to the endpoint values a
+	// client may be remembered with: an affinity element pointing elsewhere
+	// is stale.
+	sticky [2]map[string][]string
 }
 
-// compute translates one Service port into its elements for family fam.
-// It decides nothing the snapshot has not: the pools say which endpoints
-// serve internal and external traffic; compute writes them down.
-func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family) ([]elem, []udpFlow) {
+// affinitySeconds is a Service's affinity timeout in whole seconds (0:
+// none), rounded up as kube-proxy does.
+func affinitySeconds(svc *lb.Service) uint32 {
+	if svc.AffinityTimeout <= 0 {
+		return 0
+	}
+	return uint32((svc.AffinityTimeout + time.Second - 1) / time.Second)
+}
+
+// compute translates one Service port into its elements for family fam,
+// in se. It decides nothing the snapshot has not: the pools say which
+// endpoints serve internal and external traffic; compute writes them down.
+func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family, se *svcElems) {
 	svc := bal.Service
 	inFamily := func(p *lb.Pool) []netip.AddrPort {
 		if p == nil {
@@ -41,9 +56,26 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 	intEps, extEps := inFamily(bal.Internal), inFamily(bal.External)
 	var out []elem
 	var flows []udpFlow
+	secs := affinitySeconds(svc)
 	slots := func(key string, eps []netip.AddrPort, set string, front netip.AddrPort) {
+		var vals []string
 		for i := range Slots {
-			out = append(out, elem{set, SlotKey(key, i), EndpointValue(eps[i%len(eps)])})
+			v := EndpointValue(eps[i%len(eps)])
+			out = append(out, elem{set, SlotKey(key, i), v})
+			if i < len(eps) {
+				vals = append(vals, v)
+			}
+		}
+		if secs > 0 {
+			affinity := AffinitySet(secs)
+			if set == SetNodePortEndpoints {
+				affinity = AffinityNodePortSet(secs)
+			}
+			out = append(out, elem{set: affinity, key: key})
+			if se.sticky[fam] == nil {
+				se.sticky[fam] = map[string][]string{}
+			}
+			se.sticky[fam][key] = vals
 		}
 		if svc.Protocol == lb.UDP {
 			for _, ep := range eps[:min(len(eps), Slots)] {
@@ -107,7 +139,7 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 	if usedExt {
 		hairpin(extEps)
 	}
-	return out, flows
+	se.elems[fam], se.flows[fam] = out, flows
 }
 
 // state is what the mode last wrote: each Service port's elements, and
@@ -144,6 +176,10 @@ func (s *state) put(fam netfilter.Family, e elem, d *delta) {
 		}
 	}
 	els := s.tables[fam][e.set]
+	if els == nil { // an affinity timeout's set
+		els = Elements{}
+		s.tables[fam][e.set] = els
+	}
 	if old, ok := els[e.key]; ok && old != e.val { // another Service port's value: the newest wins
 		d.del = append(d.del, elem{e.set, e.key, old})
 	}

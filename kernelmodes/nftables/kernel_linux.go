@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
+	"strings"
 	"sync"
+	"time"
 
 	nft "github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -67,6 +70,16 @@ func setOf(fam netfilter.Family, set string) *nft.Set {
 		s.KeyType = nft.MustConcatSetType(nft.TypeInetProto, nft.TypeInetService)
 	case SetHairpin:
 		s.KeyType = nft.MustConcatSetType(a, a)
+	case SetAffinity:
+		s.IsMap, s.HasTimeout, s.Dynamic = true, true, true
+		s.KeyType = nft.MustConcatSetType(a, a, nft.TypeInetProto, nft.TypeInetService)
+		s.DataType = nft.MustConcatSetType(a, nft.TypeInetService)
+	default:
+		if strings.HasPrefix(set, "affinity-nodeports-") {
+			s.KeyType = nft.MustConcatSetType(nft.TypeInetProto, nft.TypeInetService)
+		} else { // affinity-<seconds>
+			s.KeyType = nft.MustConcatSetType(a, nft.TypeInetProto, nft.TypeInetService)
+		}
 	}
 	return s
 }
@@ -224,6 +237,50 @@ func (b rb) localNodePort() [][]expr.Any {
 	return out
 }
 
+// remembered DNATs a client to the endpoint the affinity map remembers
+// for it and the destination frontend (or NodePort address):
+// dnat to ip saddr . ip daddr . meta l4proto . th dport map @affinity.
+func (b rb) remembered() []expr.Any {
+	next := reg32 + 2*b.alen()/4
+	return []expr.Any{
+		b.loadAddr(false, reg1),
+		b.loadAddr(true, reg32+b.alen()/4),
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: next},
+		&expr.Payload{DestRegister: next + 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: SetAffinity},
+		b.dnat(),
+	}
+}
+
+// remember are the two postrouting rules of one affinity timeout: a new
+// connection DNATed from a frontend (or NodePort) in its set records the
+// endpoint it went to,
+// update @affinity { ip saddr . ct original ip daddr . meta l4proto . ct original proto-dst timeout T : ip daddr . th dport }.
+func (b rb) remember(dnated []expr.Any, secs uint32) [][]expr.Any {
+	alen := b.alen() / 4
+	ctDst := &expr.Ct{Key: expr.CtKeyDST, Register: reg1}
+	proto := &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg32 + alen}
+	ctPort := &expr.Ct{Key: expr.CtKeyPROTODST, Register: reg32 + alen + 1}
+	// The key, then the endpoint after it.
+	keyProto, data := reg32+2*alen, reg32+2*alen+2
+	update := []expr.Any{
+		b.loadAddr(false, reg1),
+		&expr.Ct{Key: expr.CtKeyDST, Register: reg32 + alen},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: keyProto},
+		&expr.Ct{Key: expr.CtKeyPROTODST, Register: keyProto + 1},
+		b.loadAddr(true, data),
+		&expr.Payload{DestRegister: data + alen, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Dynset{SrcRegKey: reg1, SrcRegData: data, SetName: SetAffinity, Operation: unix.NFT_DYNSET_OP_UPDATE,
+			Timeout: time.Duration(secs) * time.Second},
+	}
+	front := append(append([]expr.Any{}, dnated...), ctDst, proto, ctPort, lookup(AffinitySet(secs)))
+	np := append(append([]expr.Any{}, dnated...),
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+		&expr.Ct{Key: expr.CtKeyPROTODST, Register: reg32 + 1},
+		lookup(AffinityNodePortSet(secs)))
+	return [][]expr.Any{append(front, update...), append(np, update...)}
+}
+
 func verdict(kind expr.VerdictKind, chain string) expr.Any {
 	return &expr.Verdict{Kind: kind, Chain: chain}
 }
@@ -264,6 +321,9 @@ func rules(l Layout) map[string][][]expr.Any {
 		r[chainServices] = append(r[chainServices], cat([]expr.Any{b.loadAddr(false, reg1)}, b.inPrefix(l.ClusterCIDR, false),
 			fe, []expr.Any{lookup(SetMasqueradeOffCluster)}, b.setMark()))
 	}
+	if len(l.AffinityTimeouts) > 0 {
+		r[chainServices] = append(r[chainServices], b.remembered())
+	}
 	r[chainServices] = append(r[chainServices], cat(fe, []expr.Any{numgen(feNext),
 		&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: SetServiceEndpoints}, b.dnat()}))
 	if l.NodePorts {
@@ -271,10 +331,12 @@ func rules(l Layout) map[string][][]expr.Any {
 			r[chainServices] = append(r[chainServices], cat(m, []expr.Any{verdict(expr.VerdictJump, chainNodePorts)}))
 		}
 	}
-	r[chainNodePorts] = [][]expr.Any{
-		cat(np, []expr.Any{lookup(SetNodePortMasquerade)}, b.setMark()),
-		cat(np, []expr.Any{numgen(npNext), &expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: SetNodePortEndpoints}, b.dnat()}),
+	r[chainNodePorts] = [][]expr.Any{cat(np, []expr.Any{lookup(SetNodePortMasquerade)}, b.setMark())}
+	if len(l.AffinityTimeouts) > 0 {
+		r[chainNodePorts] = append(r[chainNodePorts], b.remembered())
 	}
+	r[chainNodePorts] = append(r[chainNodePorts],
+		cat(np, []expr.Any{numgen(npNext), &expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: SetNodePortEndpoints}, b.dnat()}))
 	jump := func(chain string) [][]expr.Any { return [][]expr.Any{{verdict(expr.VerdictJump, chain)}} }
 	r[chainPrerouting] = jump(chainServices)
 	r[chainOutput] = jump(chainServices)
@@ -287,7 +349,10 @@ func rules(l Layout) map[string][][]expr.Any {
 		}
 	}
 	masq := &expr.Masq{FullyRandom: true}
-	r[chainPostrouting] = [][]expr.Any{
+	for _, secs := range l.AffinityTimeouts {
+		r[chainPostrouting] = append(r[chainPostrouting], b.remember(ctDNAT(expr.CmpOpNeq), secs)...)
+	}
+	r[chainPostrouting] = append(r[chainPostrouting], [][]expr.Any{
 		// Hairpin: DNATed back to its own source.
 		cat(ctDNAT(expr.CmpOpNeq), []expr.Any{b.loadAddr(false, reg1), b.loadAddr(true, reg32+b.alen()/4), lookup(SetHairpin), masq}),
 		{&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
@@ -296,7 +361,7 @@ func rules(l Layout) map[string][][]expr.Any {
 		{&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1},
 			&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: native32(^l.Mark), Xor: native32(0)},
 			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg1, SourceRegister: true}, masq},
-	}
+	}...)
 
 	rej := [][]expr.Any{
 		cat(ctDNAT(expr.CmpOpNeq), []expr.Any{verdict(expr.VerdictReturn, "")}),
@@ -373,6 +438,8 @@ func (k *netlinkKernel) Setup(ctx context.Context, l Layout) (intact bool, err e
 	defer done(&err)
 	t := tableOf(l.Family)
 	want := rules(l)
+	names := append(l.ElementSets(), SetAffinity)
+	var stale []string // affinity sets of timeouts no Service has any more
 	intact = true
 	if _, err := c.ListTableOfFamily(Table, t.Family); err != nil {
 		intact = false
@@ -385,7 +452,13 @@ func (k *netlinkKernel) Setup(ctx context.Context, l Layout) (intact bool, err e
 		for _, s := range sets {
 			have[s.Name] = s
 		}
-		for _, name := range Sets {
+		for name := range have {
+			if strings.HasPrefix(name, "affinity-") && !slices.Contains(names, name) {
+				stale = append(stale, name)
+				intact = false
+			}
+		}
+		for _, name := range names {
 			s, w := have[name], setOf(l.Family, name)
 			if s == nil {
 				intact = false
@@ -397,7 +470,7 @@ func (k *netlinkKernel) Setup(ctx context.Context, l Layout) (intact bool, err e
 				if err := c.Flush(); err != nil {
 					return false, fmt.Errorf("deleting a table of another layout: %w", err)
 				}
-				intact = false
+				intact, stale = false, nil
 				break
 			}
 		}
@@ -412,7 +485,7 @@ func (k *netlinkKernel) Setup(ctx context.Context, l Layout) (intact bool, err e
 		}
 	}
 	c.AddTable(t)
-	for _, name := range Sets {
+	for _, name := range names {
 		if err := c.AddSet(setOf(l.Family, name), nil); err != nil {
 			return false, fmt.Errorf("adding set %s: %w", name, err)
 		}
@@ -423,6 +496,11 @@ func (k *netlinkKernel) Setup(ctx context.Context, l Layout) (intact bool, err e
 	}
 	for _, name := range chainNames {
 		c.FlushChain(chains[name])
+	}
+	for _, name := range stale { // no rule refers to them once the chains are flushed
+		c.DelSet(&nft.Set{Table: t, Name: name})
+	}
+	for _, name := range chainNames {
 		for _, ex := range want[name] {
 			c.AddRule(&nft.Rule{Table: t, Chain: chains[name], Exprs: ex})
 		}
@@ -521,9 +599,9 @@ func (k *netlinkKernel) Probe(ctx context.Context, fam netfilter.Family) (err er
 	defer done(&err)
 	t := tableOf(fam)
 	t.Name = Table + "-probe"
-	l := Layout{Family: fam, Mark: DefaultMark, NodePorts: true}
+	l := Layout{Family: fam, Mark: DefaultMark, NodePorts: true, AffinityTimeouts: []uint32{10800}}
 	c.AddTable(t)
-	for _, name := range Sets {
+	for _, name := range append(l.ElementSets(), SetAffinity) {
 		s := setOf(fam, name)
 		s.Table = t
 		if err := c.AddSet(s, nil); err != nil {

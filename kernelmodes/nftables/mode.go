@@ -79,6 +79,20 @@ type Layout struct {
 	// inside these prefixes.
 	NodePorts        bool
 	NodePortPrefixes []netip.Prefix
+	// AffinityTimeouts are the distinct session affinity timeouts of the
+	// Services, in seconds, sorted: each has its pair of sets and its rule
+	// recording a client's endpoint (the timeout is part of the rule).
+	AffinityTimeouts []uint32
+}
+
+// ElementSets are the sets of l's table whose elements the mode writes:
+// Sets, then each affinity timeout's pair.
+func (l Layout) ElementSets() []string {
+	out := slices.Clone(Sets)
+	for _, secs := range l.AffinityTimeouts {
+		out = append(out, AffinitySet(secs), AffinityNodePortSet(secs))
+	}
+	return out
 }
 
 // Kernel is what the mode needs of nf_tables, one family's table at a time.
@@ -112,6 +126,8 @@ type Mode struct {
 
 	clusterCIDR [2]netip.Prefix
 	nodePorts   [2]bool
+
+	relayout bool // this Apply changes the layout: a table not as it was is no repair
 
 	repairs  atomic.Uint64
 	failures [2]atomic.Uint64
@@ -196,6 +212,18 @@ func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
 	var err error
 	var changed int
 	var flows [2][]udpFlow
+	if timeouts := affinityTimeouts(snap); !slices.Equal(timeouts, m.layouts[m.families[0]].AffinityTimeouts) {
+		// A new affinity timeout, or the last of one gone: the rules
+		// change, so this Apply rewrites the table.
+		for _, fam := range m.families {
+			m.layouts[fam].AffinityTimeouts = timeouts
+		}
+		if prev != nil {
+			full, m.relayout = true, true
+			m.lastFull = time.Time{}
+			defer func() { m.relayout = false }()
+		}
+	}
 	if prev == nil || full {
 		deep := prev == nil || m.cfg.FullSyncPeriod == 0 || m.now().Sub(m.lastFull) >= m.cfg.FullSyncPeriod
 		kind = "checked"
@@ -265,7 +293,7 @@ func (m *Mode) build(snap *lb.Snapshot) *state {
 func (m *Mode) service(snap *lb.Snapshot, bal *lb.Balancer) *svcElems {
 	se := &svcElems{}
 	for _, fam := range m.families {
-		se.elems[fam], se.flows[fam] = m.compute(snap, bal, fam)
+		m.compute(snap, bal, fam, se)
 	}
 	return se
 }
@@ -302,7 +330,7 @@ func (m *Mode) fullSync(ctx context.Context, snap *lb.Snapshot, prev *state, dee
 		}
 		var del, add []Element
 		var diffs []string
-		for _, set := range Sets {
+		for _, set := range m.layouts[fam].ElementSets() {
 			have, err := m.k.Elements(ctx, fam, set)
 			if err != nil {
 				return nil, stale, fmt.Errorf("reading the %v set %s: %w", fam, set, err)
@@ -335,7 +363,7 @@ func (m *Mode) fullSync(ctx context.Context, snap *lb.Snapshot, prev *state, dee
 				}
 			}
 		}
-		if prev != nil && (!intact || len(diffs) > 0) {
+		if prev != nil && ((!intact && !m.relayout) || len(diffs) > 0) {
 			repaired = true
 			if !intact {
 				diffs = append(diffs, "table, sets or chains missing or changed")
@@ -354,6 +382,7 @@ func (m *Mode) fullSync(ctx context.Context, snap *lb.Snapshot, prev *state, dee
 	if prev != nil {
 		for _, fam := range m.families {
 			stale[fam] = staleFlows(prev, next, fam)
+			m.clearAffinity(ctx, fam, prev.svcs, next.svcs, nil)
 		}
 	}
 	return next, stale, nil
@@ -410,6 +439,7 @@ func (m *Mode) incremental(ctx context.Context, snap *lb.Snapshot, prev *state) 
 				return 0, stale, fmt.Errorf("writing the %v table's elements: %w", fam, err)
 			}
 		}
+		m.clearAffinity(ctx, fam, nil, nil, changedSvcs)
 		for _, c := range changedSvcs {
 			var now []udpFlow
 			if c[1] != nil {
@@ -450,6 +480,78 @@ func staleFlows(prev, next *state, fam netfilter.Family) []udpFlow {
 		}
 	}
 	return out
+}
+
+// affinityTimeouts are the distinct affinity timeouts of snap's Service
+// ports, in seconds, sorted.
+func affinityTimeouts(snap *lb.Snapshot) []uint32 {
+	var out []uint32
+	for _, bal := range snap.Balancers() {
+		if bal == nil || bal.Service == nil {
+			continue
+		}
+		if secs := affinitySeconds(bal.Service); secs > 0 && !slices.Contains(out, secs) {
+			out = append(out, secs)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// clearAffinity deletes the affinity elements that remember a client with
+// an endpoint its frontend no longer has (or a frontend that no longer has
+// affinity): their next connection picks afresh. The Service ports
+// compared are those of changed (old, new), or every one of prev and next.
+func (m *Mode) clearAffinity(ctx context.Context, fam netfilter.Family, prev, next map[lb.ServicePortName]*svcElems, changed map[lb.ServicePortName][2]*svcElems) {
+	gone := map[string][]string{} // frontend key → the endpoint values still allowed
+	note := func(old, cur *svcElems) {
+		if old == nil || old.sticky[fam] == nil {
+			return
+		}
+		for fk, was := range old.sticky[fam] {
+			var now []string
+			if cur != nil {
+				now = cur.sticky[fam][fk]
+			}
+			for _, v := range was {
+				if !slices.Contains(now, v) {
+					gone[fk] = now
+					break
+				}
+			}
+		}
+	}
+	for _, c := range changed {
+		note(c[0], c[1])
+	}
+	for name, old := range prev {
+		note(old, next[name])
+	}
+	if len(gone) == 0 {
+		return
+	}
+	els, err := m.k.Elements(ctx, fam, SetAffinity)
+	if err != nil {
+		m.log.Warn("reading the affinity map to clear clients of removed endpoints", zap.Error(err))
+		return
+	}
+	n := addrLen(fam)
+	var del []Element
+	for k, v := range els {
+		allowed, ok := gone[k[n:]] // a frontend
+		if !ok && len(k) >= 2*n {
+			allowed, ok = gone[k[2*n:]] // a NodePort: protocol . port
+		}
+		if ok && !slices.Contains(allowed, v) {
+			del = append(del, Element{SetAffinity, k, v})
+		}
+	}
+	if len(del) == 0 {
+		return
+	}
+	if err := m.k.Update(ctx, fam, del, nil); err != nil {
+		m.log.Warn("clearing clients of removed endpoints from the affinity map", zap.Error(err))
+	}
 }
 
 // clearStaleFlows deletes the conntrack entries of UDP flows whose

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/zap/zaptest"
 
@@ -368,5 +369,74 @@ func BenchmarkApplyChange(b *testing.B) {
 		if err := m.Apply(context.Background(), snaps[i%2], false); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestAffinity: a Service with session affinity has its frontends and
+// NodePort in its timeout's sets; a remembered client goes back to its
+// endpoint; a client remembered with an endpoint that left, or by a
+// Service that dropped affinity, picks afresh; timeouts coming and going
+// change the layout without counting a repair.
+func TestAffinity(t *testing.T) {
+	m, fake, st := newMode(t, nftables.Config{})
+	ctx := context.Background()
+	sticky := lb.Service{Name: name("sticky"), Port: 80, ClusterIPs: []netip.Addr{ip("10.96.0.70")}, NodePort: 30090,
+		AffinityTimeout: 59500 * time.Millisecond, Endpoints: eps(nodeName, "10.244.1.71", "10.244.1.72")}
+	plain := lb.Service{Name: name("plain"), Port: 80, ClusterIPs: []netip.Addr{ip("10.96.0.80")}, Endpoints: eps(nodeName, "10.244.1.81")}
+	apply := func(full bool, svcs ...lb.Service) {
+		t.Helper()
+		if err := m.Apply(ctx, snapshot(t, st, svcs), full); err != nil {
+			t.Fatal(err)
+		}
+	}
+	trace := func(dst netip.AddrPort, local bool) nftablestest.Verdict {
+		return fake.Trace(netfilter.IPv4, nftablestest.Packet{Src: podIP, Dst: dst, Local: local})
+	}
+	apply(true, sticky, plain)
+	vip, np := ap("10.96.0.70:80"), netip.AddrPortFrom(nodeIP, 30090)
+	if v := trace(vip, false); v.Affinity != 60 || v.Remembered {
+		t.Errorf("ClusterIP: %v, want affinity 60s, nothing remembered", v)
+	}
+	if v := trace(np, true); v.Affinity != 60 {
+		t.Errorf("NodePort: %v, want affinity 60s", v)
+	}
+	if v := trace(ap("10.96.0.80:80"), false); v.Affinity != 0 {
+		t.Errorf("a Service without affinity: %v", v)
+	}
+
+	fake.Remember(netfilter.IPv4, podIP, lb.TCP, vip, ap("10.244.1.71:8080"))
+	fake.Remember(netfilter.IPv4, podIP, lb.TCP, np, ap("10.244.1.72:8080"))
+	if v := trace(vip, false); !v.Remembered || v.DNAT[0].Endpoint != ap("10.244.1.71:8080") {
+		t.Errorf("a remembered client: %v", v)
+	}
+	sticky.Endpoints = sticky.Endpoints[1:] // .71 leaves
+	apply(false, sticky, plain)
+	if v := trace(vip, false); v.Remembered {
+		t.Errorf("remembered with an endpoint that left: %v", v)
+	}
+	if v := trace(np, true); !v.Remembered {
+		t.Errorf("remembered with an endpoint that stayed: %v, want it kept", v)
+	}
+
+	other := plain
+	other.AffinityTimeout = time.Hour
+	apply(false, sticky, other) // a second timeout: the layout grows
+	if v := trace(ap("10.96.0.80:80"), false); v.Affinity != 3600 {
+		t.Errorf("a second timeout: %v", v)
+	}
+	sticky.AffinityTimeout = 0
+	apply(false, sticky, plain) // no affinity left
+	if v := trace(np, true); v.Remembered || v.Affinity != 0 {
+		t.Errorf("after affinity was dropped: %v", v)
+	}
+	if n := fake.Count(netfilter.IPv4, nftables.AffinitySet(60)); n != 0 {
+		t.Errorf("the 60s set still has %d elements", n)
+	}
+	if m.Repairs() != 0 {
+		t.Errorf("layout changes counted %d repairs", m.Repairs())
+	}
+	apply(true, sticky, plain)
+	if m.Repairs() != 0 {
+		t.Errorf("a full Apply after layout changes counted %d repairs", m.Repairs())
 	}
 }

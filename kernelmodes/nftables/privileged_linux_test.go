@@ -70,6 +70,8 @@ func TestPrivilegedTraffic(t *testing.T) {
 			ClusterIPs: []netip.Addr{vip(11)}, ExternalIPs: []netip.Addr{vip(101)}},
 		{Name: name("dns"), Protocol: lb.UDP, Port: 53, NodePort: 30053, Endpoints: []lb.Endpoint{ep(b0, nodeName), ep(b1, nodeName)},
 			ClusterIPs: []netip.Addr{vip(53)}},
+		{Name: name("sticky"), Port: 80, NodePort: 30085, AffinityTimeout: time.Minute, Endpoints: []lb.Endpoint{ep(b0, nodeName), ep(b1, nodeName)},
+			ClusterIPs: []netip.Addr{vip(15)}},
 	}
 	st := lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: nodeName}})
 	snap := snapshot(t, st, services)
@@ -211,6 +213,46 @@ func TestPrivilegedTraffic(t *testing.T) {
 		}
 		if err := m.Apply(ctx, snapshot(t, st, services), false); err != nil {
 			t.Fatal(err)
+		}
+	})
+
+	t.Run("affinity sticks, and moves off a removed endpoint", func(t *testing.T) {
+		for _, dst := range []string{"198.19.0.15:80", nodeAddr + ":30085"} {
+			first, _, err := topology.Ask(client, "tcp4", dst, 2*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range 20 {
+				got, _, err := topology.Ask(client, "tcp4", dst, 2*time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got != first {
+					t.Fatalf("%s: first %s, then %s", dst, first, got)
+				}
+			}
+		}
+		first, _, _ := topology.Ask(client, "tcp4", "198.19.0.15:80", 2*time.Second)
+		keep := b0
+		if first == "backend0" {
+			keep = b1
+		}
+		svcs := slices.Clone(services)
+		svcs[5].Endpoints = []lb.Endpoint{ep(keep, nodeName)}
+		if err := m.Apply(ctx, snapshot(t, st, svcs), false); err != nil {
+			t.Fatal(err)
+		}
+		if got, _, err := topology.Ask(client, "tcp4", "198.19.0.15:80", 2*time.Second); err != nil || got != keep.Name {
+			t.Errorf("after %s left: %s, %v; want %s", first, got, err, keep.Name)
+		}
+		svcs[5].Endpoints = services[5].Endpoints
+		if err := m.Apply(ctx, snapshot(t, st, svcs), false); err != nil {
+			t.Fatal(err)
+		}
+		for range 10 { // it stays with the endpoint it moved to
+			if got, _, err := topology.Ask(client, "tcp4", "198.19.0.15:80", 2*time.Second); err != nil || got != keep.Name {
+				t.Fatalf("after %s came back: %s, %v; want %s still", first, got, err, keep.Name)
+			}
 		}
 	})
 

@@ -3,6 +3,8 @@ package nftables
 import (
 	"encoding/binary"
 	"net/netip"
+	"strconv"
+	"strings"
 
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
@@ -47,12 +49,33 @@ const (
 	SetHairpin = "hairpin"
 )
 
+// SetAffinity is the dynamic map of session affinity: client address .
+// frontend address . protocol . port → the endpoint address . port the
+// client's last connection went to, each element with its Service's
+// timeout. The kernel fills it (in nat postrouting); the mode only deletes
+// elements whose endpoint left. It is not one of Sets: it is never
+// compared or repaired.
+const SetAffinity = "affinity"
+
+// AffinitySet holds the frontends (address . protocol . port) of Services
+// with session affinity of the given timeout (seconds);
+// AffinityNodePortSet their NodePorts (protocol . port). A table has a pair
+// per timeout its Services use (Layout.AffinityTimeouts).
+func AffinitySet(seconds uint32) string { return "affinity-" + strconv.FormatUint(uint64(seconds), 10) }
+
+// AffinityNodePortSet: see AffinitySet.
+func AffinityNodePortSet(seconds uint32) string {
+	return "affinity-nodeports-" + strconv.FormatUint(uint64(seconds), 10)
+}
+
 // Sets is every set and map of a table, in the order they are created.
 var Sets = []string{SetServiceEndpoints, SetNodePortEndpoints, SetNoEndpoints, SetNodePortNoEndpoints,
 	SetMasquerade, SetMasqueradeOffCluster, SetNodePortMasquerade, SetHairpin}
 
 // IsMap reports whether set is a map (its elements have values).
-func IsMap(set string) bool { return set == SetServiceEndpoints || set == SetNodePortEndpoints }
+func IsMap(set string) bool {
+	return set == SetServiceEndpoints || set == SetNodePortEndpoints || set == SetAffinity
+}
 
 // Elements are a set's elements as the kernel holds them: encoded key →
 // encoded value ("" in a set that is not a map).
@@ -124,6 +147,11 @@ func EndpointValue(ep netip.AddrPort) string {
 	return string(append(b, 0, 0))
 }
 
+// AffinityKey encodes client address . frontend address . protocol . port.
+func AffinityKey(client, front netip.Addr, proto lb.Protocol, port uint16) string {
+	return string(addrBytes(client)) + FrontendKey(front, proto, port)
+}
+
 // HairpinKey encodes an endpoint address twice.
 func HairpinKey(a netip.Addr) string {
 	b := addrBytes(a)
@@ -162,6 +190,14 @@ func KeyLen(fam netfilter.Family, set string) int {
 		return 8
 	case SetHairpin:
 		return 2 * n
+	case SetAffinity:
+		return 2*n + 8
+	}
+	switch {
+	case strings.HasPrefix(set, "affinity-nodeports-"):
+		return 8
+	case strings.HasPrefix(set, "affinity-"):
+		return n + 8
 	}
 	return 0
 }

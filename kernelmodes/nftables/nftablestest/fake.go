@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"slices"
 	"sort"
 	"sync"
 
@@ -58,11 +59,21 @@ func (f *Fake) Setup(_ context.Context, l nftables.Layout) (bool, error) {
 		t = &table{sets: nftables.Tables{}}
 		f.tables[l.Family] = t
 	}
-	for _, s := range nftables.Sets {
+	names := append(l.ElementSets(), nftables.SetAffinity)
+	for _, s := range names {
 		if t.sets[s] == nil {
 			intact = false
 			t.sets[s] = nftables.Elements{}
 		}
+	}
+	for s := range t.sets { // affinity sets of timeouts gone
+		if !slices.Contains(names, s) {
+			intact = false
+			delete(t.sets, s)
+		}
+	}
+	if !slices.Equal(t.layout.AffinityTimeouts, l.AffinityTimeouts) {
+		intact = false // the rules differ
 	}
 	t.layout = l
 	return intact, nil
@@ -150,6 +161,16 @@ func (f *Fake) Count(fam netfilter.Family, set string) int {
 	return 0
 }
 
+// Remember records in fam's affinity map that client's connections to dst
+// go to ep, as the kernel's postrouting rule does after a DNAT.
+func (f *Fake) Remember(fam netfilter.Family, client netip.Addr, proto lb.Protocol, dst, ep netip.AddrPort) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if t := f.tables[fam]; t != nil {
+		t.sets[nftables.SetAffinity][nftables.AffinityKey(client, dst.Addr(), proto, dst.Port())] = nftables.EndpointValue(ep)
+	}
+}
+
 // Packet is a new connection's first packet.
 type Packet struct {
 	Src   netip.Addr
@@ -172,6 +193,11 @@ type Verdict struct {
 	Hairpin []netip.AddrPort
 	// Reject says the packet is rejected (TCP reset or ICMP unreachable).
 	Reject bool
+	// Affinity is the timeout (seconds) for which the endpoint a new
+	// connection goes to is remembered for its client; 0: none.
+	Affinity uint32
+	// Remembered says DNAT is the endpoint the affinity map remembers.
+	Remembered bool
 }
 
 // Share is an endpoint and the slots that pick it.
@@ -193,6 +219,12 @@ func (v Verdict) String() string {
 	}
 	if len(v.Hairpin) > 0 {
 		s += fmt.Sprintf(" hairpin %v", v.Hairpin)
+	}
+	if v.Remembered {
+		s += " remembered"
+	}
+	if v.Affinity > 0 {
+		s += fmt.Sprintf(" affinity %ds", v.Affinity)
 	}
 	return s
 }
@@ -247,12 +279,35 @@ func (f *Fake) Trace(fam netfilter.Family, p Packet) Verdict {
 	if l.ClusterCIDR.IsValid() && !l.ClusterCIDR.Contains(p.Src) && has(nftables.SetMasqueradeOffCluster, fe) {
 		v.Masquerade = true
 	}
-	v.DNAT = shares(nftables.SetServiceEndpoints, fe)
+	remembered := func() []Share {
+		if len(l.AffinityTimeouts) == 0 {
+			return nil
+		}
+		val, ok := sets[nftables.SetAffinity][nftables.AffinityKey(p.Src, p.Dst.Addr(), p.Proto, p.Dst.Port())]
+		if !ok {
+			return nil
+		}
+		v.Remembered = true
+		ep, _ := nftables.DecodeEndpoint(fam, val)
+		return []Share{{ep, nftables.Slots}}
+	}
+	if v.DNAT = remembered(); len(v.DNAT) == 0 {
+		v.DNAT = shares(nftables.SetServiceEndpoints, fe)
+	}
 	if len(v.DNAT) == 0 && nodePortAddr() {
 		if has(nftables.SetNodePortMasquerade, np) {
 			v.Masquerade = true
 		}
-		v.DNAT = shares(nftables.SetNodePortEndpoints, np)
+		if v.DNAT = remembered(); len(v.DNAT) == 0 {
+			v.DNAT = shares(nftables.SetNodePortEndpoints, np)
+		}
+	}
+	if len(v.DNAT) > 0 {
+		for _, secs := range l.AffinityTimeouts {
+			if has(nftables.AffinitySet(secs), fe) || (nodePortAddr() && has(nftables.AffinityNodePortSet(secs), np)) {
+				v.Affinity = secs
+			}
+		}
 	}
 	if len(v.DNAT) > 0 {
 		for _, s := range v.DNAT {
