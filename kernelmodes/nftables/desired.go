@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"encoding/binary"
 	"net/netip"
 	"time"
 
@@ -58,13 +59,19 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 	var flows []udpFlow
 	secs := affinitySeconds(svc)
 	slots := func(key string, eps []netip.AddrPort, set string, front netip.AddrPort) {
-		var vals []string
+		vals := make([]string, min(len(eps), Slots))
+		for i := range vals {
+			vals[i] = EndpointValue(eps[i])
+		}
+		// The 64 keys share one string (one allocation, not 64).
+		n := len(key) + 4
+		buf := make([]byte, 0, Slots*n)
 		for i := range Slots {
-			v := EndpointValue(eps[i%len(eps)])
-			out = append(out, elem{set, SlotKey(key, i), v})
-			if i < len(eps) {
-				vals = append(vals, v)
-			}
+			buf = binary.NativeEndian.AppendUint32(append(buf, key...), uint32(i))
+		}
+		keys := string(buf)
+		for i := range Slots {
+			out = append(out, elem{set, keys[i*n : (i+1)*n], vals[i%len(vals)]})
 		}
 		if secs > 0 {
 			affinity := AffinitySet(secs)

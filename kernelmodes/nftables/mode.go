@@ -269,17 +269,34 @@ func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
 	return nil
 }
 
-// build computes every Service port's elements for snap. It reuses prev's
-// for the Service ports snap did not change.
+// build computes every Service port's elements for snap, then their union
+// in maps sized for it (growing maps of 680,000 elements cost as much as
+// filling them).
 func (m *Mode) build(snap *lb.Snapshot) *state {
 	s := newState(snap)
-	var d delta
+	var count [2]map[string]int
 	for _, bal := range snap.Balancers() {
 		if bal == nil || bal.Service == nil {
 			continue
 		}
 		se := m.service(snap, bal)
 		s.svcs[bal.Service.Name] = se
+		for _, fam := range m.families {
+			if count[fam] == nil {
+				count[fam] = map[string]int{}
+			}
+			for _, e := range se.elems[fam] {
+				count[fam][e.set]++
+			}
+		}
+	}
+	for _, fam := range m.families {
+		for set, n := range count[fam] {
+			s.tables[fam][set] = make(Elements, n)
+		}
+	}
+	var d delta
+	for _, se := range s.svcs {
 		for _, fam := range m.families {
 			for _, e := range se.elems[fam] {
 				s.put(fam, e, &d)

@@ -440,3 +440,33 @@ func TestAffinity(t *testing.T) {
 		t.Errorf("a full Apply after layout changes counted %d repairs", m.Repairs())
 	}
 }
+
+// discard is a Kernel that keeps nothing: the Go side of an Apply alone.
+type discard struct{}
+
+func (discard) Setup(context.Context, nftables.Layout) (bool, error) { return true, nil }
+func (discard) Elements(context.Context, netfilter.Family, string) (nftables.Elements, error) {
+	return nftables.Elements{}, nil
+}
+func (discard) Update(context.Context, netfilter.Family, []nftables.Element, []nftables.Element) error {
+	return nil
+}
+func (discard) Delete(context.Context, netfilter.Family) error { return nil }
+func (discard) Probe(context.Context, netfilter.Family) error  { return nil }
+
+// BenchmarkFirstLoad times the Go side of a first Apply at 10,000
+// Services.
+func BenchmarkFirstLoad(b *testing.B) {
+	st := lb.NewStore(lb.StoreOptions{})
+	snap := snapshot(b, st, kerneltest.ScaleServices(10000))
+	b.ResetTimer()
+	for range b.N {
+		m, err := nftables.New(nftables.Config{Kernel: discard{}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := m.Apply(context.Background(), snap, true); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
