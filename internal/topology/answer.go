@@ -3,9 +3,12 @@ package topology
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -72,4 +75,44 @@ func Ask(h *Host, network, addr string, timeout time.Duration) (name, peer strin
 	}
 	host, _, _ := net.SplitHostPort(f[1])
 	return f[0], host, nil
+}
+
+// Spread asks dst from h 40 times (Ask): every answer must come from one
+// of backends, every one of them must answer at least once, and each must
+// have seen the source peer(its name) returns.
+func Spread(t testing.TB, h *Host, network, dst string, backends []string, peer func(name string) string) {
+	t.Helper()
+	seen := map[string]int{}
+	for range 40 {
+		name, saw, err := Ask(h, network, dst, 2*time.Second)
+		if err != nil {
+			t.Fatalf("after %v: %v", seen, err)
+		}
+		seen[name]++
+		if want := peer(name); saw != want {
+			t.Errorf("%s saw the connection from %s, want %s", name, saw, want)
+		}
+		if !slices.Contains(backends, name) {
+			t.Errorf("answered by %s, want one of %v", name, backends)
+		}
+	}
+	for _, b := range backends {
+		if seen[b] == 0 {
+			t.Errorf("%s never answered (%v): traffic must spread over all endpoints", b, seen)
+		}
+	}
+}
+
+// Refused asks dst from h and expects a refusal (a TCP reset or an ICMP
+// port unreachable) within 500 ms.
+func Refused(t testing.TB, h *Host, network, dst string) {
+	t.Helper()
+	start := time.Now()
+	_, _, err := Ask(h, network, dst, 2*time.Second)
+	if took := time.Since(start); took > 500*time.Millisecond {
+		t.Errorf("refused after %v, want at once", took)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("error %v, want connection refused", err)
+	}
 }

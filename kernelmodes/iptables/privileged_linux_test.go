@@ -5,13 +5,11 @@ package iptables
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os/exec"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -264,29 +262,12 @@ func testTraffic(t *testing.T, variant string) {
 		{"backend0", "tcp4", "198.19.0.10:80", []string{"backend0", "backend1"}, "hairpin"}, // reaching itself works: masqueraded
 	} {
 		t.Run(fmt.Sprintf("%s %s from %s", tc.network, tc.dst, tc.from), func(t *testing.T) {
-			seen := map[string]int{}
-			for range 40 {
-				name, peer, err := topology.Ask(hosts[tc.from], tc.network, tc.dst, 2*time.Second)
-				if err != nil {
-					t.Fatalf("after %v: %v", seen, err)
-				}
-				seen[name]++
-				wantPeer := map[string]string{"client": client.Addr.String(), "node": nodeAddr, "hairpin": b0.Addr.String()}[tc.peer]
+			topology.Spread(t, hosts[tc.from], tc.network, tc.dst, tc.backends, func(name string) string {
 				if tc.peer == "hairpin" && name == "backend0" {
-					wantPeer = nodeAddr // itself, masqueraded: it sees the node
+					return nodeAddr // itself, masqueraded: it sees the node
 				}
-				if peer != wantPeer {
-					t.Errorf("%s saw the connection from %s, want %s (%s)", name, peer, wantPeer, tc.peer)
-				}
-				if !slices.Contains(tc.backends, name) {
-					t.Errorf("answered by %s, want one of %v", name, tc.backends)
-				}
-			}
-			for _, b := range tc.backends {
-				if seen[b] == 0 {
-					t.Errorf("%s never answered (%v): traffic must spread over all endpoints", b, seen)
-				}
-			}
+				return map[string]string{"client": client.Addr.String(), "node": nodeAddr, "hairpin": b0.Addr.String()}[tc.peer]
+			})
 		})
 	}
 
@@ -296,14 +277,7 @@ func testTraffic(t *testing.T, variant string) {
 		{"client", "udp4", "198.19.0.13:53"},
 	} {
 		t.Run(fmt.Sprintf("no endpoints: %s %s from %s refused at once", tc.network, tc.dst, tc.from), func(t *testing.T) {
-			start := time.Now()
-			_, _, err := topology.Ask(hosts[tc.from], tc.network, tc.dst, 2*time.Second)
-			if took := time.Since(start); took > 500*time.Millisecond {
-				t.Errorf("refused after %v, want at once", took)
-			}
-			if !errors.Is(err, syscall.ECONNREFUSED) {
-				t.Errorf("error %v, want connection refused", err)
-			}
+			topology.Refused(t, hosts[tc.from], tc.network, tc.dst)
 		})
 	}
 

@@ -2,13 +2,11 @@ package nftables_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os/exec"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -96,30 +94,14 @@ func TestPrivilegedTraffic(t *testing.T) {
 	hosts := map[string]*topology.Host{"node": node, "client": client, "backend0": b0}
 	serves := func(t *testing.T, from, network, dst string, backends []string, peerKind string) {
 		t.Helper()
-		seen := map[string]int{}
-		for range 40 {
-			name, peer, err := topology.Ask(hosts[from], network, dst, 2*time.Second)
-			if err != nil {
-				t.Fatalf("after %v: %v", seen, err)
-			}
-			seen[name]++
-			wantPeer := map[string]string{"client": client.Addr.String(), "node": nodeAddr, "hairpin": b0.Addr.String()}[peerKind]
+		topology.Spread(t, hosts[from], network, dst, backends, func(name string) string {
 			if peerKind == "hairpin" && name == "backend0" {
-				wantPeer = nodeAddr // itself, masqueraded: it sees the node
+				return nodeAddr // itself, masqueraded: it sees the node
 			}
-			if peer != wantPeer {
-				t.Errorf("%s saw the connection from %s, want %s (%s)", name, peer, wantPeer, peerKind)
-			}
-			if !slices.Contains(backends, name) {
-				t.Errorf("answered by %s, want one of %v", name, backends)
-			}
-		}
-		for _, b := range backends {
-			if seen[b] == 0 {
-				t.Errorf("%s never answered (%v): traffic must spread over all endpoints", b, seen)
-			}
-		}
+			return map[string]string{"client": client.Addr.String(), "node": nodeAddr, "hairpin": b0.Addr.String()}[peerKind]
+		})
 	}
+
 	both := []string{"backend0", "backend1"}
 	for _, tc := range []struct {
 		from, network, dst string
@@ -150,14 +132,7 @@ func TestPrivilegedTraffic(t *testing.T) {
 		{"client", "udp4", "198.19.0.13:53"},
 	} {
 		t.Run(fmt.Sprintf("no endpoints: %s %s from %s refused at once", tc.network, tc.dst, tc.from), func(t *testing.T) {
-			start := time.Now()
-			_, _, err := topology.Ask(hosts[tc.from], tc.network, tc.dst, 2*time.Second)
-			if took := time.Since(start); took > 500*time.Millisecond {
-				t.Errorf("refused after %v, want at once", took)
-			}
-			if !errors.Is(err, syscall.ECONNREFUSED) {
-				t.Errorf("error %v, want connection refused", err)
-			}
+			topology.Refused(t, hosts[tc.from], tc.network, tc.dst)
 		})
 	}
 
