@@ -117,16 +117,26 @@ func (m *ReloadMetrics) Loaded(err error, now time.Time) {
 // counts them in its iptables and IPVS modes; svcproxy also in the
 // userspace mode's REDIRECT steering, which writes its rules the same way.
 func RegisterRestoreFailures(reg prometheus.Registerer, families []string, failures func(netfilter.Family) uint64) {
+	registerFamilyCounter(reg, "sync_proxy_rules_iptables_restore_failures_total", "Cumulative proxy iptables restore failures", families, failures)
+}
+
+// RegisterNFTablesSyncFailures exports the nftables mode's failed
+// transactions as kube-proxy's nftables mode does,
+// kubeproxy_sync_proxy_rules_nftables_sync_failures_total per ip_family.
+func RegisterNFTablesSyncFailures(reg prometheus.Registerer, families []string, failures func(netfilter.Family) uint64) {
+	registerFamilyCounter(reg, "sync_proxy_rules_nftables_sync_failures_total", "Cumulative proxy nftables sync failures", families, failures)
+}
+
+func registerFamilyCounter(reg prometheus.Registerer, name, help string, families []string, count func(netfilter.Family) uint64) {
 	for _, fam := range families {
 		f := netfilter.IPv4
 		if fam == runner.IPv6 {
 			f = netfilter.IPv6
 		}
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Subsystem: "kubeproxy", Name: "sync_proxy_rules_iptables_restore_failures_total",
-			Help:        "Cumulative proxy iptables restore failures",
+			Subsystem: "kubeproxy", Name: name, Help: help,
 			ConstLabels: prometheus.Labels{"ip_family": fam},
-		}, func() float64 { return float64(failures(f)) }))
+		}, func() float64 { return float64(count(f)) }))
 	}
 }
 

@@ -30,7 +30,10 @@ import (
 	"github.com/svcproxy/svcproxy/health"
 	"github.com/svcproxy/svcproxy/internal/proctest"
 	"github.com/svcproxy/svcproxy/kernelmodes/iptables"
+	"github.com/svcproxy/svcproxy/kernelmodes/nftables"
+	"github.com/svcproxy/svcproxy/kernelmodes/nftables/nftablestest"
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 	"github.com/svcproxy/svcproxy/proxymode"
 	"github.com/svcproxy/svcproxy/runner"
@@ -418,50 +421,77 @@ func freePort(t *testing.T) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// TestIPTablesRestoreFailuresMetric: the iptables mode, over the netfilter
-// Fake, fails an iptables-restore; /metrics shows kube-proxy's
-// kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family}
-// move by one, and not on the good syncs around it.
-func TestIPTablesRestoreFailuresMetric(t *testing.T) {
-	reg := prometheus.NewPedanticRegistry()
-	newDaemonMetrics(reg, Families(false)) // beside the daemon's other metrics, as Run registers them
-	f := netfiltertest.NewFake()
-	mode, err := iptables.New(iptables.Config{Exec: f, FullSyncPeriod: -1, Logger: zaptest.NewLogger(t)})
-	if err != nil {
-		t.Fatal(err)
+// TestSyncFailuresMetrics: a kernel mode over its Fake fails a write;
+// /metrics shows kube-proxy's counter of that mode move by one, and not on
+// the good syncs around it — kubeproxy_sync_proxy_rules_iptables_restore_failures_total
+// for the iptables mode, kubeproxy_sync_proxy_rules_nftables_sync_failures_total
+// for the nftables one.
+func TestSyncFailuresMetrics(t *testing.T) {
+	type kernelMode interface {
+		Apply(ctx context.Context, snap *lb.Snapshot, full bool) error
+		RestoreFailures(netfilter.Family) uint64
 	}
-	RegisterRestoreFailures(reg, Families(false), mode.RestoreFailures)
-	RegisterRepairs(reg, "iptables", "Full syncs that found the iptables mode's rules tampered with and repaired them.", mode.Repairs)
-	k := mode
-	web := &httpServers{log: zaptest.NewLogger(t)}
-	web.serve("metrics", "127.0.0.1:0", metricsHandler(reg, "iptables"))
-	t.Cleanup(func() { web.shutdown(context.Background()) })
-	d := &daemon{t: t, metrics: "http://" + web.lns["http/metrics"].Addr().String()}
+	for _, tc := range []struct {
+		mode     string
+		key      string
+		register func(prometheus.Registerer, []string, func(netfilter.Family) uint64)
+		build    func(t *testing.T) (m kernelMode, failNext func())
+	}{
+		{"iptables", `kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"}`, RegisterRestoreFailures,
+			func(t *testing.T) (kernelMode, func()) {
+				f := netfiltertest.NewFake()
+				m, err := iptables.New(iptables.Config{Exec: f, FullSyncPeriod: -1, Logger: zaptest.NewLogger(t)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return m, func() { f.FailNext("iptables-restore", errors.New("injected: iptables-restore exited 1")) }
+			}},
+		{"nftables", `kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family="IPv4"}`, RegisterNFTablesSyncFailures,
+			func(t *testing.T) (kernelMode, func()) {
+				f := nftablestest.New()
+				m, err := nftables.New(nftables.Config{Kernel: f, FullSyncPeriod: -1, Logger: zaptest.NewLogger(t),
+					ClearFlows: func(context.Context, netfilter.Family, netfilter.ConntrackFilter) error { return nil }})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return m, func() { f.Fail = errors.New("injected: netlink transaction refused") }
+			}},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			reg := prometheus.NewPedanticRegistry()
+			newDaemonMetrics(reg, Families(false)) // beside the daemon's other metrics, as Run registers them
+			k, failNext := tc.build(t)
+			tc.register(reg, Families(false), k.RestoreFailures)
+			web := &httpServers{log: zaptest.NewLogger(t)}
+			web.serve("metrics", "127.0.0.1:0", metricsHandler(reg, tc.mode))
+			t.Cleanup(func() { web.shutdown(context.Background()) })
+			d := &daemon{t: t, metrics: "http://" + web.lns["http/metrics"].Addr().String()}
 
-	store := lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: "node-a"}})
-	snap, err := store.Replace([]lb.Service{{Name: lb.ServicePortName{Namespace: "ns", Name: "web"}, Port: 80,
-		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
-		Endpoints:  []lb.Endpoint{{Addr: netip.MustParseAddrPort("10.244.0.1:8080"), Ready: true, Serving: true}}}})
-	if err != nil {
-		t.Fatal(err)
+			store := lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: "node-a"}})
+			snap, err := store.Replace([]lb.Service{{Name: lb.ServicePortName{Namespace: "ns", Name: "web"}, Port: 80,
+				ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+				Endpoints:  []lb.Endpoint{{Addr: netip.MustParseAddrPort("10.244.0.1:8080"), Ready: true, Serving: true}}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			step := func(name string, fail bool, want float64) {
+				t.Helper()
+				if fail {
+					failNext()
+				}
+				if err := k.Apply(ctx, snap, true); (err != nil) != fail {
+					t.Fatalf("%s: Apply = %v, want failure %v", name, err, fail)
+				}
+				if got, ok := d.scrape()[tc.key]; !ok || got != want {
+					t.Errorf("%s: %s = %v (present %v), want %v", name, tc.key, got, ok, want)
+				}
+			}
+			step("a good sync", false, 0)
+			step("a failed write", true, 1)
+			step("the good sync after it", false, 1)
+		})
 	}
-	const key = `kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"}`
-	ctx := context.Background()
-	step := func(name string, fail bool, want float64) {
-		t.Helper()
-		if fail {
-			f.FailNext("iptables-restore", errors.New("injected: iptables-restore exited 1"))
-		}
-		if err := k.Apply(ctx, snap, true); (err != nil) != fail {
-			t.Fatalf("%s: Apply = %v, want failure %v", name, err, fail)
-		}
-		if got, ok := d.scrape()[key]; !ok || got != want {
-			t.Errorf("%s: %s = %v (present %v), want %v", name, key, got, ok, want)
-		}
-	}
-	step("a good sync", false, 0)
-	step("a failed restore", true, 1)
-	step("the good sync after it", false, 1)
 }
 
 // TestBinaryServesKubeProxyEndpoints runs the real svcproxy binary on a

@@ -77,8 +77,9 @@ type kernelMode interface {
 
 // kernelEntry is the entry of the kernel mode name, which build makes
 // without touching the kernel: built to run, started (if set) is called
-// with it and its repair and iptables-restore failure counts are exported
-// to reg, the latter per family it programs.
+// with it and its repair and failure counts (iptables-restore runs; the
+// nftables mode's transactions) are exported to reg, the latter per family
+// it programs.
 func kernelEntry[M kernelMode](name string, o *options, reg prometheus.Registerer, build func() (M, error), started func(M)) proxymode.Entry {
 	e := proxymode.Built(func(context.Context) (proxymode.Mode, error) { return build() })
 	e.New = func(context.Context, map[string]*os.File) (proxymode.Mode, error) {
@@ -89,7 +90,11 @@ func kernelEntry[M kernelMode](name string, o *options, reg prometheus.Registere
 		if started != nil {
 			started(m)
 		}
-		daemon.RegisterRestoreFailures(reg, daemon.Families(o.ipv6), m.RestoreFailures)
+		if name == "nftables" { // transactions over netlink, as kube-proxy's nftables mode names them
+			daemon.RegisterNFTablesSyncFailures(reg, daemon.Families(o.ipv6), m.RestoreFailures)
+		} else {
+			daemon.RegisterRestoreFailures(reg, daemon.Families(o.ipv6), m.RestoreFailures)
+		}
 		daemon.RegisterRepairs(reg, name, "Full syncs that found the "+name+" mode's rules tampered with and repaired them.", m.Repairs)
 		return m, nil
 	}
