@@ -153,6 +153,12 @@ func (s *Store) upsert(in *Service) error {
 	if err := in.Validate(); err != nil {
 		return fmt.Errorf("service %v: %w", in.Name, err)
 	}
+	if old := s.balancers[in.Name]; old != nil && old.Service.equal(in) {
+		// Written again as it is (a whole file re-read, a resync): the
+		// Balancer stays, so Snapshot.Changed sees it unchanged at a
+		// pointer's cost instead of comparing it in depth.
+		return nil
+	}
 	s.balance(cloneService(in))
 	return nil
 }
