@@ -7,6 +7,7 @@ import (
 
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/nftable"
 )
 
 // elem is one element a Service port puts in a set of its family's table.
@@ -61,7 +62,7 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 	slots := func(key string, eps []netip.AddrPort, set string, front netip.AddrPort) {
 		vals := make([]string, min(len(eps), Slots))
 		for i := range vals {
-			vals[i] = EndpointValue(eps[i])
+			vals[i] = nftable.EndpointValue(eps[i])
 		}
 		// The 64 keys share one string (one allocation, not 64).
 		n := len(key) + 4
@@ -100,7 +101,7 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 		if pool.External {
 			eps = extEps
 		}
-		key := FrontendKey(ip, svc.Protocol, fe.Addr.Port())
+		key := nftable.FrontendKey(ip, svc.Protocol, fe.Addr.Port())
 		if len(eps) == 0 {
 			out = append(out, elem{set: SetNoEndpoints, key: key})
 			continue
@@ -119,7 +120,7 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 		}
 	}
 	if np := snap.NodePort(bal); np != 0 && m.nodePorts[fam] {
-		key := NodePortKey(svc.Protocol, np)
+		key := nftable.NodePortKey(svc.Protocol, np)
 		if len(extEps) == 0 {
 			out = append(out, elem{set: SetNodePortNoEndpoints, key: key})
 		} else {
@@ -136,7 +137,7 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 		for _, ep := range eps[:min(len(eps), Slots)] {
 			if !seen[ep.Addr()] {
 				seen[ep.Addr()] = true
-				out = append(out, elem{set: SetHairpin, key: HairpinKey(ep.Addr())})
+				out = append(out, elem{set: SetHairpin, key: nftable.AddrPairKey(ep.Addr())})
 			}
 		}
 	}

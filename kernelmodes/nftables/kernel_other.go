@@ -10,16 +10,18 @@ import (
 )
 
 // netlinkKernel: nf_tables is Linux's.
-type netlinkKernel struct{ ns string }
+type netlinkKernel struct{}
+
+func newNetlinkKernel(string) Kernel { return netlinkKernel{} }
 
 var errNotLinux = errors.New("nftables needs Linux")
 
-func (*netlinkKernel) Setup(context.Context, Layout) (bool, error) { return false, errNotLinux }
-func (*netlinkKernel) Elements(context.Context, netfilter.Family, string) (Elements, error) {
+func (netlinkKernel) Setup(context.Context, Layout) (bool, error) { return false, errNotLinux }
+func (netlinkKernel) Elements(context.Context, netfilter.Family, string) (Elements, error) {
 	return nil, errNotLinux
 }
-func (*netlinkKernel) Update(context.Context, netfilter.Family, []Element, []Element) error {
+func (netlinkKernel) Update(context.Context, netfilter.Family, []Element, []Element) error {
 	return errNotLinux
 }
-func (*netlinkKernel) Delete(context.Context, netfilter.Family) error { return nil }
-func (*netlinkKernel) Probe(context.Context, netfilter.Family) error  { return errNotLinux }
+func (netlinkKernel) Delete(context.Context, netfilter.Family) error { return nil }
+func (netlinkKernel) Probe(context.Context, netfilter.Family) error  { return errNotLinux }

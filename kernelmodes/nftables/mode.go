@@ -14,6 +14,7 @@ import (
 
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/nftable"
 )
 
 // DefaultMark is the masquerade mark when Config.Mark is zero: kube-proxy's.
@@ -113,7 +114,7 @@ type Kernel interface {
 }
 
 // Element is one element of a set: Val is empty unless the set is a map.
-type Element struct{ Set, Key, Val string }
+type Element = nftable.Element
 
 // Mode is the nftables mode. Its methods are safe for concurrent use;
 // calls are serialised.
@@ -160,7 +161,7 @@ func New(cfg Config) (*Mode, error) {
 	}
 	m := &Mode{cfg: cfg, k: cfg.Kernel, log: cfg.Logger.Named("nftables"), families: []netfilter.Family{netfilter.IPv4}, now: time.Now}
 	if m.k == nil {
-		m.k = &netlinkKernel{ns: cfg.NetNS}
+		m.k = newNetlinkKernel(cfg.NetNS)
 	}
 	if cfg.ClearFlows == nil {
 		exec := netfilter.NewExec(cfg.NetNS)
@@ -359,7 +360,7 @@ func (m *Mode) fullSync(ctx context.Context, snap *lb.Snapshot, prev *state, dee
 			}
 			for k, v := range have {
 				if w, ok := want[k]; !ok || w != v {
-					del = append(del, Element{set, k, v})
+					del = append(del, Element{Set: set, Key: k, Val: v})
 				}
 				if prev != nil {
 					if w, ok := wrote[k]; !ok || w != v {
@@ -369,7 +370,7 @@ func (m *Mode) fullSync(ctx context.Context, snap *lb.Snapshot, prev *state, dee
 			}
 			for k, v := range want {
 				if h, ok := have[k]; !ok || h != v {
-					add = append(add, Element{set, k, v})
+					add = append(add, Element{Set: set, Key: k, Val: v})
 				}
 			}
 			if prev != nil {
@@ -477,7 +478,7 @@ func (m *Mode) incremental(ctx context.Context, snap *lb.Snapshot, prev *state) 
 func toElements(es []elem) []Element {
 	out := make([]Element, len(es))
 	for i, e := range es {
-		out[i] = Element{e.set, e.key, e.val}
+		out[i] = Element{Set: e.set, Key: e.key, Val: e.val}
 	}
 	return out
 }
@@ -552,7 +553,7 @@ func (m *Mode) clearAffinity(ctx context.Context, fam netfilter.Family, prev, ne
 		m.log.Warn("reading the affinity map to clear clients of removed endpoints", zap.Error(err))
 		return
 	}
-	n := addrLen(fam)
+	n := nftable.AddrLen(fam)
 	var del []Element
 	for k, v := range els {
 		allowed, ok := gone[k[n:]] // a frontend
@@ -560,7 +561,7 @@ func (m *Mode) clearAffinity(ctx context.Context, fam netfilter.Family, prev, ne
 			allowed, ok = gone[k[2*n:]] // a NodePort: protocol . port
 		}
 		if ok && !slices.Contains(allowed, v) {
-			del = append(del, Element{SetAffinity, k, v})
+			del = append(del, Element{Set: SetAffinity, Key: k, Val: v})
 		}
 	}
 	if len(del) == 0 {

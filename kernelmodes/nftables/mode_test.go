@@ -18,6 +18,7 @@ import (
 	"github.com/svcproxy/svcproxy/kernelmodes/nftables/nftablestest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/nftable"
 )
 
 const nodeName = "node-a"
@@ -279,7 +280,7 @@ func TestRepair(t *testing.T) {
 	want := fake.Trace(netfilter.IPv4, nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.10:80")})
 	fake.Tamper(netfilter.IPv4, func(t nftables.Tables) {
 		clear(t[nftables.SetServiceEndpoints])
-		t[nftables.SetNoEndpoints][nftables.FrontendKey(ip("10.96.0.10"), lb.TCP, 80)] = ""
+		t[nftables.SetNoEndpoints][nftable.FrontendKey(ip("10.96.0.10"), lb.TCP, 80)] = ""
 	})
 	if v := fake.Trace(netfilter.IPv4, nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.10:80")}); !v.Reject {
 		t.Fatalf("tampering did not take: %v", v)
@@ -346,7 +347,7 @@ func TestConfigErrors(t *testing.T) {
 }
 
 func ExampleFrontendKey() {
-	fmt.Printf("% x\n", nftables.FrontendKey(netip.MustParseAddr("10.96.0.10"), lb.TCP, 80))
+	fmt.Printf("% x\n", nftable.FrontendKey(netip.MustParseAddr("10.96.0.10"), lb.TCP, 80))
 	// Output: 0a 60 00 0a 06 00 00 00 00 50 00 00
 }
 

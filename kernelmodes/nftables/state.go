@@ -1,13 +1,11 @@
 package nftables
 
 import (
-	"encoding/binary"
-	"net/netip"
 	"strconv"
 	"strings"
 
-	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/nftable"
 )
 
 // Slots is how many elements of a map stand for one frontend: a new
@@ -92,93 +90,9 @@ func newTables() Tables {
 	return t
 }
 
-func protoNumber(p lb.Protocol) byte {
-	switch p {
-	case lb.UDP:
-		return 17
-	case lb.SCTP:
-		return 132
-	}
-	return 6
-}
-
-// ProtocolOf is the lb protocol of an IP protocol number (ok false for
-// another protocol).
-func ProtocolOf(n byte) (p lb.Protocol, ok bool) {
-	switch n {
-	case 6:
-		return lb.TCP, true
-	case 17:
-		return lb.UDP, true
-	case 132:
-		return lb.SCTP, true
-	}
-	return 0, false
-}
-
-// addrBytes is a in its family's length (4 or 16 bytes).
-func addrBytes(a netip.Addr) []byte { return a.Unmap().AsSlice() }
-
-// FrontendKey encodes address . protocol . port.
-func FrontendKey(a netip.Addr, proto lb.Protocol, port uint16) string {
-	b := addrBytes(a)
-	b = append(b, protoNumber(proto), 0, 0, 0)
-	b = binary.BigEndian.AppendUint16(b, port)
-	return string(append(b, 0, 0))
-}
-
-// NodePortKey encodes protocol . port.
-func NodePortKey(proto lb.Protocol, port uint16) string {
-	b := []byte{protoNumber(proto), 0, 0, 0}
-	b = binary.BigEndian.AppendUint16(b, port)
-	return string(append(b, 0, 0))
-}
-
-// SlotKey appends slot (host order, as numgen writes it) to a frontend or
-// NodePort key.
-func SlotKey(key string, slot int) string {
-	return string(binary.NativeEndian.AppendUint32([]byte(key), uint32(slot)))
-}
-
-// EndpointValue encodes an endpoint's address . port.
-func EndpointValue(ep netip.AddrPort) string {
-	b := addrBytes(ep.Addr())
-	b = binary.BigEndian.AppendUint16(b, ep.Port())
-	return string(append(b, 0, 0))
-}
-
-// AffinityKey encodes client address . frontend address . protocol . port.
-func AffinityKey(client, front netip.Addr, proto lb.Protocol, port uint16) string {
-	return string(addrBytes(client)) + FrontendKey(front, proto, port)
-}
-
-// HairpinKey encodes an endpoint address twice.
-func HairpinKey(a netip.Addr) string {
-	b := addrBytes(a)
-	return string(append(b, addrBytes(a)...))
-}
-
-// addrLen is the length of an address of fam.
-func addrLen(fam netfilter.Family) int {
-	if fam == netfilter.IPv6 {
-		return 16
-	}
-	return 4
-}
-
-// DecodeEndpoint decodes an EndpointValue of fam.
-func DecodeEndpoint(fam netfilter.Family, v string) (netip.AddrPort, bool) {
-	n := addrLen(fam)
-	if len(v) != n+4 {
-		return netip.AddrPort{}, false
-	}
-	a, _ := netip.AddrFromSlice([]byte(v[:n]))
-	return netip.AddrPortFrom(a, binary.BigEndian.Uint16([]byte(v[n:n+2]))), true
-}
-
 // KeyLen is the length of a key of set in fam.
 func KeyLen(fam netfilter.Family, set string) int {
-	n := addrLen(fam)
+	n := nftable.AddrLen(fam)
 	switch set {
 	case SetServiceEndpoints:
 		return n + 12

@@ -16,6 +16,7 @@ import (
 	"github.com/svcproxy/svcproxy/kernelmodes/nftables"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/nftable"
 )
 
 // Fake is an in-memory Kernel. Its zero value is not usable: use New.
@@ -167,7 +168,7 @@ func (f *Fake) Remember(fam netfilter.Family, client netip.Addr, proto lb.Protoc
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if t := f.tables[fam]; t != nil {
-		t.sets[nftables.SetAffinity][nftables.AffinityKey(client, dst.Addr(), proto, dst.Port())] = nftables.EndpointValue(ep)
+		t.sets[nftables.SetAffinity][nftable.AffinityKey(client, dst.Addr(), proto, dst.Port())] = nftable.EndpointValue(ep)
 	}
 }
 
@@ -239,13 +240,13 @@ func (f *Fake) Trace(fam netfilter.Family, p Packet) Verdict {
 		return v
 	}
 	l, sets := t.layout, t.sets
-	fe := nftables.FrontendKey(p.Dst.Addr(), p.Proto, p.Dst.Port())
-	np := nftables.NodePortKey(p.Proto, p.Dst.Port())
+	fe := nftable.FrontendKey(p.Dst.Addr(), p.Proto, p.Dst.Port())
+	np := nftable.NodePortKey(p.Proto, p.Dst.Port())
 	shares := func(set, key string) []Share {
 		count := map[netip.AddrPort]int{}
 		for i := range nftables.Slots {
-			if val, ok := sets[set][nftables.SlotKey(key, i)]; ok {
-				ep, _ := nftables.DecodeEndpoint(fam, val)
+			if val, ok := sets[set][nftable.SlotKey(key, i)]; ok {
+				ep, _ := nftable.DecodeEndpoint(fam, val)
 				count[ep]++
 			}
 		}
@@ -283,12 +284,12 @@ func (f *Fake) Trace(fam netfilter.Family, p Packet) Verdict {
 		if len(l.AffinityTimeouts) == 0 {
 			return nil
 		}
-		val, ok := sets[nftables.SetAffinity][nftables.AffinityKey(p.Src, p.Dst.Addr(), p.Proto, p.Dst.Port())]
+		val, ok := sets[nftables.SetAffinity][nftable.AffinityKey(p.Src, p.Dst.Addr(), p.Proto, p.Dst.Port())]
 		if !ok {
 			return nil
 		}
 		v.Remembered = true
-		ep, _ := nftables.DecodeEndpoint(fam, val)
+		ep, _ := nftable.DecodeEndpoint(fam, val)
 		return []Share{{ep, nftables.Slots}}
 	}
 	if v.DNAT = remembered(); len(v.DNAT) == 0 {
@@ -311,7 +312,7 @@ func (f *Fake) Trace(fam netfilter.Family, p Packet) Verdict {
 	}
 	if len(v.DNAT) > 0 {
 		for _, s := range v.DNAT {
-			if s.Endpoint.Addr() == p.Src && has(nftables.SetHairpin, nftables.HairpinKey(p.Src)) {
+			if s.Endpoint.Addr() == p.Src && has(nftables.SetHairpin, nftable.AddrPairKey(p.Src)) {
 				v.Hairpin = append(v.Hairpin, s.Endpoint)
 			}
 		}
