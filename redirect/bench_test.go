@@ -10,6 +10,7 @@ import (
 	"github.com/svcproxy/svcproxy/internal/kerneltest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
+	"github.com/svcproxy/svcproxy/redirect/steertable/steertabletest"
 )
 
 // BenchmarkApply measures the Go side of one incremental Apply (a Service
@@ -18,7 +19,7 @@ func BenchmarkApply(b *testing.B) {
 	for _, n := range []int{10, 100, 1000, 10000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			f := netfiltertest.NewFake()
-			r, err := New(Config{Mark: testMark, Exec: f, Logger: zap.NewNop()})
+			r, err := New(Config{Backend: BackendIPTables, NFT: steertabletest.NewFake(), Mark: testMark, Exec: f, Logger: zap.NewNop()})
 			if err != nil {
 				b.Fatal(err)
 			}

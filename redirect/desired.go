@@ -46,7 +46,8 @@ func (r udpRedirect) frontend(fam netfilter.Family) lb.Frontend {
 	return lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(dst, r.port)}
 }
 
-// desired is everything one Apply should leave in the kernel.
+// desired is everything one Apply of the iptables backend should leave in
+// the kernel.
 type desired struct {
 	members map[member]struct{}
 	// rules holds, per family, the rules of each of its chains.
@@ -55,17 +56,28 @@ type desired struct {
 	udp map[lb.Frontend]uint16
 }
 
-// compute translates snap and ports into the desired state. A Service that
-// cannot be programmed (an unsupported protocol, a UDP frontend with
+// target is one frontend (or a NodePort in one family) of the snapshot to
+// steer or reject, whatever writes the rules.
+type target struct {
+	fam      netfilter.Family
+	nodePort bool       // addr is the family's unspecified address
+	addr     netip.Addr // the frontend address
+	proto    lb.Protocol
+	port     uint16 // the frontend port or NodePort
+	// to is the forwarder port to steer to: the TCP redirect port, or the
+	// UDP frontend's socket (0: none, only when not usable).
+	to uint16
+	// usable: the pool has endpoints, so steer; else reject.
+	usable bool
+}
+
+// walk calls visit with every frontend and NodePort of snap svcproxy steers
+// (TCP and UDP; SCTP is left alone) or rejects, in r's families. A Service
+// that cannot be programmed (an unsupported protocol, a UDP frontend with
 // endpoints but no forwarder port) loses only the affected frontends; the
 // error names each.
-func (r *Redirector) compute(snap *lb.Snapshot, ports Ports, spare map[member]struct{}) (*desired, []error) {
-	d := &desired{members: spare}
-	if d.members == nil {
-		d.members = make(map[member]struct{}, snap.Len()+16)
-	}
+func (r *Redirector) walk(snap *lb.Snapshot, ports Ports, visit func(target)) []error {
 	var errs []error
-	var udp, npUDP [2][]udpRedirect
 	for _, bal := range snap.Balancers() {
 		if bal == nil || bal.Service == nil {
 			continue
@@ -93,55 +105,74 @@ func (r *Redirector) compute(snap *lb.Snapshot, ports Ports, spare map[member]st
 			if fam == netfilter.IPv6 && !r.cfg.IPv6 {
 				continue
 			}
-			usable := len(pool.Backends()) > 0
+			x := target{fam: fam, addr: ip, proto: svc.Protocol, port: svc.Port, to: ports.TCP, usable: len(pool.Backends()) > 0}
 			if svc.Protocol == lb.UDP {
-				to, ok := ports.UDP[fe]
-				switch {
-				case ok && to != 0:
-					udp[fam] = append(udp[fam], udpRedirect{dst: ip, port: svc.Port, to: to})
-				case usable:
+				if x.to = ports.UDP[fe]; x.to == 0 && x.usable {
 					errs = append(errs, fmt.Errorf("service %v: frontend %v: no forwarder port for it", svc.Name, fe))
 					continue
 				}
 			}
-			set := rejectSet(fam)
-			if usable {
-				set = svcSet(fam)
-			}
-			d.members[addrMember(set, ip, svc.Protocol, svc.Port)] = struct{}{}
+			visit(x)
 		}
 		pool := bal.External
 		if snap.NodePort(bal) == 0 || pool == nil {
 			continue // none, or another Service owns this NodePort
 		}
-		usable := len(pool.Backends()) > 0
-		if svc.Protocol == lb.UDP {
-			// The NodePort sets serve both families; a family without a
-			// forwarder port has no rule, so its packets are not steered.
-			for _, fam := range r.families {
-				fe := lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(unspecified(fam), svc.NodePort)}
-				to, ok := ports.UDP[fe]
-				switch {
-				case ok && to != 0:
-					npUDP[fam] = append(npUDP[fam], udpRedirect{port: svc.NodePort, to: to})
-				case usable:
+		for _, fam := range r.families {
+			x := target{fam: fam, nodePort: true, addr: unspecified(fam), proto: svc.Protocol, port: svc.NodePort, to: ports.TCP, usable: len(pool.Backends()) > 0}
+			if svc.Protocol == lb.UDP {
+				// Each family's UDP NodePort has its own socket; a family
+				// without one is not steered.
+				fe := lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(x.addr, svc.NodePort)}
+				if x.to = ports.UDP[fe]; x.to == 0 && x.usable {
 					errs = append(errs, fmt.Errorf("service %v: nodePort %v: no forwarder port for it", svc.Name, fe))
+					continue
 				}
 			}
+			visit(x)
 		}
+	}
+	return errs
+}
+
+// compute translates snap and ports into the desired state of the iptables
+// backend.
+func (r *Redirector) compute(snap *lb.Snapshot, ports Ports, spare map[member]struct{}) (*desired, []error) {
+	d := &desired{members: spare}
+	if d.members == nil {
+		d.members = make(map[member]struct{}, snap.Len()+16)
+	}
+	var udp, npUDP [2][]udpRedirect
+	errs := r.walk(snap, ports, func(x target) {
+		if x.proto == lb.UDP && x.to != 0 {
+			if x.nodePort {
+				npUDP[x.fam] = append(npUDP[x.fam], udpRedirect{port: x.port, to: x.to})
+			} else {
+				udp[x.fam] = append(udp[x.fam], udpRedirect{dst: x.addr, port: x.port, to: x.to})
+			}
+		}
+		if !x.nodePort {
+			set := rejectSet(x.fam)
+			if x.usable {
+				set = svcSet(x.fam)
+			}
+			d.members[addrMember(set, x.addr, x.proto, x.port)] = struct{}{}
+			return
+		}
+		// The NodePort sets serve both families.
 		var set setID
 		switch {
-		case usable && svc.Protocol == lb.TCP:
+		case x.usable && x.proto == lb.TCP:
 			set = setNPTCP
-		case usable:
+		case x.usable:
 			set = setNPUDP
-		case svc.Protocol == lb.TCP:
+		case x.proto == lb.TCP:
 			set = setNPRejectTCP
 		default:
 			set = setNPRejectUDP
 		}
-		d.members[member{set: set, port: svc.NodePort}] = struct{}{}
-	}
+		d.members[member{set: set, port: x.port}] = struct{}{}
+	})
 	d.udp = make(map[lb.Frontend]uint16)
 	for _, fam := range r.families {
 		for _, x := range slices.Concat(udp[fam], npUDP[fam]) {

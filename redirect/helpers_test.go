@@ -9,6 +9,7 @@ import (
 
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
+	"github.com/svcproxy/svcproxy/redirect/steertable/steertabletest"
 )
 
 const (
@@ -106,11 +107,50 @@ func testPorts() Ports {
 	}}
 }
 
-// newFakeRedirector returns a Redirector over a new netfiltertest.Fake.
+// newFakeRedirector returns a Redirector of the iptables backend over a new
+// netfiltertest.Fake (and a steertabletest.Fake, which it only cleans).
 func newFakeRedirector(t testing.TB, cfg Config) (*Redirector, *netfiltertest.Fake) {
 	t.Helper()
 	f := netfiltertest.NewFake()
 	cfg.Exec = f
+	if cfg.Backend == "" {
+		cfg.Backend = BackendIPTables
+	}
+	if cfg.NFT == nil {
+		cfg.NFT = steertabletest.NewFake()
+	}
+	return newRedirector(t, cfg), f
+}
+
+// newFakeNFTRedirector returns a Redirector of the nftables backend over a
+// new steertabletest.Fake (and a netfiltertest.Fake for conntrack).
+func newFakeNFTRedirector(t testing.TB, cfg Config) (*Redirector, *steertabletest.Fake, *netfiltertest.Fake) {
+	t.Helper()
+	k, f := steertabletest.NewFake(), netfiltertest.NewFake()
+	cfg.Backend, cfg.NFT, cfg.Exec = BackendNFTables, k, f
+	return newRedirector(t, cfg), k, f
+}
+
+// tracer is either fake: where does a packet go.
+type tracer interface {
+	Trace(netfiltertest.Packet) netfiltertest.Verdict
+	Dump() string
+}
+
+// fakeBackends run the behavioural tables over both backends' fakes.
+var fakeBackends = []struct {
+	name string
+	new  func(t testing.TB, cfg Config) (*Redirector, tracer)
+}{
+	{"iptables", func(t testing.TB, cfg Config) (*Redirector, tracer) { return newFakeRedirector(t, cfg) }},
+	{"nftables", func(t testing.TB, cfg Config) (*Redirector, tracer) {
+		r, k, _ := newFakeNFTRedirector(t, cfg)
+		return r, k
+	}},
+}
+
+func newRedirector(t testing.TB, cfg Config) *Redirector {
+	t.Helper()
 	if cfg.Mark == 0 {
 		cfg.Mark = testMark
 	}
@@ -121,7 +161,7 @@ func newFakeRedirector(t testing.TB, cfg Config) (*Redirector, *netfiltertest.Fa
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	return r, f
+	return r
 }
 
 func mustApply(t testing.TB, r *Redirector, snap *lb.Snapshot, ports Ports, full bool) {
@@ -158,7 +198,7 @@ var (
 )
 
 // checkTrace fails when f sends p anywhere but want (the Rule is ignored).
-func checkTrace(t *testing.T, f *netfiltertest.Fake, p netfiltertest.Packet, want netfiltertest.Verdict) {
+func checkTrace(t *testing.T, f tracer, p netfiltertest.Packet, want netfiltertest.Verdict) {
 	t.Helper()
 	got := f.Trace(p)
 	if got.Action != want.Action || got.Port != want.Port {

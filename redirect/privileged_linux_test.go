@@ -46,7 +46,7 @@ func TestPrivilegedApplyCleanup(t *testing.T) {
 			}
 			before := kerneltest.State(t, ns, variant)
 
-			r, err := New(Config{Mark: testMark, IPv6: true, Exec: e, Logger: zaptest.NewLogger(t),
+			r, err := New(Config{Backend: BackendIPTables, NetNS: ns, Mark: testMark, IPv6: true, Exec: e, Logger: zaptest.NewLogger(t),
 				NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/24"), netip.MustParsePrefix("127.0.0.0/8")}})
 			if err != nil {
 				t.Fatal(err)
@@ -55,8 +55,8 @@ func TestPrivilegedApplyCleanup(t *testing.T) {
 			if variant == "legacy" {
 				want = "legacy"
 			}
-			if r.Backend() != want {
-				t.Errorf("Backend() = %q, want %q", r.Backend(), want)
+			if r.IPTables() != want {
+				t.Errorf("IPTables() = %q, want %q", r.IPTables(), want)
 			}
 			st := store(t, testServices()...)
 			mustApply(t, r, st.Snapshot(), testPorts(), true)
@@ -123,11 +123,12 @@ func TestPrivilegedApplyCleanup(t *testing.T) {
 func TestPrivilegedTraffic(t *testing.T) {
 	privileged.Require(t)
 	for _, variant := range kerneltest.Variants() {
-		t.Run(kerneltest.VariantName(variant), func(t *testing.T) { testTraffic(t, variant) })
+		t.Run(kerneltest.VariantName(variant), func(t *testing.T) { testTraffic(t, BackendIPTables, variant) })
 	}
+	t.Run("nftables", func(t *testing.T) { testTraffic(t, BackendNFTables, "") })
 }
 
-func testTraffic(t *testing.T, variant string) {
+func testTraffic(t *testing.T, backend Backend, variant string) {
 	ctx := context.Background()
 	top := newTopology(t)
 	const udpPort = 40053
@@ -177,9 +178,12 @@ func testTraffic(t *testing.T, variant string) {
 			ClusterIPs: []netip.Addr{ip("198.18.10.53")}},
 	}
 	ports := Ports{TCP: testTCPPort, UDP: map[lb.Frontend]uint16{{Protocol: lb.UDP, Addr: ap("198.18.10.53:53")}: udpPort}}
-	r, err := New(Config{Mark: testMark, IPv6: true, Exec: &netfilter.Exec{NetNS: top.node, Variant: variant}, Logger: zaptest.NewLogger(t)})
+	r, err := New(Config{Backend: backend, NetNS: top.node, Mark: testMark, IPv6: true, Exec: &netfilter.Exec{NetNS: top.node, Variant: variant}, Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if r.Backend() != backend {
+		t.Fatalf("Backend() = %v, want %v", r.Backend(), backend)
 	}
 	mustApply(t, r, store(t, services...).Snapshot(), ports, true)
 	t.Cleanup(func() {
@@ -361,7 +365,7 @@ func TestPrivilegedLayout(t *testing.T) {
 	privileged.Require(t)
 	ns := privileged.NewNS(t)
 	e := netfilter.NewExec(ns)
-	r, err := New(Config{Mark: testMark, Exec: e})
+	r, err := New(Config{Backend: BackendIPTables, NetNS: ns, Mark: testMark, Exec: e})
 	if err != nil {
 		t.Fatal(err)
 	}

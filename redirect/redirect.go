@@ -9,12 +9,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/redirect/steertable"
 )
 
 // Ports are the forwarder ports traffic is steered to.
@@ -39,8 +41,40 @@ type Ports struct {
 	UDP map[lb.Frontend]uint16
 }
 
+// Backend names what writes the steering rules.
+type Backend string
+
+const (
+	// BackendAuto is nftables when the kernel takes the steering table
+	// (a throwaway copy is written and deleted at start), else iptables +
+	// ipset. The zero Backend means it too.
+	BackendAuto Backend = "auto"
+	// BackendNFTables is one owned nftables table per family (Table),
+	// written over netlink: no iptables, ipset or nft binary needed.
+	BackendNFTables Backend = "nftables"
+	// BackendIPTables is iptables (either backend) with ipsets.
+	BackendIPTables Backend = "iptables"
+)
+
+// ParseBackend reads a --steering-backend value ("" is auto).
+func ParseBackend(s string) (Backend, error) {
+	switch b := Backend(s); b {
+	case "", BackendAuto:
+		return BackendAuto, nil
+	case BackendNFTables, BackendIPTables:
+		return b, nil
+	}
+	return "", fmt.Errorf("want auto, nftables or iptables, got %q", s)
+}
+
 // Config configures a Redirector.
 type Config struct {
+	// Backend chooses what writes the rules; empty: BackendAuto.
+	Backend Backend
+	// NetNS is the named network namespace (ip netns) the nftables backend
+	// programs; empty: this process's. The iptables backend runs Exec,
+	// which has its own.
+	NetNS string
 	// Mark is the SO_MARK of the forwarder's upstream sockets; packets
 	// carrying it (mask Mark) are never redirected or rejected. Required.
 	Mark uint32
@@ -51,9 +85,13 @@ type Config struct {
 	NodePortAddresses []netip.Prefix
 	// netfilter.IPv6 also programs ip6tables and the -v6 sets.
 	IPv6 bool
-	// Exec runs the kernel tools. Nil: netfilter.NewExec("") (the real
-	// tools, in this process's network namespace).
+	// Exec runs the kernel tools: iptables and ipset for the iptables
+	// backend, conntrack for both. Nil: netfilter.NewExec(NetNS) (the real
+	// tools).
 	Exec netfilter.Executor
+	// NFT writes the nftables backend's tables. Nil:
+	// steertable.Netlink(NetNS).
+	NFT steertable.Kernel
 	// Logger; nil: no logging.
 	Logger *zap.Logger
 }
@@ -64,12 +102,17 @@ type Redirector struct {
 	cfg          Config
 	exec         netfilter.Executor
 	log          *zap.Logger
-	backend      string
+	kind         Backend
+	backend      string // the iptables backend, "" with nftables
 	families     []netfilter.Family
 	npRestricted [2]bool
 	npAddrs      [2][]netip.Prefix
 
-	rec *netfilter.Reconciler
+	rec *netfilter.Reconciler // the iptables backend
+
+	nk          steertable.Kernel // the nftables backend
+	nftFailures [2]atomic.Uint64
+	nftRepairs  atomic.Uint64
 
 	mu sync.Mutex
 	// cur is what the last successful sync wrote; nil when this process
@@ -81,20 +124,35 @@ type Redirector struct {
 	// read from the kernel by the first Apply (what a previous process
 	// left), then what each successful sync wrote.
 	steered map[lb.Frontend]uint16
+	// ncur is what the nftables backend's last successful sync wrote; nil
+	// as cur.
+	ncur *nftState
+	// othersGone: the other backend's leftovers were removed.
+	othersGone bool
 }
 
-// New validates cfg and detects the iptables backend.
+// New validates cfg and chooses the backend: with BackendAuto, nftables
+// when a throwaway copy of the steering table can be written (in each
+// family served), else iptables, whose backend (nf_tables or legacy) it
+// detects.
 func New(cfg Config) (*Redirector, error) {
 	if cfg.Mark == 0 {
 		return nil, errors.New("creating redirector: mark must not be zero")
 	}
+	kind, err := ParseBackend(string(cfg.Backend))
+	if err != nil {
+		return nil, fmt.Errorf("creating redirector: backend: %w", err)
+	}
 	if cfg.Exec == nil {
-		cfg.Exec = netfilter.NewExec("")
+		cfg.Exec = netfilter.NewExec(cfg.NetNS)
+	}
+	if cfg.NFT == nil {
+		cfg.NFT = steertable.Netlink(cfg.NetNS)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	r := &Redirector{cfg: cfg, exec: cfg.Exec, log: cfg.Logger.Named("redirect"), families: []netfilter.Family{netfilter.IPv4}}
+	r := &Redirector{cfg: cfg, exec: cfg.Exec, nk: cfg.NFT, log: cfg.Logger.Named("redirect"), families: []netfilter.Family{netfilter.IPv4}}
 	if cfg.IPv6 {
 		r.families = append(r.families, netfilter.IPv6)
 	}
@@ -105,35 +163,96 @@ func New(cfg Config) (*Redirector, error) {
 				zap.Strings("differences", diffs[:min(len(diffs), 10)]), zap.Int("count", len(diffs)))
 		},
 	})
-	var err error
 	if r.npRestricted, r.npAddrs, err = netfilter.NodePortPrefixes(cfg.NodePortAddresses); err != nil {
 		return nil, fmt.Errorf("creating redirector: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	v, err := r.exec.IPTablesVersion(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("detecting iptables backend: %w", err)
+	var nftErr error
+	if kind != BackendIPTables {
+		nftErr = r.probeNFT(ctx)
+		switch {
+		case nftErr == nil:
+			r.kind = BackendNFTables
+		case kind == BackendNFTables:
+			return nil, fmt.Errorf("creating redirector: nftables backend: %w", nftErr)
+		}
 	}
+	v, err := r.exec.IPTablesVersion(ctx)
 	switch {
+	case err != nil && r.kind == BackendNFTables:
+		// No iptables: nothing of the iptables backend to remove either.
+	case err != nil:
+		if nftErr != nil {
+			err = errors.Join(err, fmt.Errorf("nftables: %w", nftErr))
+		}
+		return nil, fmt.Errorf("detecting iptables backend: %w", err)
 	case strings.Contains(v, "nf_tables"):
 		r.backend = "nf_tables"
-	case strings.Contains(v, "legacy"):
-		r.backend = "legacy"
 	default:
 		// iptables before 1.8 only had the legacy backend and did not say so.
 		r.backend = "legacy"
 	}
-	r.log.Info("iptables backend detected", zap.String("backend", r.backend), zap.String("version", v))
+	if r.kind == "" {
+		r.kind = BackendIPTables
+		if nftErr != nil {
+			r.log.Info("steering with iptables: nftables is not usable here", zap.Error(nftErr))
+		}
+		r.log.Info("iptables backend detected", zap.String("backend", r.backend), zap.String("version", v))
+	}
 	return r, nil
 }
 
-// Backend is the iptables backend in use: "nf_tables" or "legacy".
-func (r *Redirector) Backend() string { return r.backend }
+// probeNFT writes and deletes a throwaway steering table in each family.
+func (r *Redirector) probeNFT(ctx context.Context) error {
+	for _, fam := range r.families {
+		if err := r.nk.Probe(ctx, fam); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Available reports which backend cfg would steer with on this node, or
+// why it cannot steer: New's choice, without keeping anything.
+func Available(ctx context.Context, cfg Config) (Backend, error) {
+	if cfg.Mark == 0 {
+		cfg.Mark = 1
+	}
+	r, err := New(cfg)
+	if err != nil {
+		return "", err
+	}
+	return r.kind, nil
+}
+
+// Backend is what writes the rules: BackendNFTables or BackendIPTables.
+func (r *Redirector) Backend() Backend { return r.kind }
+
+// IPTables is the iptables backend in use, "nf_tables" or "legacy"; ""
+// when the rules are written with nftables.
+func (r *Redirector) IPTables() string { return r.backend }
+
+// Describe says what steers, for logs: "nftables (table svcproxy-steering)"
+// or "iptables (nf_tables) + ipset".
+func (r *Redirector) Describe() string {
+	if r.kind == BackendNFTables {
+		return "nftables (table " + Table + ")"
+	}
+	return "iptables (" + r.backend + ") + ipset"
+}
+
+// SyncFailures counts the failed nftables transactions of this
+// Redirector's syncs for family (kube-proxy's
+// kubeproxy_sync_proxy_rules_nftables_sync_failures_total); always 0 with
+// the iptables backend, whose failures are RestoreFailures.
+func (r *Redirector) SyncFailures(family netfilter.Family) uint64 {
+	return r.nftFailures[family].Load()
+}
 
 // Repairs counts full syncs that found the rules or sets differing from what
 // this Redirector last wrote (someone tampered with them) and rewrote them.
-func (r *Redirector) Repairs() uint64 { return r.rec.Repairs() }
+func (r *Redirector) Repairs() uint64 { return r.rec.Repairs() + r.nftRepairs.Load() }
 
 // RestoreFailures counts the iptables-restore runs of this Redirector's syncs
 // that failed for family (kube-proxy's
@@ -187,6 +306,13 @@ func (r *Redirector) Apply(ctx context.Context, snap *lb.Snapshot, ports Ports, 
 			r.log.Debug("cannot read what UDP frontends are steered to", zap.Error(err))
 		}
 		r.steered = steered
+	}
+	if r.kind == BackendNFTables {
+		return r.applyNFT(ctx, snap, ports, full)
+	}
+	if r.cur == nil && !r.othersGone {
+		r.removeNFT(ctx)
+		r.othersGone = true
 	}
 	want, errs := r.compute(snap, ports, r.spare)
 	r.spare = nil
@@ -245,10 +371,21 @@ func (r *Redirector) ruleset(want *desired) *netfilter.Ruleset {
 func (r *Redirector) Cleanup(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.cur = nil
+	r.cur, r.ncur = nil, nil
 	r.steered = nil
 	r.rec.Forget()
-	return netfilter.Cleanup(ctx, r.exec, chainPrefix, setPrefix, r.cfg.IPv6)
+	var errs []error
+	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
+		if err := r.nk.Delete(ctx, fam); err != nil && r.kind == BackendNFTables && (fam == netfilter.IPv4 || r.cfg.IPv6) {
+			errs = append(errs, fmt.Errorf("removing the %v steering table: %w", fam, err))
+		}
+	}
+	if r.backend != "" { // iptables is there
+		if err := netfilter.Cleanup(ctx, r.exec, chainPrefix, setPrefix, r.cfg.IPv6); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // SteeredUDP reads from the kernel the port each UDP frontend is
@@ -270,6 +407,9 @@ func (r *Redirector) SteeredUDP(ctx context.Context) (map[lb.Frontend]uint16, er
 
 // readSteered is SteeredUDP's read. Called with r.mu held.
 func (r *Redirector) readSteered(ctx context.Context) (map[lb.Frontend]uint16, error) {
+	if r.kind == BackendNFTables {
+		return r.readSteeredNFT(ctx)
+	}
 	out := map[lb.Frontend]uint16{}
 	for _, fam := range r.families {
 		save, err := r.exec.IPTablesSaveChains(ctx, fam, "nat", []string{chainUDP, chainNPUDP})

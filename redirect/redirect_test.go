@@ -10,10 +10,17 @@ import (
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
+	"github.com/svcproxy/svcproxy/redirect/steertable/steertabletest"
 )
 
 func TestSteering(t *testing.T) {
-	r, f := newFakeRedirector(t, Config{IPv6: true})
+	for _, b := range fakeBackends {
+		t.Run(b.name, func(t *testing.T) { testSteering(t, b.new) })
+	}
+}
+
+func testSteering(t *testing.T, newRedirector func(testing.TB, Config) (*Redirector, tracer)) {
+	r, f := newRedirector(t, Config{IPv6: true})
 	snap := store(t, testServices()...).Snapshot()
 	mustApply(t, r, snap, testPorts(), true)
 
@@ -72,7 +79,7 @@ func TestSteering(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) { checkTrace(t, f, tc.p, tc.want) })
 	}
-	if got := f.Trace(pkt(lb.TCP, "10.96.0.10:80", netfiltertest.Prerouting)).Rule; !strings.Contains(got, "REDIRECT") {
+	if got := f.Trace(pkt(lb.TCP, "10.96.0.10:80", netfiltertest.Prerouting)).Rule; !strings.Contains(strings.ToUpper(got), "REDIRECT") {
 		t.Errorf("Verdict.Rule = %q, want the REDIRECT rule", got)
 	}
 }
@@ -98,11 +105,13 @@ func TestNodePortAddresses(t *testing.T) {
 		{"netfilter.IPv4 /0 lifts the netfilter.IPv4 restriction", []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("2001:db8::/64")}, "198.51.100.10:30080", netfiltertest.Prerouting, redirected(testTCPPort)},
 		{"ClusterIPs are not restricted", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, "10.96.0.10:80", netfiltertest.Prerouting, redirected(testTCPPort)},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			r, f := newFakeRedirector(t, Config{IPv6: true, NodePortAddresses: tc.prefixes})
-			mustApply(t, r, store(t, testServices()...).Snapshot(), testPorts(), true)
-			checkTrace(t, f, pkt(lb.TCP, tc.dst, tc.hook), tc.want)
-		})
+		for _, b := range fakeBackends {
+			t.Run(b.name+"/"+tc.name, func(t *testing.T) {
+				r, f := b.new(t, Config{IPv6: true, NodePortAddresses: tc.prefixes})
+				mustApply(t, r, store(t, testServices()...).Snapshot(), testPorts(), true)
+				checkTrace(t, f, pkt(lb.TCP, tc.dst, tc.hook), tc.want)
+			})
+		}
 	}
 }
 
@@ -324,7 +333,7 @@ func TestCleanup(t *testing.T) {
 
 	// Cleanup by a process that installed nothing (svcproxy --cleanup).
 	mustApply(t, r, store(t, testServices()...).Snapshot(), testPorts(), true)
-	other, err := New(Config{Mark: 1, Exec: f})
+	other, err := New(Config{Backend: BackendIPTables, NFT: steertabletest.NewFake(), Mark: 1, Exec: f})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -421,7 +430,7 @@ func TestBadInput(t *testing.T) {
 		{},
 		{Mark: 1, NodePortAddresses: []netip.Prefix{{}}},
 	} {
-		cfg.Exec = netfiltertest.NewFake()
+		cfg.Exec, cfg.NFT = netfiltertest.NewFake(), steertabletest.NewFake()
 		if _, err := New(cfg); err == nil {
 			t.Errorf("New(%+v) succeeded", cfg)
 		}
@@ -436,12 +445,12 @@ func TestBackend(t *testing.T) {
 	} {
 		f := netfiltertest.NewFake()
 		f.SetVersion(v)
-		r, err := New(Config{Mark: 1, Exec: f})
+		r, err := New(Config{Backend: BackendIPTables, NFT: steertabletest.NewFake(), Mark: 1, Exec: f})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := r.Backend(); got != want {
-			t.Errorf("Backend() with %q = %q, want %q", v, got, want)
+		if got := r.IPTables(); got != want {
+			t.Errorf("IPTables() with %q = %q, want %q", v, got, want)
 		}
 	}
 }

@@ -25,7 +25,7 @@ type scaleFigures struct {
 func measureScale(t testing.TB, variant string, n, rounds int) scaleFigures {
 	ctx := context.Background()
 	ns := privileged.NewNS(t)
-	r, err := New(Config{Mark: testMark, Exec: &netfilter.Exec{NetNS: ns, Variant: variant}, Logger: zap.NewNop()})
+	r, err := New(Config{Backend: BackendIPTables, NetNS: ns, Mark: testMark, Exec: &netfilter.Exec{NetNS: ns, Variant: variant}, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func BenchmarkPrivilegedApply(b *testing.B) {
 	for _, n := range []int{10, 100, 1000, 10000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			ns := privileged.NewNS(b)
-			r, err := New(Config{Mark: testMark, Exec: netfilter.NewExec(ns), Logger: zap.NewNop()})
+			r, err := New(Config{Backend: BackendIPTables, NetNS: ns, Mark: testMark, Exec: netfilter.NewExec(ns), Logger: zap.NewNop()})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -10,6 +10,7 @@ import (
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
+	"github.com/svcproxy/svcproxy/redirect/steertable/steertabletest"
 )
 
 // conntrackDeletes are the conntrack deletions f received, as
@@ -88,7 +89,7 @@ func TestUDPPortsStable(t *testing.T) {
 			// A restart: the new process reads the ports back, and its
 			// first Apply clears only what it moves.
 			f.ResetCalls()
-			r2, err := New(Config{Mark: testMark, IPv6: true, Exec: f})
+			r2, err := New(Config{Backend: BackendIPTables, NFT: steertabletest.NewFake(), Mark: testMark, IPv6: true, Exec: f})
 			if err != nil {
 				t.Fatal(err)
 			}

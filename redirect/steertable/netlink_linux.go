@@ -1,0 +1,149 @@
+package steertable
+
+import (
+	"context"
+
+	nft "github.com/google/nftables"
+	"github.com/google/nftables/expr"
+
+	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/nftable"
+)
+
+type netlinkKernel struct{ c *nftable.Conn }
+
+func newNetlink(ns string) Kernel { return &netlinkKernel{c: nftable.NewConn(ns)} }
+
+// setOf is set's definition in a table of fam.
+func setOf(fam netfilter.Family, set string) *nft.Set {
+	a := nftable.AddrType(fam)
+	s := &nft.Set{Name: set, Concatenation: true}
+	switch set {
+	case SetFrontends:
+		s.IsMap = true
+		s.KeyType = nft.MustConcatSetType(a, nft.TypeInetProto, nft.TypeInetService)
+		s.DataType = nft.TypeInetService
+	case SetNodePorts:
+		s.IsMap = true
+		s.KeyType = nft.MustConcatSetType(nft.TypeInetProto, nft.TypeInetService)
+		s.DataType = nft.TypeInetService
+	case SetNoEndpoints:
+		s.KeyType = nft.MustConcatSetType(a, nft.TypeInetProto, nft.TypeInetService)
+	case SetNodePortNoEndpoints:
+		s.KeyType = nft.MustConcatSetType(nft.TypeInetProto, nft.TypeInetService)
+	case SetUDPSockets:
+		s.Concatenation = false
+		s.KeyType = nft.TypeInetService
+	}
+	return s
+}
+
+// The chains of each table.
+const (
+	chainSteer      = "steer"     // redirect frontends; NodePorts on local addresses
+	chainNodePorts  = "nodeports" // redirect NodePorts
+	chainReject     = "reject"    // reject what has no endpoints, drop direct UDP
+	chainPrerouting = "nat-prerouting"
+	chainOutput     = "nat-output"
+	chainFilterIn   = "filter-input"
+	chainFilterOut  = "filter-output"
+	chainFilterFwd  = "filter-forward"
+)
+
+func chains() []*nft.Chain {
+	base := func(name string, typ nft.ChainType, hook *nft.ChainHook, prio *nft.ChainPriority) *nft.Chain {
+		return &nft.Chain{Name: name, Type: typ, Hooknum: hook, Priority: prio}
+	}
+	return []*nft.Chain{
+		{Name: chainSteer}, {Name: chainNodePorts}, {Name: chainReject},
+		base(chainPrerouting, nft.ChainTypeNAT, nft.ChainHookPrerouting, nft.ChainPriorityNATDest),
+		base(chainOutput, nft.ChainTypeNAT, nft.ChainHookOutput, nft.ChainPriorityNATDest),
+		base(chainFilterIn, nft.ChainTypeFilter, nft.ChainHookInput, nft.ChainPriorityFilter),
+		base(chainFilterOut, nft.ChainTypeFilter, nft.ChainHookOutput, nft.ChainPriorityFilter),
+		base(chainFilterFwd, nft.ChainTypeFilter, nft.ChainHookForward, nft.ChainPriorityFilter),
+	}
+}
+
+// redirect redirects to the port a map lookup left in Reg1.
+func redirect() expr.Any {
+	return &expr.Redir{RegisterProtoMin: nftable.Reg1, RegisterProtoMax: nftable.Reg1}
+}
+
+// rules are the rules of each chain for l (see the package doc).
+func rules(l Layout) map[string][][]expr.Any {
+	cat, lookup := nftable.Cat, nftable.Lookup
+	ret := []expr.Any{nftable.Verdict(expr.VerdictReturn, "")}
+	fe, _ := nftable.Frontend(l.Family)
+	np, _ := nftable.NodePort()
+	var local [][]expr.Any
+	if l.NodePorts {
+		local = nftable.LocalDest(l.Family, l.NodePortPrefixes, true)
+	}
+	r := map[string][][]expr.Any{}
+	r[chainSteer] = [][]expr.Any{
+		cat(nftable.Marked(l.Mark, true), ret),
+		cat(fe, []expr.Any{nftable.MapTo(SetFrontends), redirect()}),
+		cat(fe, []expr.Any{lookup(SetNoEndpoints)}, ret),
+	}
+	for _, m := range local {
+		r[chainSteer] = append(r[chainSteer], cat(m, []expr.Any{nftable.Verdict(expr.VerdictJump, chainNodePorts)}))
+	}
+	r[chainNodePorts] = [][]expr.Any{cat(np, []expr.Any{nftable.MapTo(SetNodePorts), redirect()})}
+	jump := func(chain string) [][]expr.Any { return [][]expr.Any{{nftable.Verdict(expr.VerdictJump, chain)}} }
+	r[chainPrerouting] = jump(chainSteer)
+	r[chainOutput] = jump(chainSteer)
+
+	rej := [][]expr.Any{
+		cat(nftable.Marked(l.Mark, true), ret),
+		cat(nftable.CtDNAT(expr.CmpOpNeq), ret),
+		cat(nftable.IsTCP(true), fe, []expr.Any{lookup(SetNoEndpoints), nftable.RejectTCP()}),
+		cat(nftable.IsTCP(false), fe, []expr.Any{lookup(SetNoEndpoints), nftable.RejectICMP(l.Family)}),
+	}
+	for _, m := range local {
+		rej = append(rej,
+			cat(m, nftable.IsTCP(true), np, []expr.Any{lookup(SetNodePortNoEndpoints), nftable.RejectTCP()}),
+			cat(m, nftable.IsTCP(false), np, []expr.Any{lookup(SetNodePortNoEndpoints), nftable.RejectICMP(l.Family)}))
+	}
+	udpPort := &expr.Payload{DestRegister: nftable.Reg1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}
+	rej = append(rej, cat(nftable.LocalDest(l.Family, nil, true)[0], nftable.IsProto(17, true),
+		[]expr.Any{udpPort, lookup(SetUDPSockets), nftable.Verdict(expr.VerdictDrop, "")}))
+	r[chainReject] = rej
+	r[chainFilterIn] = jump(chainReject)
+	r[chainFilterOut] = jump(chainReject)
+	r[chainFilterFwd] = jump(chainReject)
+	return r
+}
+
+// table is l's table as nftable declares it.
+func table(l Layout) nftable.Table {
+	t := nftable.Table{Name: Table, Family: l.Family, Chains: chains(), Rules: rules(l)}
+	for _, name := range Sets {
+		t.Sets = append(t.Sets, setOf(l.Family, name))
+	}
+	return t
+}
+
+// declared is fam's table as far as element reads and writes need it.
+func declared(fam netfilter.Family) nftable.Table {
+	return table(Layout{Family: fam})
+}
+
+func (k *netlinkKernel) Setup(ctx context.Context, l Layout) (bool, error) {
+	return k.c.Setup(ctx, table(l))
+}
+
+func (k *netlinkKernel) Elements(ctx context.Context, fam netfilter.Family, set string) (map[string]string, error) {
+	return k.c.Elements(ctx, declared(fam), set)
+}
+
+func (k *netlinkKernel) Update(ctx context.Context, fam netfilter.Family, del, add []nftable.Element) error {
+	return k.c.Update(ctx, declared(fam), del, add)
+}
+
+func (k *netlinkKernel) Delete(ctx context.Context, fam netfilter.Family) error {
+	return k.c.Delete(ctx, fam, Table)
+}
+
+func (k *netlinkKernel) Probe(ctx context.Context, fam netfilter.Family) error {
+	return k.c.Probe(ctx, table(Layout{Family: fam, Mark: 0x80000, NodePorts: true}))
+}
