@@ -79,58 +79,63 @@ type target struct {
 func (r *Redirector) walk(snap *lb.Snapshot, ports Ports, visit func(target)) []error {
 	var errs []error
 	for _, bal := range snap.Balancers() {
-		if bal == nil || bal.Service == nil {
+		errs = r.walkBalancer(snap, bal, ports, visit, errs)
+	}
+	return errs
+}
+
+// walkBalancer is walk for one Service port; it appends its errors to errs.
+func (r *Redirector) walkBalancer(snap *lb.Snapshot, bal *lb.Balancer, ports Ports, visit func(target), errs []error) []error {
+	if bal == nil || bal.Service == nil {
+		return errs
+	}
+	svc := bal.Service
+	if svc.Protocol == lb.SCTP {
+		// The forwarder cannot serve SCTP (no SCTP sockets), so SCTP
+		// frontends are left unsteered: neither redirected nor rejected,
+		// their packets go on as if svcproxy were not there. The forwarder
+		// warns once per Service port.
+		return errs
+	}
+	if svc.Protocol != lb.TCP && svc.Protocol != lb.UDP {
+		return append(errs, fmt.Errorf("service %v: unsupported protocol %v", svc.Name, svc.Protocol))
+	}
+	// Only the frontends the snapshot gives this Service port: another
+	// Service may have won some of them in a conflict.
+	for fe, pool := range snap.Frontends(bal) {
+		ip := fe.Addr.Addr()
+		if !ip.IsValid() || pool == nil {
 			continue
 		}
-		svc := bal.Service
-		if svc.Protocol == lb.SCTP {
-			// The forwarder cannot serve SCTP (no SCTP sockets), so SCTP
-			// frontends are left unsteered: neither redirected nor
-			// rejected, their packets go on as if svcproxy were not
-			// there. The forwarder warns once per Service port.
+		fam := familyOf(ip)
+		if fam == netfilter.IPv6 && !r.cfg.IPv6 {
 			continue
 		}
-		if svc.Protocol != lb.TCP && svc.Protocol != lb.UDP {
-			errs = append(errs, fmt.Errorf("service %v: unsupported protocol %v", svc.Name, svc.Protocol))
-			continue
-		}
-		// Only the frontends the snapshot gives this Service port: another
-		// Service may have won some of them in a conflict.
-		for fe, pool := range snap.Frontends(bal) {
-			ip := fe.Addr.Addr()
-			if !ip.IsValid() || pool == nil {
+		x := target{fam: fam, addr: ip, proto: svc.Protocol, port: svc.Port, to: ports.TCP, usable: len(pool.Backends()) > 0}
+		if svc.Protocol == lb.UDP {
+			if x.to = ports.UDP[fe]; x.to == 0 && x.usable {
+				errs = append(errs, fmt.Errorf("service %v: frontend %v: no forwarder port for it", svc.Name, fe))
 				continue
 			}
-			fam := familyOf(ip)
-			if fam == netfilter.IPv6 && !r.cfg.IPv6 {
+		}
+		visit(x)
+	}
+	pool := bal.External
+	if snap.NodePort(bal) == 0 || pool == nil {
+		return errs // none, or another Service owns this NodePort
+	}
+	for _, fam := range r.families {
+		x := target{fam: fam, nodePort: true, addr: unspecified(fam), proto: svc.Protocol, port: svc.NodePort, to: ports.TCP, usable: len(pool.Backends()) > 0}
+		if svc.Protocol == lb.UDP {
+			// Each family's UDP NodePort has its own socket; a family
+			// without one is not steered.
+			fe := lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(x.addr, svc.NodePort)}
+			if x.to = ports.UDP[fe]; x.to == 0 && x.usable {
+				errs = append(errs, fmt.Errorf("service %v: nodePort %v: no forwarder port for it", svc.Name, fe))
 				continue
 			}
-			x := target{fam: fam, addr: ip, proto: svc.Protocol, port: svc.Port, to: ports.TCP, usable: len(pool.Backends()) > 0}
-			if svc.Protocol == lb.UDP {
-				if x.to = ports.UDP[fe]; x.to == 0 && x.usable {
-					errs = append(errs, fmt.Errorf("service %v: frontend %v: no forwarder port for it", svc.Name, fe))
-					continue
-				}
-			}
-			visit(x)
 		}
-		pool := bal.External
-		if snap.NodePort(bal) == 0 || pool == nil {
-			continue // none, or another Service owns this NodePort
-		}
-		for _, fam := range r.families {
-			x := target{fam: fam, nodePort: true, addr: unspecified(fam), proto: svc.Protocol, port: svc.NodePort, to: ports.TCP, usable: len(pool.Backends()) > 0}
-			if svc.Protocol == lb.UDP {
-				// Each family's UDP NodePort has its own socket; a family
-				// without one is not steered.
-				fe := lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(x.addr, svc.NodePort)}
-				if x.to = ports.UDP[fe]; x.to == 0 && x.usable {
-					errs = append(errs, fmt.Errorf("service %v: nodePort %v: no forwarder port for it", svc.Name, fe))
-					continue
-				}
-			}
-			visit(x)
-		}
+		visit(x)
 	}
 	return errs
 }

@@ -1,9 +1,33 @@
-// Package redirect owns the nat (and filter) rules and ipsets that steer
-// ClusterIP, ExternalIP, LoadBalancer and NodePort traffic into svcproxy's
-// userspace forwarder. It never imports forwarder: it takes the ports to
-// steer to as input (Ports).
+// Package redirect owns the rules that steer ClusterIP, ExternalIP,
+// LoadBalancer and NodePort traffic into svcproxy's userspace forwarder,
+// written by one of two backends from the same walk of the snapshot. It
+// never imports forwarder: it takes the ports to steer to as input (Ports).
 //
-// # Layout
+// # Backends
+//
+// BackendNFTables writes one owned nftables table per family
+// (svcproxy-steering; its layout is in package steertable) over netlink: a
+// map from frontend (address . protocol . port) to forwarder port that
+// `redirect to :` reads, a NodePort map, no-endpoints sets that are
+// rejected, and the UDP sockets' ports that are dropped when reached
+// directly. The rules are fixed; every change is elements only. It needs no
+// iptables, ipset or nft binary. BackendIPTables is iptables with ipsets
+// (below). BackendAuto, the default, probes for nftables (a throwaway table
+// written and deleted in each family) and falls back to iptables; the
+// first Apply of either removes what the other left, so a node switching
+// backends never steers twice. The behavioural tests (TestSteering,
+// TestNodePortAddresses, FuzzApply, TestPrivilegedTraffic) run both.
+//
+// Measured with TestPrivilegedScale -v (2026-11-26, this 2-core VM), 10,000
+// Services × (1 ClusterIP, 10 endpoints): nftables from scratch 47 ms, one
+// Service added or removed 0.4 ms median, 4.8 ms p99 (at 1,000: 28 ms and
+// 0.1 ms); the incremental Apply asks the snapshot which Service ports
+// changed and rewrites their elements alone. A full Apply rewrites the
+// rules, reads every element back (36 ms at 10,000), writes the difference
+// and counts a repair when the kernel held other than what was last
+// written.
+//
+// # Layout of the iptables backend
 //
 // The number of iptables rules is fixed; Services live in ipset members, so
 // adding or removing a Service changes one or two set members and rewrites
@@ -54,7 +78,7 @@
 // decision svcproxy cannot make. Their packets go on untouched, as if no
 // proxy ran; the kernel modes serve SCTP.
 //
-// # Syncing
+// # Syncing (iptables backend)
 //
 // Apply translates the snapshot into a netfilter.Ruleset and syncs it with
 // a netfilter.Reconciler. A full Apply reads the current rules

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -22,15 +23,6 @@ const Table = steertable.Table
 // elemKey names one element of a family's steering table.
 type elemKey struct{ set, key string }
 
-// nftState is everything one Apply of the nftables backend should leave in
-// the kernel.
-type nftState struct {
-	// elems holds, per family, each element and its value ("" in a set).
-	elems [2]map[elemKey]string
-	// udp is the port each steered UDP frontend is redirected to.
-	udp map[lb.Frontend]uint16
-}
-
 // layout is fam's steering table beyond its elements.
 func (r *Redirector) layout(fam netfilter.Family) steertable.Layout {
 	l := steertable.Layout{Family: fam, Mark: r.cfg.Mark, NodePorts: true}
@@ -41,30 +33,116 @@ func (r *Redirector) layout(fam netfilter.Family) steertable.Layout {
 	return l
 }
 
-// computeNFT translates snap and ports into the nftables backend's
-// elements.
-func (r *Redirector) computeNFT(snap *lb.Snapshot, ports Ports) (*nftState, []error) {
-	d := &nftState{udp: map[lb.Frontend]uint16{}}
+// nftState is everything the nftables backend's last Apply left in the
+// kernel, and per Service port what it contributed, so an incremental Apply
+// rewrites only the Service ports the snapshot says changed.
+type nftState struct {
+	snap  *lb.Snapshot
+	tcp   uint16
+	udpTo map[lb.Frontend]uint16 // Ports.UDP as given
+	svcs  map[lb.ServicePortName]*steered
+	// elems holds, per family, each element and its value ("" in a set);
+	// refs how many Service ports want it (a UDP socket port may be
+	// shared).
+	elems [2]map[elemKey]string
+	refs  [2]map[elemKey]int
+	// udp is the port each steered UDP frontend is redirected to.
+	udp map[lb.Frontend]uint16
+}
+
+// steered is one Service port's part of the table.
+type steered struct {
+	elems [2][]elemKV
+	udp   []lb.Frontend // the UDP frontends it steers (their ports are in udpTo)
+}
+
+type elemKV struct {
+	k elemKey
+	v string
+}
+
+func (r *Redirector) newNFTState(snap *lb.Snapshot, ports Ports) *nftState {
+	d := &nftState{snap: snap, tcp: ports.TCP, udpTo: maps.Clone(ports.UDP), svcs: make(map[lb.ServicePortName]*steered, snap.Len()),
+		udp: map[lb.Frontend]uint16{}}
 	for _, fam := range r.families {
 		d.elems[fam] = make(map[elemKey]string, snap.Len()+16)
+		d.refs[fam] = make(map[elemKey]int, snap.Len()+16)
 	}
-	errs := r.walk(snap, ports, func(x target) {
-		m := d.elems[x.fam]
+	return d
+}
+
+// steerOf is what bal contributes to the table.
+func (r *Redirector) steerOf(snap *lb.Snapshot, bal *lb.Balancer, ports Ports, errs []error) (*steered, []error) {
+	st := &steered{}
+	errs = r.walkBalancer(snap, bal, ports, func(x target) {
+		add := func(set, key, val string) {
+			st.elems[x.fam] = append(st.elems[x.fam], elemKV{elemKey{set, key}, val})
+		}
 		if x.proto == lb.UDP && x.to != 0 {
-			m[elemKey{steertable.SetUDPSockets, nftable.PortValue(x.to)}] = ""
-			d.udp[lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(x.addr, x.port)}] = x.to
+			add(steertable.SetUDPSockets, nftable.PortValue(x.to), "")
+			st.udp = append(st.udp, lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(x.addr, x.port)})
 		}
 		switch {
 		case x.nodePort && x.usable:
-			m[elemKey{steertable.SetNodePorts, nftable.NodePortKey(x.proto, x.port)}] = nftable.PortValue(x.to)
+			add(steertable.SetNodePorts, nftable.NodePortKey(x.proto, x.port), nftable.PortValue(x.to))
 		case x.nodePort:
-			m[elemKey{steertable.SetNodePortNoEndpoints, nftable.NodePortKey(x.proto, x.port)}] = ""
+			add(steertable.SetNodePortNoEndpoints, nftable.NodePortKey(x.proto, x.port), "")
 		case x.usable:
-			m[elemKey{steertable.SetFrontends, nftable.FrontendKey(x.addr, x.proto, x.port)}] = nftable.PortValue(x.to)
+			add(steertable.SetFrontends, nftable.FrontendKey(x.addr, x.proto, x.port), nftable.PortValue(x.to))
 		default:
-			m[elemKey{steertable.SetNoEndpoints, nftable.FrontendKey(x.addr, x.proto, x.port)}] = ""
+			add(steertable.SetNoEndpoints, nftable.FrontendKey(x.addr, x.proto, x.port), "")
 		}
-	})
+	}, errs)
+	return st, errs
+}
+
+// put adds name's part to d.
+func (d *nftState) put(name lb.ServicePortName, st *steered) {
+	d.svcs[name] = st
+	for fam, es := range st.elems {
+		for _, e := range es {
+			d.refs[fam][e.k]++
+			d.elems[fam][e.k] = e.v // a frontend or NodePort belongs to one Service port
+		}
+	}
+	for _, fe := range st.udp {
+		d.udp[fe] = d.udpTo[fe]
+	}
+}
+
+// drop removes name's part from d.
+func (d *nftState) drop(name lb.ServicePortName) {
+	st := d.svcs[name]
+	if st == nil {
+		return
+	}
+	delete(d.svcs, name)
+	for fam, es := range st.elems {
+		for _, e := range es {
+			if d.refs[fam][e.k]--; d.refs[fam][e.k] <= 0 {
+				delete(d.refs[fam], e.k)
+				delete(d.elems[fam], e.k)
+			}
+		}
+	}
+	for _, fe := range st.udp {
+		delete(d.udp, fe)
+	}
+}
+
+// computeNFT translates snap and ports into the nftables backend's
+// elements.
+func (r *Redirector) computeNFT(snap *lb.Snapshot, ports Ports) (*nftState, []error) {
+	d := r.newNFTState(snap, ports)
+	var errs []error
+	for _, bal := range snap.Balancers() {
+		if bal == nil || bal.Service == nil {
+			continue
+		}
+		var st *steered
+		st, errs = r.steerOf(snap, bal, ports, errs)
+		d.put(bal.Service.Name, st)
+	}
 	return d, errs
 }
 
@@ -87,49 +165,106 @@ func diff(have, want map[elemKey]string) (del, add []nftable.Element) {
 // applyNFT is Apply for the nftables backend. Called with r.mu held.
 func (r *Redirector) applyNFT(ctx context.Context, snap *lb.Snapshot, ports Ports, full bool) error {
 	start := time.Now()
-	want, errs := r.computeNFT(snap, ports)
 	old := r.ncur
-	full = full || old == nil
+	full = full || old == nil || old.tcp != ports.TCP || !maps.Equal(old.udpTo, ports.UDP)
+	var errs []error
 	var err error
+	changed := 0
 	if !full {
-		if err = r.nftIncremental(ctx, old, want); err != nil {
+		r.ncur = nil // until the kernel holds what it says
+		if changed, errs, err = r.nftIncremental(ctx, old, snap, ports); err != nil {
 			r.log.Warn("incremental sync failed; doing a full one", zap.Error(err))
-			full = true
+			full, old = true, nil
+		} else {
+			r.ncur = old
 		}
 	}
 	if full {
-		err = r.nftFull(ctx, old, want)
+		var want *nftState
+		want, errs = r.computeNFT(snap, ports)
+		if err = r.nftFull(ctx, old, want); err == nil {
+			r.ncur = want
+		} else {
+			r.ncur = nil
+		}
 	}
-	if err != nil {
-		r.ncur = nil
-	} else {
-		r.ncur = want
-		r.forgetMoved(ctx, want.udp)
-	}
-	n := 0
-	for _, fam := range r.families {
-		n += len(want.elems[fam])
+	if r.ncur != nil {
+		r.forgetMoved(ctx, r.ncur.udp)
 	}
 	level := zap.DebugLevel
 	if took := time.Since(start); full && (old == nil || took > time.Second) {
 		level = zap.InfoLevel
 	}
-	r.log.Log(level, "applied", zap.Bool("full", full), zap.Uint64("version", snap.Version),
-		zap.Int("elements", n), zap.Duration("duration", time.Since(start)), zap.Error(err))
+	fields := []zap.Field{zap.Bool("full", full), zap.Uint64("version", snap.Version), zap.Duration("duration", time.Since(start)), zap.Error(err)}
+	if !full {
+		fields = append(fields, zap.Int("changed", changed))
+	}
+	r.log.Log(level, "applied", fields...)
 	return errors.Join(append(errs, err)...)
 }
 
-// nftIncremental writes the elements that differ from the last Apply, one
-// transaction per family that changed.
-func (r *Redirector) nftIncremental(ctx context.Context, old, want *nftState) error {
-	for _, fam := range r.families {
-		del, add := diff(old.elems[fam], want.elems[fam])
-		if err := r.nk.Update(ctx, fam, del, add); err != nil {
-			r.nftFailures[fam].Add(1)
-			return fmt.Errorf("updating the %v steering table: %w", fam, err)
+// nftIncremental rewrites, in place in cur, the parts of the Service ports
+// snap changed since cur.snap, and writes the elements that differ: one
+// transaction per family that changed. It returns how many Service ports
+// changed.
+func (r *Redirector) nftIncremental(ctx context.Context, cur *nftState, snap *lb.Snapshot, ports Ports) (int, []error, error) {
+	d := snap.Changed(cur.snap)
+	names := slices.Concat(d.Removed, d.Updated, d.Added)
+	var errs []error
+	next := map[lb.ServicePortName]*steered{}
+	for _, name := range names {
+		if bal := snap.Balancer(name); bal != nil && bal.Service != nil {
+			next[name], errs = r.steerOf(snap, bal, ports, errs)
 		}
 	}
-	return nil
+	// The elements the change touches, as the kernel holds them now.
+	var before, after [2]map[elemKey]string
+	touch := func(st *steered) {
+		for _, fam := range r.families {
+			for _, e := range st.elems[fam] {
+				if _, seen := after[fam][e.k]; seen {
+					continue
+				}
+				after[fam][e.k] = ""
+				if v, ok := cur.elems[fam][e.k]; ok {
+					before[fam][e.k] = v
+				}
+			}
+		}
+	}
+	for _, fam := range r.families {
+		before[fam], after[fam] = map[elemKey]string{}, map[elemKey]string{}
+	}
+	for _, name := range names {
+		if st := cur.svcs[name]; st != nil {
+			touch(st)
+		}
+		if st := next[name]; st != nil {
+			touch(st)
+		}
+	}
+	for _, name := range names {
+		cur.drop(name)
+	}
+	for name, st := range next {
+		cur.put(name, st)
+	}
+	cur.snap = snap
+	for _, fam := range r.families {
+		for k := range after[fam] {
+			if v, ok := cur.elems[fam][k]; ok {
+				after[fam][k] = v
+			} else {
+				delete(after[fam], k)
+			}
+		}
+		del, add := diff(before[fam], after[fam])
+		if err := r.nk.Update(ctx, fam, del, add); err != nil {
+			r.nftFailures[fam].Add(1)
+			return len(names), errs, fmt.Errorf("updating the %v steering table: %w", fam, err)
+		}
+	}
+	return len(names), errs, nil
 }
 
 // nftFull rewrites each family's table and rules, reads every set back and
