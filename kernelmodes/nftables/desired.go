@@ -60,19 +60,25 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 	var flows []udpFlow
 	secs := affinitySeconds(svc)
 	slots := func(key string, eps []netip.AddrPort, set string, front netip.AddrPort) {
-		vals := make([]string, min(len(eps), Slots))
+		m := min(len(eps), Slots)
+		vals := make([]string, m)
 		for i := range vals {
 			vals[i] = nftable.EndpointValue(eps[i])
 		}
-		// The 64 keys share one string (one allocation, not 64).
+		// The m keys share one string (one allocation, not m).
 		n := len(key) + 4
-		buf := make([]byte, 0, Slots*n)
-		for i := range Slots {
+		buf := make([]byte, 0, m*n)
+		for i := range m {
 			buf = binary.NativeEndian.AppendUint32(append(buf, key...), uint32(i))
 		}
 		keys := string(buf)
-		for i := range Slots {
-			out = append(out, elem{set, keys[i*n : (i+1)*n], vals[i%len(vals)]})
+		for i := range m {
+			out = append(out, elem{set, keys[i*n : (i+1)*n], vals[i]})
+		}
+		if set == SetNodePortEndpoints {
+			out = append(out, elem{SetNodePortSlots, key, NodePortSlotsChain(m)})
+		} else {
+			out = append(out, elem{SetServiceSlots, key, SlotsChain(m)})
 		}
 		if secs > 0 {
 			affinity := AffinitySet(secs)

@@ -18,13 +18,17 @@
 //	  ip daddr . meta l4proto . th dport @masquerade-frontends meta mark set meta mark | 0x4000
 //	  ip saddr != <cluster CIDR> ip daddr . meta l4proto . th dport @masquerade-off-cluster meta mark set meta mark | 0x4000
 //	  dnat ip to ip saddr . ip daddr . meta l4proto . th dport map @affinity   (when a Service has affinity)
-//	  dnat ip to ip daddr . meta l4proto . th dport . numgen random mod 64 map @service-endpoints
+//	  ip daddr . meta l4proto . th dport vmap @service-slots        (goto slots-N: N endpoints)
 //	  fib daddr type local ip daddr != 127.0.0.0/8 [ip daddr <NodePort prefix>] jump nodeports
+//	}
+//	chain slots-N {   (N = 1..64)
+//	  dnat ip to ip daddr . meta l4proto . th dport . numgen random mod N map @service-endpoints
 //	}
 //	chain nodeports {
 //	  meta l4proto . th dport @nodeport-masquerade meta mark set meta mark | 0x4000
-//	  dnat ip to meta l4proto . th dport . numgen random mod 64 map @nodeport-endpoints
+//	  meta l4proto . th dport vmap @nodeport-slots                 (goto nodeport-slots-N)
 //	}
+//	chain nodeport-slots-N { dnat ip to meta l4proto . th dport . numgen random mod N map @nodeport-endpoints }
 //	chain reject-no-endpoints {   (jumped to from filter input, output and forward)
 //	  ct status dnat return
 //	  ip daddr . meta l4proto . tcp dport @no-endpoints reject with tcp reset   (ICMP port unreachable for UDP and SCTP)
@@ -41,21 +45,26 @@
 //	}
 //
 // Each frontend (ClusterIP, ExternalIP or LoadBalancer IP : port) and each
-// NodePort has Slots (64) map elements, filled round robin with its
-// endpoints of the family; a new connection picks a slot with numgen. An
-// endpoint change rewrites that frontend's 64 elements (deleting those
-// whose value changes), adding a Service adds its elements, removing one
-// deletes them: one transaction per family, whatever the cluster's size.
+// NodePort with N endpoints of the family (at most Slots, 64) has N
+// elements in the endpoints map, slot i holding endpoint i, and one in the
+// slots verdict map sending it to the fixed chain that draws one of N slots
+// with numgen: each endpoint gets exactly 1/N of the new connections. An
+// endpoint change rewrites that frontend's elements that differ (the slots
+// element too when N changes), adding a Service adds its elements,
+// removing one deletes them: one transaction per family, whatever the
+// cluster's size.
 // Masquerade is where replies would otherwise bypass the node, as in the
 // iptables mode: external traffic with the Cluster policy, ClusterIP traffic
 // from outside the cluster CIDR, everything with MasqueradeAll, and hairpin
 // (an endpoint reaching itself) through one set of endpoint addresses. The
-// sets' names are in Sets; their elements' encoding is FrontendKey,
-// NodePortKey, SlotKey, EndpointValue and HairpinKey.
+// sets' names are in Sets; their elements' encoding is nftable's
+// FrontendKey, NodePortKey, SlotKey, EndpointValue and AddrPairKey, and a
+// slots map's value is the chain's name (SlotsChain, NodePortSlotsChain).
 //
 // # Syncing
 //
-// The table is written over netlink with github.com/google/nftables, chosen
+// The table is written over netlink (package netfilter/nftable, shared with
+// redirect's nftables steering) with github.com/google/nftables, chosen
 // by measurement against sigs.k8s.io/knftables (docs/design/nftables-library.md:
 // at 10,000 Services knftables' nft exec parses for 10 s what netlink sends
 // in about 1.4 s). One netlink socket serves the mode's life: closing a
@@ -67,18 +76,22 @@
 // a packet tracer over it.
 //
 // Measured with TestPrivilegedScale -v (2026-11-26, this 2-core VM): at
-// 10,000 Services × 10 endpoints, the first load takes 1.9 s (0.45 s of it
-// building the elements in Go), an endpoint change 0.7 ms p50 and 7 ms p99,
-// adding a Service 0.65 ms p50 and 7.7 ms p99, a periodic full Apply (the
-// check) 135–190 ms. At 1,000 Services: 0.19 s, 0.3 ms p50 and 1–4 ms p99
-// for either change.
+// 10,000 Services × 10 endpoints (150,000 elements), the first load takes
+// 0.66 s, an endpoint change 0.64 ms p50 and 1 ms p99, adding a Service
+// 2.1 ms p50 and 9.6 ms p99 (a change to a verdict map makes the kernel
+// validate the map's every element at commit: about 1.5 ms at 10,000
+// frontends), a periodic full Apply (the check) 5 ms. At 1,000 Services:
+// 62 ms, and 0.5 ms p50 for either change. With 64 slot elements a
+// frontend (the first layout, 680,000 elements) the first load took 1.9 s.
 //
 // The first Apply and one full Apply per Config.FullSyncPeriod (an hour)
-// read every element back, write the difference and count a repair when
-// the kernel held something other than what the mode last wrote. Other full
-// Applies (the daemon asks every --sync-period) rewrite the fixed rules and
-// check the table, sets and chains are all there (tens of milliseconds at
-// 10,000 Services), and go deep at once when they are not. An incremental
+// rewrite the fixed rules, read every element back, write the difference
+// and count a repair when the kernel held something other than what the
+// mode last wrote. Rewriting the rules makes the kernel validate the whole
+// chain graph, every verdict map element included (0.8 s at 10,000
+// Services), so other full Applies (the daemon asks every --sync-period)
+// only check that the table, its sets and its chains with their number of
+// rules are all there (5 ms), and go deep at once when they are not. An incremental
 // Apply asks the snapshot which Service ports changed and writes their
 // elements alone; an element shared by Service ports (hairpin) is counted,
 // and goes with the last. A failed transaction falls back to a full sync.
@@ -99,12 +112,11 @@
 //     from the map, so their next connection picks afresh.
 //   - loadBalancerSourceRanges are not enforced (no mode of svcproxy reads
 //     them yet: lb.Service has no such field).
-//   - Traffic spreads over 64 slots: 3 endpoints get 22, 21 and 21 of them
-//     (within 1/64 of even); a frontend with more than 64 endpoints uses 64.
+//   - A frontend with more than 64 endpoints spreads over 64 of them.
+//   - A rule edited in place (same number of rules) is repaired by the
+//     hourly deep sync, not by the periodic check.
 //   - NodePorts are not served on loopback addresses (DNAT from 127.0.0.1
 //     would need route_localnet), as in the iptables mode.
 //   - DNAT cannot cross families: a frontend serves its own family's
 //     endpoints, and one with none rejects.
-//   - Steering for the userspace mode (--steering=redirect) still uses
-//     iptables and ipset; an nftables form of it is not written yet.
 package nftables

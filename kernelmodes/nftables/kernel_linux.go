@@ -25,6 +25,14 @@ func setOf(fam netfilter.Family, set string) *nft.Set {
 	a := nftable.AddrType(fam)
 	s := &nft.Set{Name: set, Concatenation: true}
 	switch set {
+	case SetServiceSlots:
+		s.IsMap = true
+		s.KeyType = nft.MustConcatSetType(a, nft.TypeInetProto, nft.TypeInetService)
+		s.DataType = nft.TypeVerdict
+	case SetNodePortSlots:
+		s.IsMap = true
+		s.KeyType = nft.MustConcatSetType(nft.TypeInetProto, nft.TypeInetService)
+		s.DataType = nft.TypeVerdict
 	case SetServiceEndpoints:
 		s.IsMap = true
 		s.KeyType = nft.MustConcatSetType(a, nft.TypeInetProto, nft.TypeInetService, nft.TypeMark)
@@ -71,15 +79,18 @@ func chains() []*nft.Chain {
 	base := func(name string, typ nft.ChainType, hook *nft.ChainHook, prio *nft.ChainPriority) *nft.Chain {
 		return &nft.Chain{Name: name, Type: typ, Hooknum: hook, Priority: prio}
 	}
-	return []*nft.Chain{
-		{Name: chainServices}, {Name: chainNodePorts}, {Name: chainReject},
+	out := []*nft.Chain{{Name: chainServices}, {Name: chainNodePorts}, {Name: chainReject}}
+	for m := 1; m <= Slots; m++ {
+		out = append(out, &nft.Chain{Name: SlotsChain(m)}, &nft.Chain{Name: NodePortSlotsChain(m)})
+	}
+	return append(out,
 		base(chainPrerouting, nft.ChainTypeNAT, nft.ChainHookPrerouting, nft.ChainPriorityNATDest),
 		base(chainOutput, nft.ChainTypeNAT, nft.ChainHookOutput, nft.ChainPriorityNATDest),
 		base(chainPostrouting, nft.ChainTypeNAT, nft.ChainHookPostrouting, nft.ChainPriorityNATSource),
 		base(chainFilterIn, nft.ChainTypeFilter, nft.ChainHookInput, nft.ChainPriorityFilter),
 		base(chainFilterOut, nft.ChainTypeFilter, nft.ChainHookOutput, nft.ChainPriorityFilter),
 		base(chainFilterFwd, nft.ChainTypeFilter, nft.ChainHookForward, nft.ChainPriorityFilter),
-	}
+	)
 }
 
 // table is l's table as nftable declares it.
@@ -122,8 +133,8 @@ func (b rb) dnat() expr.Any {
 	return &expr.NAT{Type: expr.NATTypeDestNAT, Family: family, RegAddrMin: reg1, RegAddrMax: reg1, RegProtoMin: proto, RegProtoMax: proto, Specified: true}
 }
 
-func numgen(reg uint32) expr.Any {
-	return &expr.Numgen{Register: reg, Modulus: Slots, Type: unix.NFT_NG_RANDOM}
+func numgen(reg uint32, m int) expr.Any {
+	return &expr.Numgen{Register: reg, Modulus: uint32(m), Type: unix.NFT_NG_RANDOM}
 }
 
 // remembered DNATs a client to the endpoint the affinity map remembers
@@ -192,7 +203,7 @@ func rules(l Layout) map[string][][]expr.Any {
 	if len(l.AffinityTimeouts) > 0 {
 		r[chainServices] = append(r[chainServices], b.remembered())
 	}
-	r[chainServices] = append(r[chainServices], cat(fe, []expr.Any{numgen(feNext), nftable.MapTo(SetServiceEndpoints), b.dnat()}))
+	r[chainServices] = append(r[chainServices], cat(fe, []expr.Any{nftable.Vmap(SetServiceSlots)}))
 	for _, m := range localNodePort {
 		r[chainServices] = append(r[chainServices], cat(m, []expr.Any{nftable.Verdict(expr.VerdictJump, chainNodePorts)}))
 	}
@@ -200,7 +211,12 @@ func rules(l Layout) map[string][][]expr.Any {
 	if len(l.AffinityTimeouts) > 0 {
 		r[chainNodePorts] = append(r[chainNodePorts], b.remembered())
 	}
-	r[chainNodePorts] = append(r[chainNodePorts], cat(np, []expr.Any{numgen(npNext), nftable.MapTo(SetNodePortEndpoints), b.dnat()}))
+	r[chainNodePorts] = append(r[chainNodePorts], cat(np, []expr.Any{nftable.Vmap(SetNodePortSlots)}))
+	// One chain per number of slots: the frontend's slot, then its endpoint.
+	for m := 1; m <= Slots; m++ {
+		r[SlotsChain(m)] = [][]expr.Any{cat(fe, []expr.Any{numgen(feNext, m), nftable.MapTo(SetServiceEndpoints), b.dnat()})}
+		r[NodePortSlotsChain(m)] = [][]expr.Any{cat(np, []expr.Any{numgen(npNext, m), nftable.MapTo(SetNodePortEndpoints), b.dnat()})}
+	}
 	jump := func(chain string) [][]expr.Any { return [][]expr.Any{{nftable.Verdict(expr.VerdictJump, chain)}} }
 	r[chainPrerouting] = jump(chainServices)
 	r[chainOutput] = jump(chainServices)
@@ -235,8 +251,8 @@ func rules(l Layout) map[string][][]expr.Any {
 	return r
 }
 
-func (k *netlinkKernel) Setup(ctx context.Context, l Layout) (bool, error) {
-	return k.c.Setup(ctx, table(l))
+func (k *netlinkKernel) Setup(ctx context.Context, l Layout, rewrite bool) (bool, error) {
+	return k.c.Setup(ctx, table(l), rewrite)
 }
 
 func (k *netlinkKernel) Elements(ctx context.Context, fam netfilter.Family, set string) (Elements, error) {

@@ -16,7 +16,7 @@ func newNetlinkKernel(string) Kernel { return netlinkKernel{} }
 
 var errNotLinux = errors.New("nftables needs Linux")
 
-func (netlinkKernel) Setup(context.Context, Layout) (bool, error) { return false, errNotLinux }
+func (netlinkKernel) Setup(context.Context, Layout, bool) (bool, error) { return false, errNotLinux }
 func (netlinkKernel) Elements(context.Context, netfilter.Family, string) (Elements, error) {
 	return nil, errNotLinux
 }

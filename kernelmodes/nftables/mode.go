@@ -100,8 +100,10 @@ func (l Layout) ElementSets() []string {
 type Kernel interface {
 	// Setup makes l's table, sets and chains exist and writes the chains'
 	// rules, in one transaction, leaving elements alone. It reports whether
-	// everything was already there as l says.
-	Setup(ctx context.Context, l Layout) (intact bool, err error)
+	// everything was already there as l says (sets, chains, each chain's
+	// number of rules); an intact table is left alone unless rewrite is
+	// set.
+	Setup(ctx context.Context, l Layout, rewrite bool) (intact bool, err error)
 	// Elements reads a set's elements back.
 	Elements(ctx context.Context, fam netfilter.Family, set string) (Elements, error)
 	// Update deletes, then adds, elements of fam's table, in as few
@@ -112,6 +114,10 @@ type Kernel interface {
 	// Probe reports why the mode cannot run for fam, or nil.
 	Probe(ctx context.Context, fam netfilter.Family) error
 }
+
+// NetlinkKernel is the Kernel over nf_tables netlink in the named network
+// namespace ns ("": this process's); on other systems every call fails.
+func NetlinkKernel(ns string) Kernel { return newNetlinkKernel(ns) }
 
 // Element is one element of a set: Val is empty unless the set is a map.
 type Element = nftable.Element
@@ -161,7 +167,7 @@ func New(cfg Config) (*Mode, error) {
 	}
 	m := &Mode{cfg: cfg, k: cfg.Kernel, log: cfg.Logger.Named("nftables"), families: []netfilter.Family{netfilter.IPv4}, now: time.Now}
 	if m.k == nil {
-		m.k = newNetlinkKernel(cfg.NetNS)
+		m.k = NetlinkKernel(cfg.NetNS)
 	}
 	if cfg.ClearFlows == nil {
 		exec := netfilter.NewExec(cfg.NetNS)
@@ -325,7 +331,7 @@ func (m *Mode) fullSync(ctx context.Context, snap *lb.Snapshot, prev *state, dee
 	var stale [2][]udpFlow
 	if !deep && prev != nil {
 		for _, fam := range m.families {
-			intact, err := m.k.Setup(ctx, m.layouts[fam])
+			intact, err := m.k.Setup(ctx, m.layouts[fam], false)
 			if err != nil {
 				m.failures[fam].Add(1)
 				return nil, stale, fmt.Errorf("setting up the %v table: %w", fam, err)
@@ -341,7 +347,7 @@ func (m *Mode) fullSync(ctx context.Context, snap *lb.Snapshot, prev *state, dee
 	next := m.build(snap)
 	repaired := false
 	for _, fam := range m.families {
-		intact, err := m.k.Setup(ctx, m.layouts[fam])
+		intact, err := m.k.Setup(ctx, m.layouts[fam], true)
 		if err != nil {
 			m.failures[fam].Add(1)
 			return nil, stale, fmt.Errorf("setting up the %v table: %w", fam, err)

@@ -87,8 +87,8 @@ func newMode(t testing.TB, cfg nftables.Config) (*nftables.Mode, *nftablestest.F
 	return m, fake, lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: nodeName}})
 }
 
-func share(ep string, n int) nftablestest.Share {
-	return nftablestest.Share{Endpoint: ap(ep), Slots: n}
+func share(ep string, n, of int) nftablestest.Share {
+	return nftablestest.Share{Endpoint: ap(ep), Slots: n, Of: of}
 }
 
 // TestTrace: a packet from A to B:port goes where? One case per Service
@@ -98,7 +98,7 @@ func TestTrace(t *testing.T) {
 	if err := m.Apply(context.Background(), snapshot(t, st, cluster()), true); err != nil {
 		t.Fatal(err)
 	}
-	all3 := []nftablestest.Share{share("10.244.1.1:8080", 22), share("10.244.1.2:8080", 21), share("10.244.2.1:8080", 21)}
+	all3 := []nftablestest.Share{share("10.244.1.1:8080", 1, 3), share("10.244.1.2:8080", 1, 3), share("10.244.2.1:8080", 1, 3)}
 	for _, tc := range []struct {
 		name string
 		fam  netfilter.Family
@@ -114,7 +114,7 @@ func TestTrace(t *testing.T) {
 		{"ClusterIP, UDP to a TCP Service: untouched", netfilter.IPv4,
 			nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.10:80"), Proto: lb.UDP}, nftablestest.Verdict{}},
 		{"IPv6 ClusterIP: the IPv6 endpoint", netfilter.IPv6,
-			nftablestest.Packet{Src: ip("fd00:244::9"), Dst: ap("[fd00::10]:80")}, nftablestest.Verdict{DNAT: []nftablestest.Share{share("[fd00:244::1]:8080", 64)}}},
+			nftablestest.Packet{Src: ip("fd00:244::9"), Dst: ap("[fd00::10]:80")}, nftablestest.Verdict{DNAT: []nftablestest.Share{share("[fd00:244::1]:8080", 1, 1)}}},
 		{"NodePort, Cluster policy: masqueraded", netfilter.IPv4,
 			nftablestest.Packet{Src: hostIP, Dst: netip.AddrPortFrom(nodeIP, 30080), Local: true}, nftablestest.Verdict{DNAT: all3, Masquerade: true}},
 		{"NodePort on loopback: untouched", netfilter.IPv4,
@@ -124,26 +124,26 @@ func TestTrace(t *testing.T) {
 		{"ExternalIP, Cluster policy: masqueraded", netfilter.IPv4,
 			nftablestest.Packet{Src: hostIP, Dst: ap("203.0.113.10:80")}, nftablestest.Verdict{DNAT: all3, Masquerade: true}},
 		{"ExternalIP, Local policy: the local endpoint, client kept", netfilter.IPv4,
-			nftablestest.Packet{Src: hostIP, Dst: ap("203.0.113.20:80")}, nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.3:8080", 64)}}},
+			nftablestest.Packet{Src: hostIP, Dst: ap("203.0.113.20:80")}, nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.3:8080", 1, 1)}}},
 		{"NodePort, Local policy: the local endpoint, client kept", netfilter.IPv4,
-			nftablestest.Packet{Src: hostIP, Dst: netip.AddrPortFrom(nodeIP2, 30081), Local: true}, nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.3:8080", 64)}}},
+			nftablestest.Packet{Src: hostIP, Dst: netip.AddrPortFrom(nodeIP2, 30081), Local: true}, nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.3:8080", 1, 1)}}},
 		{"ClusterIP of a Local-policy Service: every endpoint", netfilter.IPv4,
-			nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.20:80")}, nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.3:8080", 32), share("10.244.2.3:8080", 32)}}},
+			nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.20:80")}, nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.3:8080", 1, 2), share("10.244.2.3:8080", 1, 2)}}},
 		{"NodePort, Local policy, no local endpoint: rejected", netfilter.IPv4,
 			nftablestest.Packet{Src: hostIP, Dst: netip.AddrPortFrom(nodeIP, 30082), Local: true}, nftablestest.Verdict{Reject: true}},
 		{"its ClusterIP still serves", netfilter.IPv4,
-			nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.30:80")}, nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.2.4:8080", 64)}}},
+			nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.30:80")}, nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.2.4:8080", 1, 1)}}},
 		{"UDP ClusterIP without endpoints: rejected", netfilter.IPv4,
 			nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.40:53"), Proto: lb.UDP}, nftablestest.Verdict{Reject: true}},
 		{"UDP NodePort without endpoints: rejected", netfilter.IPv4,
 			nftablestest.Packet{Src: hostIP, Dst: netip.AddrPortFrom(nodeIP, 30053), Proto: lb.UDP, Local: true}, nftablestest.Verdict{Reject: true}},
 		{"UDP ClusterIP", netfilter.IPv4,
-			nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.53:53"), Proto: lb.UDP}, nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.53:8080", 32), share("10.244.1.54:8080", 32)}}},
+			nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.53:53"), Proto: lb.UDP}, nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.53:8080", 1, 2), share("10.244.1.54:8080", 1, 2)}}},
 		{"SCTP ClusterIP", netfilter.IPv4,
-			nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.60:9999"), Proto: lb.SCTP}, nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.60:8080", 64)}}},
+			nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.60:9999"), Proto: lb.SCTP}, nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.60:8080", 1, 1)}}},
 		{"hairpin: an endpoint reaching itself", netfilter.IPv4,
 			nftablestest.Packet{Src: ip("10.244.1.60"), Dst: ap("10.96.0.60:9999"), Proto: lb.SCTP},
-			nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.60:8080", 64)}, Hairpin: []netip.AddrPort{ap("10.244.1.60:8080")}}},
+			nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.60:8080", 1, 1)}, Hairpin: []netip.AddrPort{ap("10.244.1.60:8080")}}},
 		{"IPv4 ClusterIP in the IPv6 table: untouched", netfilter.IPv6,
 			nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.10:80")}, nftablestest.Verdict{}},
 	} {
@@ -211,16 +211,17 @@ func TestIncremental(t *testing.T) {
 		t.Errorf("no change wrote %v", c)
 	}
 
-	// One endpoint of the UDP Service goes: its 64 slots are rewritten
-	// (32 change value), the hairpin element goes.
+	// One endpoint of the UDP Service goes: its second slot goes, its
+	// slots-map element now names the 1-slot chain, its hairpin element
+	// goes.
 	svcs[4].Endpoints = svcs[4].Endpoints[:1]
 	if err := m.Apply(ctx, snapshot(t, st, svcs), false); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := fake.Calls(), []string{"Update IPv4 -33 +32"}; !slices.Equal(got, want) {
+	if got, want := fake.Calls(), []string{"Update IPv4 -3 +1"}; !slices.Equal(got, want) {
 		t.Errorf("an endpoint removed: calls %q, want %q", got, want)
 	}
-	if v := fake.Trace(netfilter.IPv4, nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.53:53"), Proto: lb.UDP}); v.String() != (nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.53:8080", 64)}}).String() {
+	if v := fake.Trace(netfilter.IPv4, nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.53:53"), Proto: lb.UDP}); v.String() != (nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.53:8080", 1, 1)}}).String() {
 		t.Errorf("after the change: %v", v)
 	}
 	mu.Lock()
@@ -234,14 +235,14 @@ func TestIncremental(t *testing.T) {
 	if err := m.Apply(ctx, snapshot(t, st, svcs), false); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := fake.Calls(), []string{"Update IPv4 -0 +65"}; !slices.Equal(got, want) { // 64 slots, 1 hairpin
+	if got, want := fake.Calls(), []string{"Update IPv4 -0 +3"}; !slices.Equal(got, want) { // a slot, the slots map's element, the hairpin
 		t.Errorf("a Service added: calls %q, want %q", got, want)
 	}
 	fake.ResetCalls()
 	if err := m.Apply(ctx, snapshot(t, st, svcs[:len(svcs)-1]), false); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := fake.Calls(), []string{"Update IPv4 -65 +0"}; !slices.Equal(got, want) {
+	if got, want := fake.Calls(), []string{"Update IPv4 -3 +0"}; !slices.Equal(got, want) {
 		t.Errorf("a Service removed: calls %q, want %q", got, want)
 	}
 }
@@ -306,7 +307,7 @@ func TestRepair(t *testing.T) {
 	if got := m.RestoreFailures(netfilter.IPv4); got != 1 {
 		t.Errorf("RestoreFailures = %d, want 1", got)
 	}
-	if v := fake.Trace(netfilter.IPv4, nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.10:80")}); v.String() != (nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.1:8080", 64)}}).String() {
+	if v := fake.Trace(netfilter.IPv4, nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.10:80")}); v.String() != (nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.1:8080", 1, 1)}}).String() {
 		t.Errorf("after the fallback: %v", v)
 	}
 }
@@ -445,7 +446,7 @@ func TestAffinity(t *testing.T) {
 // discard is a Kernel that keeps nothing: the Go side of an Apply alone.
 type discard struct{}
 
-func (discard) Setup(context.Context, nftables.Layout) (bool, error) { return true, nil }
+func (discard) Setup(context.Context, nftables.Layout, bool) (bool, error) { return true, nil }
 func (discard) Elements(context.Context, netfilter.Family, string) (nftables.Elements, error) {
 	return nftables.Elements{}, nil
 }

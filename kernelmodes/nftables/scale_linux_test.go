@@ -43,12 +43,14 @@ func TestPrivilegedScale(t *testing.T) {
 			t.Fatal(err)
 		}
 		addrs := map[netip.Addr]bool{}
+		slots := 0
 		for _, s := range svcs {
 			for _, e := range s.Endpoints {
 				addrs[e.Addr.Addr()] = true
 			}
+			slots += min(len(s.Endpoints), nftables.Slots) + 1
 		}
-		if want := n*nftables.Slots + len(addrs); elems != want { // 64 slots each, a hairpin element per endpoint address
+		if want := slots + len(addrs); elems != want { // a slot per endpoint and a slots-map element each, a hairpin element per endpoint address
 			t.Errorf("%d Services: %d elements, want %d", n, elems, want)
 		}
 		var change, add []time.Duration

@@ -8,20 +8,46 @@ import (
 	"github.com/svcproxy/svcproxy/netfilter/nftable"
 )
 
-// Slots is how many elements of a map stand for one frontend: a new
-// connection picks one with `numgen random mod Slots`, and the frontend's
-// endpoints fill the slots round robin. 64 keeps an endpoint's share within
-// 1/64 of even (3 endpoints: 22, 21 and 21 slots) and 10,000 Services at
-// 640,000 elements; a frontend with more than 64 endpoints serves from 64
-// of them.
+// Slots is how many endpoints a frontend spreads over at most. A frontend
+// with n endpoints has min(n, Slots) elements in the endpoints map, slot i
+// holding endpoint i, and an element in the slots map that sends a new
+// connection to the chain `numgen random mod min(n, Slots)` runs in: each
+// endpoint gets exactly its share. At 10,000 Services × 10 endpoints that
+// is 110,000 elements, where 64 slots a frontend took 640,000.
 const Slots = 64
+
+// SlotsChain is the chain that picks one of m slots of a frontend's
+// endpoints (1 <= m <= Slots); NodePortSlotsChain the same for a NodePort.
+func SlotsChain(m int) string { return "slots-" + strconv.Itoa(m) }
+
+// NodePortSlotsChain: see SlotsChain.
+func NodePortSlotsChain(m int) string { return "nodeport-slots-" + strconv.Itoa(m) }
+
+// SlotsOf is the m of a SlotsChain or NodePortSlotsChain name (0 if it is
+// neither).
+func SlotsOf(chain string) int {
+	s, ok := strings.CutPrefix(strings.TrimPrefix(chain, "nodeport-"), "slots-")
+	if !ok {
+		return 0
+	}
+	if m, err := strconv.Atoi(s); err == nil && m >= 1 && m <= Slots {
+		return m
+	}
+	return 0
+}
 
 // The sets and maps of each family's table. Keys and values are
 // concatenations whose fields the kernel pads to 4 bytes each; addresses
 // and ports are in network order, a slot in host order (numgen's).
 const (
+	// SetServiceSlots maps a frontend (address . protocol . port) to the
+	// SlotsChain of its number of endpoints: ClusterIPs, ExternalIPs,
+	// LoadBalancer IPs.
+	SetServiceSlots = "service-slots"
+	// SetNodePortSlots maps protocol . NodePort to its NodePortSlotsChain.
+	SetNodePortSlots = "nodeport-slots"
 	// SetServiceEndpoints maps frontend address . protocol . port . slot to
-	// endpoint address . port: ClusterIPs, ExternalIPs, LoadBalancer IPs.
+	// endpoint address . port.
 	SetServiceEndpoints = "service-endpoints"
 	// SetNodePortEndpoints maps protocol . NodePort . slot to endpoint
 	// address . port, on the node's NodePort addresses.
@@ -67,12 +93,13 @@ func AffinityNodePortSet(seconds uint32) string {
 }
 
 // Sets is every set and map of a table, in the order they are created.
-var Sets = []string{SetServiceEndpoints, SetNodePortEndpoints, SetNoEndpoints, SetNodePortNoEndpoints,
+var Sets = []string{SetServiceSlots, SetNodePortSlots, SetServiceEndpoints, SetNodePortEndpoints, SetNoEndpoints, SetNodePortNoEndpoints,
 	SetMasquerade, SetMasqueradeOffCluster, SetNodePortMasquerade, SetHairpin}
 
 // IsMap reports whether set is a map (its elements have values).
 func IsMap(set string) bool {
-	return set == SetServiceEndpoints || set == SetNodePortEndpoints || set == SetAffinity
+	return set == SetServiceEndpoints || set == SetNodePortEndpoints || set == SetAffinity ||
+		set == SetServiceSlots || set == SetNodePortSlots
 }
 
 // Elements are a set's elements as the kernel holds them: encoded key →
@@ -96,11 +123,11 @@ func KeyLen(fam netfilter.Family, set string) int {
 	switch set {
 	case SetServiceEndpoints:
 		return n + 12
-	case SetNoEndpoints, SetMasquerade, SetMasqueradeOffCluster:
+	case SetNoEndpoints, SetMasquerade, SetMasqueradeOffCluster, SetServiceSlots:
 		return n + 8
 	case SetNodePortEndpoints:
 		return 12
-	case SetNodePortNoEndpoints, SetNodePortMasquerade:
+	case SetNodePortNoEndpoints, SetNodePortMasquerade, SetNodePortSlots:
 		return 8
 	case SetHairpin:
 		return 2 * n

@@ -182,3 +182,9 @@ func Cat(parts ...[]expr.Any) []expr.Any {
 	}
 	return out
 }
+
+// Vmap looks the key from Reg1 on up in verdict map set and takes the
+// verdict found (goto its chain); no element ends the rule.
+func Vmap(set string) expr.Any {
+	return &expr.Lookup{SourceRegister: Reg1, DestRegister: unix.NFT_REG_VERDICT, IsDestRegSet: true, SetName: set}
+}

@@ -8,7 +8,8 @@ import (
 	"github.com/svcproxy/svcproxy/netfilter"
 )
 
-// Element is one element of a set: Val is empty unless the set is a map.
+// Element is one element of a set: Val is empty unless the set is a map;
+// in a verdict map it is the name of the chain to goto.
 type Element struct{ Set, Key, Val string }
 
 // Keys and values are concatenations whose fields the kernel pads to 4
@@ -66,14 +67,15 @@ func NodePortKey(proto lb.Protocol, port uint16) string {
 	return string(append(b, 0, 0))
 }
 
-// PortValue encodes a port (inet_service), as a key or a map's value.
+// PortValue encodes a port (inet_service) alone, not in a concatenation:
+// a map's value or a plain set's key (2 bytes, unpadded).
 func PortValue(port uint16) string {
-	return string(binary.BigEndian.AppendUint16(nil, port)) + "\x00\x00"
+	return string(binary.BigEndian.AppendUint16(nil, port))
 }
 
 // DecodePort decodes a PortValue.
 func DecodePort(v string) (uint16, bool) {
-	if len(v) != 4 {
+	if len(v) != 2 {
 		return 0, false
 	}
 	return binary.BigEndian.Uint16([]byte(v[:2])), true

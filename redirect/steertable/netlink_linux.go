@@ -129,7 +129,7 @@ func declared(fam netfilter.Family) nftable.Table {
 }
 
 func (k *netlinkKernel) Setup(ctx context.Context, l Layout) (bool, error) {
-	return k.c.Setup(ctx, table(l))
+	return k.c.Setup(ctx, table(l), true)
 }
 
 func (k *netlinkKernel) Elements(ctx context.Context, fam netfilter.Family, set string) (map[string]string, error) {

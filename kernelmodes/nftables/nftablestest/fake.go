@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"reflect"
 	"slices"
 	"sort"
 	"sync"
@@ -50,7 +51,10 @@ func (f *Fake) ResetCalls() {
 	f.calls = nil
 }
 
-func (f *Fake) Setup(_ context.Context, l nftables.Layout) (bool, error) {
+// Setup makes l's table and sets exist (the fake keeps no rules: its
+// tracer runs the layout). A table whose layout differs from l is not
+// intact: its rules would differ.
+func (f *Fake) Setup(_ context.Context, l nftables.Layout, rewrite bool) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls = append(f.calls, fmt.Sprintf("Setup %v", l.Family))
@@ -73,7 +77,7 @@ func (f *Fake) Setup(_ context.Context, l nftables.Layout) (bool, error) {
 			delete(t.sets, s)
 		}
 	}
-	if !slices.Equal(t.layout.AffinityTimeouts, l.AffinityTimeouts) {
+	if !reflect.DeepEqual(t.layout, l) {
 		intact = false // the rules differ
 	}
 	t.layout = l
@@ -184,7 +188,7 @@ type Packet struct {
 // Verdict is what the table does with a Packet.
 type Verdict struct {
 	// DNAT are the endpoints it may be DNATed to, sorted, each with how many
-	// of the Slots lead to it; empty if not DNATed.
+	// of the frontend's slots lead to it; empty if not DNATed.
 	DNAT []Share
 	// Masquerade says the connection is masqueraded on its way out (for a
 	// hairpin, when the endpoint chosen is Src itself: see Hairpin).
@@ -201,10 +205,11 @@ type Verdict struct {
 	Remembered bool
 }
 
-// Share is an endpoint and the slots that pick it.
+// Share is an endpoint and the slots that pick it: Slots of Of.
 type Share struct {
 	Endpoint netip.AddrPort
 	Slots    int
+	Of       int
 }
 
 func (v Verdict) String() string {
@@ -242,9 +247,13 @@ func (f *Fake) Trace(fam netfilter.Family, p Packet) Verdict {
 	l, sets := t.layout, t.sets
 	fe := nftable.FrontendKey(p.Dst.Addr(), p.Proto, p.Dst.Port())
 	np := nftable.NodePortKey(p.Proto, p.Dst.Port())
-	shares := func(set, key string) []Share {
+	// shares follows the slots map to the chain that draws one of m slots,
+	// then counts the endpoints of those slots (a slot without an element
+	// is a connection that goes on un-DNATed).
+	shares := func(slotsSet, set, key string) []Share {
+		m := nftables.SlotsOf(sets[slotsSet][key])
 		count := map[netip.AddrPort]int{}
-		for i := range nftables.Slots {
+		for i := range m {
 			if val, ok := sets[set][nftable.SlotKey(key, i)]; ok {
 				ep, _ := nftable.DecodeEndpoint(fam, val)
 				count[ep]++
@@ -252,7 +261,7 @@ func (f *Fake) Trace(fam netfilter.Family, p Packet) Verdict {
 		}
 		var out []Share
 		for ep, n := range count {
-			out = append(out, Share{ep, n})
+			out = append(out, Share{ep, n, m})
 		}
 		sort.Slice(out, func(i, j int) bool { return out[i].Endpoint.Compare(out[j].Endpoint) < 0 })
 		return out
@@ -290,17 +299,17 @@ func (f *Fake) Trace(fam netfilter.Family, p Packet) Verdict {
 		}
 		v.Remembered = true
 		ep, _ := nftable.DecodeEndpoint(fam, val)
-		return []Share{{ep, nftables.Slots}}
+		return []Share{{ep, 1, 1}}
 	}
 	if v.DNAT = remembered(); len(v.DNAT) == 0 {
-		v.DNAT = shares(nftables.SetServiceEndpoints, fe)
+		v.DNAT = shares(nftables.SetServiceSlots, nftables.SetServiceEndpoints, fe)
 	}
 	if len(v.DNAT) == 0 && nodePortAddr() {
 		if has(nftables.SetNodePortMasquerade, np) {
 			v.Masquerade = true
 		}
 		if v.DNAT = remembered(); len(v.DNAT) == 0 {
-			v.DNAT = shares(nftables.SetNodePortEndpoints, np)
+			v.DNAT = shares(nftables.SetNodePortSlots, nftables.SetNodePortEndpoints, np)
 		}
 	}
 	if len(v.DNAT) > 0 {
