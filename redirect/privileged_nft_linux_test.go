@@ -57,7 +57,7 @@ func TestPrivilegedNFTApplyCleanup(t *testing.T) {
 	ctx := context.Background()
 	ns := privileged.NewNS(t)
 	foreign := nftable.Table{Name: "foreign", Family: netfilter.IPv4, Chains: []*nft.Chain{{Name: "mine"}}}
-	if _, err := nftable.NewConn(ns).Setup(ctx, foreign); err != nil {
+	if _, err := nftable.NewConn(ns).Setup(ctx, foreign, true); err != nil {
 		t.Fatalf("writing a foreign table: %v", err)
 	}
 	before := tablesIn(t, ns)
