@@ -31,10 +31,12 @@ type Table struct {
 }
 
 // Netlink caps an attribute at 64 KiB and a batch at the socket's send
-// buffer: elements go 64 to a message and about 2,000 to a batch.
+// buffer: elements go 64 to a message, a batch ends after about 2,000
+// elements or 512 KiB.
 const (
 	elementsPerMessage = 64
 	elementsPerBatch   = 2000
+	bytesPerBatch      = 512 << 10
 )
 
 func (t *Table) table() *nft.Table {
@@ -85,7 +87,7 @@ func (k *Conn) conn() (*nft.Conn, error) {
 	if k.c != nil {
 		return k.c, nil
 	}
-	opts := []nft.ConnOption{nft.AsLasting(), nft.WithSockOptions(bigReadBuffer)}
+	opts := []nft.ConnOption{nft.AsLasting(), nft.WithSockOptions(bigBuffers)}
 	if k.ns != "" {
 		f, err := os.Open("/run/netns/" + k.ns)
 		if err != nil {
@@ -102,24 +104,26 @@ func (k *Conn) conn() (*nft.Conn, error) {
 	return c, nil
 }
 
-// readBuffer is the socket's receive buffer: the kernel acks every message
-// of a batch at once, and a table's setup (hundreds of chains, rules and
-// sets) overflows the default 208 KiB with ENOBUFS.
-const readBuffer = 8 << 20
+// socketBuffer is the socket's send and receive buffers: a batch is one
+// sendmsg, and the kernel acks each of its messages at once; a table's
+// setup (hundreds of chains, rules and sets) or a large element update
+// overflows the default 208 KiB (EMSGSIZE sending, ENOBUFS receiving).
+const socketBuffer = 8 << 20
 
-// bigReadBuffer raises the socket's receive buffer to readBuffer, past
-// net.core.rmem_max when allowed (SO_RCVBUFFORCE needs CAP_NET_ADMIN, which
+// bigBuffers raises the socket's buffers to socketBuffer, past
+// net.core.[rw]mem_max when allowed (SO_*BUFFORCE need CAP_NET_ADMIN, which
 // writing nf_tables needs anyway).
-func bigReadBuffer(c *netlink.Conn) error {
+func bigBuffers(c *netlink.Conn) error {
 	raw, err := c.SyscallConn()
 	if err != nil {
-		return c.SetReadBuffer(readBuffer)
+		return errors.Join(c.SetReadBuffer(socketBuffer), c.SetWriteBuffer(socketBuffer))
 	}
 	var serr error
 	if err := raw.Control(func(fd uintptr) {
-		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, readBuffer)
+		serr = errors.Join(unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, socketBuffer),
+			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, socketBuffer))
 	}); err != nil || serr != nil {
-		return c.SetReadBuffer(readBuffer)
+		return errors.Join(c.SetReadBuffer(socketBuffer), c.SetWriteBuffer(socketBuffer))
 	}
 	return nil
 }
@@ -324,8 +328,11 @@ func (k *Conn) Update(ctx context.Context, t Table, del, add []Element) (err err
 	}
 	defer done(&err)
 	nt := t.table()
-	pending := 0
+	pending, bytes := 0, 0
 	write := func(es []Element, f func(*nft.Set, []nft.SetElement) error) error {
+		// One message per run of a set's elements: grouped by set, a
+		// change of many sets does not cost a message per element.
+		es = bySet(es)
 		for len(es) > 0 {
 			name := es[0].Set
 			s := t.set(nt, name)
@@ -341,17 +348,18 @@ func (k *Conn) Update(ctx context.Context, t Table, del, add []Element) (err err
 					e.Val, e.VerdictData = nil, &expr.Verdict{Kind: expr.VerdictGoto, Chain: es[n].Val}
 				}
 				batch = append(batch, e)
+				bytes += len(es[n].Key) + len(es[n].Val) + 48 // attribute headers
 				n++
 			}
 			es = es[n:]
 			if err := f(s, batch); err != nil {
 				return err
 			}
-			if pending += n; pending >= elementsPerBatch {
+			if pending += n; pending >= elementsPerBatch || bytes >= bytesPerBatch {
 				if err := c.Flush(); err != nil {
 					return err
 				}
-				pending = 0
+				pending, bytes = 0, 0
 			}
 		}
 		return nil
@@ -366,6 +374,33 @@ func (k *Conn) Update(ctx context.Context, t Table, del, add []Element) (err err
 		return fmt.Errorf("writing elements: %w", err)
 	}
 	return nil
+}
+
+// bySet is es with each set's elements together, sets in the order they
+// first appear, each set's elements in their order (O(len(es))).
+func bySet(es []Element) []Element {
+	runs := 0
+	for i := range es {
+		if i == 0 || es[i].Set != es[i-1].Set {
+			runs++
+		}
+	}
+	var order []string
+	sets := map[string][]Element{}
+	for _, e := range es {
+		if _, ok := sets[e.Set]; !ok {
+			order = append(order, e.Set)
+		}
+		sets[e.Set] = append(sets[e.Set], e)
+	}
+	if runs == len(order) {
+		return es // already grouped
+	}
+	out := make([]Element, 0, len(es))
+	for _, name := range order {
+		out = append(out, sets[name]...)
+	}
+	return out
 }
 
 // Delete removes the table name of fam; one that is not there is no error.
