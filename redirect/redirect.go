@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net/netip"
 	"strconv"
@@ -222,6 +223,9 @@ func Available(ctx context.Context, cfg Config) (Backend, error) {
 	r, err := New(cfg)
 	if err != nil {
 		return "", err
+	}
+	if c, ok := r.nk.(io.Closer); ok && cfg.NFT == nil {
+		_ = c.Close() // the probe's socket
 	}
 	return r.kind, nil
 }
