@@ -44,9 +44,40 @@ const (
 	udpBatch    = 16       // datagrams per recvmmsg / sendmmsg
 )
 
-// datagramPool holds maxDatagram-sized buffers for flow replies, borrowed
-// only while a reply is in hand: idle flows hold none.
-var datagramPool = sync.Pool{New: func() any { b := make([]byte, maxDatagram); return &b }}
+// datagramPool holds maxDatagram-sized buffers a flow's replies are read
+// into, borrowed for one read; smallPool holds the smallDatagram-sized
+// buffers a reply that fits is copied into and held in until it is sent
+// (a DNS answer is a few hundred bytes: a batch of 16 queued replies held
+// 16 × 64 KiB before, which a busy resolver's flows multiplied into tens of
+// MiB of heap). Idle flows hold neither.
+var (
+	datagramPool = sync.Pool{New: func() any { b := make([]byte, maxDatagram); return &b }}
+	smallPool    = sync.Pool{New: func() any { b := make([]byte, smallDatagram); return &b }}
+)
+
+// smallDatagram is the size of smallPool's buffers.
+const smallDatagram = 2 << 10
+
+// keepDatagram returns a buffer holding the n bytes read into scratch:
+// one of smallPool's when they fit, else a copy of their own.
+func keepDatagram(scratch []byte, n int) *[]byte {
+	var bp *[]byte
+	if n <= smallDatagram {
+		bp = smallPool.Get().(*[]byte)
+	} else {
+		b := make([]byte, n)
+		bp = &b
+	}
+	copy(*bp, scratch[:n])
+	return bp
+}
+
+// releaseDatagram gives back a buffer keepDatagram returned.
+func releaseDatagram(bp *[]byte) {
+	if cap(*bp) == smallDatagram {
+		smallPool.Put(bp)
+	}
+}
 
 // udpFrontend is one UDP frontend's socket and its flows.
 type udpFrontend struct {
@@ -518,7 +549,7 @@ func (fl *udpFlow) replyLoop(rec connlog.Record) {
 		if count > 0 {
 			fl.sendReplies(rb.bufs[:count], rb.sizes[:count])
 			for i := range count {
-				datagramPool.Put(rb.bufs[i])
+				releaseDatagram(rb.bufs[i])
 			}
 		}
 		switch {

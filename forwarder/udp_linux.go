@@ -9,8 +9,9 @@ import (
 )
 
 // replyBatch reads the datagrams a flow's backend has sent: as many as are
-// queued, up to udpBatch, each into a buffer borrowed from datagramPool
-// only once it has arrived.
+// queued, up to udpBatch, each into a scratch buffer borrowed from
+// datagramPool for the read, then kept in a buffer of its size
+// (keepDatagram) once it has arrived.
 type replyBatch struct {
 	raw   syscall.RawConn
 	bufs  [udpBatch]*[]byte
@@ -25,6 +26,9 @@ type replyBatch struct {
 	// the next read tries anyway before it waits.
 	probe bool
 	calls int // of fn in this read: 1 means data was there at once
+	// scratch is datagramPool's buffer for this read, borrowed when the
+	// socket is first readable.
+	scratch *[]byte
 }
 
 func newReplyBatch(fl *udpFlow) *replyBatch {
@@ -34,11 +38,15 @@ func newReplyBatch(fl *udpFlow) *replyBatch {
 }
 
 // read waits until the backend has sent something (or the flow's read
-// deadline passes) and takes what is queued. The caller returns the
-// buffers of bufs[:count] to datagramPool.
+// deadline passes) and takes what is queued. The caller gives the buffers
+// of bufs[:count] back with releaseDatagram.
 func (b *replyBatch) read() (int, error) {
 	b.count, b.err, b.calls = 0, nil, 0
 	err := b.raw.Read(b.fn)
+	if b.scratch != nil {
+		datagramPool.Put(b.scratch)
+		b.scratch = nil
+	}
 	if err == nil {
 		err = b.err
 	}
@@ -49,21 +57,26 @@ func (b *replyBatch) read() (int, error) {
 func (b *replyBatch) readFn(fd uintptr) bool {
 	b.calls++
 	for b.count < udpBatch {
-		bp := datagramPool.Get().(*[]byte)
-		n, _, err := unix.Recvfrom(int(fd), *bp, unix.MSG_DONTWAIT)
+		if b.scratch == nil {
+			b.scratch = datagramPool.Get().(*[]byte)
+		}
+		n, _, err := unix.Recvfrom(int(fd), *b.scratch, unix.MSG_DONTWAIT)
 		if err == unix.EINTR {
-			datagramPool.Put(bp)
 			continue
 		}
 		if err != nil {
-			datagramPool.Put(bp)
 			if err != unix.EAGAIN {
 				b.err = err
 				return true
 			}
-			return b.count > 0 // wait only if nothing is in hand
+			if b.count == 0 { // wait, holding no buffer
+				datagramPool.Put(b.scratch)
+				b.scratch = nil
+				return false
+			}
+			return true
 		}
-		b.bufs[b.count], b.sizes[b.count] = bp, n
+		b.bufs[b.count], b.sizes[b.count] = keepDatagram(*b.scratch, n), n
 		b.count++
 		if !b.probe && b.count == 1 {
 			return true

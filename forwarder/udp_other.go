@@ -8,8 +8,9 @@ import (
 )
 
 // replyBatch reads the datagrams a flow's backend has sent, one per read
-// (there is no recvmmsg here), into a buffer borrowed from datagramPool
-// only once the socket is readable.
+// (there is no recvmmsg here), into a scratch buffer borrowed from
+// datagramPool only once the socket is readable, kept in a buffer of its
+// size (keepDatagram).
 type replyBatch struct {
 	fl    *udpFlow
 	w     readWaiter
@@ -24,19 +25,19 @@ func newReplyBatch(fl *udpFlow) *replyBatch {
 }
 
 // read waits until the backend has sent something (or the flow's read
-// deadline passes) and takes one datagram. The caller returns the buffers
-// of bufs[:count] to datagramPool.
+// deadline passes) and takes one datagram. The caller gives the buffers of
+// bufs[:count] back with releaseDatagram.
 func (b *replyBatch) read() (int, error) {
 	if err := b.w.wait(b.fl.raw); err != nil {
 		return 0, err
 	}
-	bp := datagramPool.Get().(*[]byte)
-	n, err := b.fl.upstream.Read(*bp)
+	scratch := datagramPool.Get().(*[]byte)
+	defer datagramPool.Put(scratch)
+	n, err := b.fl.upstream.Read(*scratch)
 	if err != nil {
-		datagramPool.Put(bp)
 		return 0, err
 	}
-	b.bufs[0], b.sizes[0] = bp, n
+	b.bufs[0], b.sizes[0] = keepDatagram(*scratch, n), n
 	return 1, nil
 }
 
