@@ -138,6 +138,7 @@ func newUserspace(o *options, reg prometheus.Registerer, log *zap.Logger, clog *
 		return nil, err
 	}
 	if red := m.Steering(); red != nil {
+		o.steeredBy = red.Backend()
 		registerSteering(reg, daemon.Families(o.ipv6), red)
 		fields := []zap.Field{zap.String("backend", string(red.Backend())), zap.Uint16("redirectPort", o.redirectPort)}
 		if ipt := red.IPTables(); ipt != "" && red.Backend() == redirect.BackendIPTables {
@@ -218,14 +219,18 @@ func ipvsConfig(o *options, log *zap.Logger) ipvs.Config {
 // built-in chains of nat and filter) as they are committed, through
 // nf_tables notifications. The userspace mode without steering has no
 // rules; iptables-legacy makes no notifications. The nftables mode's own
-// tables are not watched (yet): changes to them are repaired by its
-// periodic full sync, which the error says.
+// tables, and the nftables steering backend's, are not watched (yet):
+// changes to them are repaired by the periodic full sync, which the error
+// says.
 func watchRules(ctx context.Context, mode proxymode.Name, o *options, changed func()) error {
 	if mode == proxymode.Userspace && o.steering != "redirect" {
 		return nil
 	}
 	if mode == proxymode.NFTables {
 		return errors.New("the nftables mode's tables are not watched for changes")
+	}
+	if mode == proxymode.Userspace && o.steeredBy == redirect.BackendNFTables {
+		return errors.New("the nftables steering table is not watched for changes")
 	}
 	v, err := (&netfilter.Exec{}).IPTablesVersion(ctx)
 	if err != nil {

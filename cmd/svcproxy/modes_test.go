@@ -88,6 +88,22 @@ func TestWatchRulesNFTables(t *testing.T) {
 	}
 }
 
+// TestWatchRulesNFTablesSteering: steering written by the nftables
+// backend is not watched through iptables' notifications (its table is
+// its own): the error says so, and the periodic full sync repairs it.
+func TestWatchRulesNFTablesSteering(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	o, err := parseFlags([]string{"--steering=redirect"}, outsidePod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.steeredBy = redirect.BackendNFTables // as newUserspace records it
+	err = watchRules(context.Background(), proxymode.Userspace, o, func() { t.Error("changed called") })
+	if err == nil || !strings.Contains(err.Error(), "nftables steering table") {
+		t.Errorf("watchRules(userspace on nftables) = %v, want an error saying the steering table is not watched", err)
+	}
+}
+
 // TestSteeringFailuresMetrics: the userspace mode's steering exports its
 // failed writes under the counter kube-proxy names for the backend that
 // writes them, and only that one: the nftables backend's failed

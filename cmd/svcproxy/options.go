@@ -46,8 +46,9 @@ type options struct {
 	redirectPort      uint16
 	bindAddress       netip.Addr // kube-proxy's --bind-address: this node's primary IP of its family; unspecified: from the Node
 	nodePortAddresses []netip.Prefix
-	nodePortPrimary   bool // --nodeport-addresses=primary: the node's primary IPs, resolved once the Node is known
-	ipv6              bool // the node serves IPv6 too: set by detectIPv6, not a flag
+	nodePortPrimary   bool             // --nodeport-addresses=primary: the node's primary IPs, resolved once the Node is known
+	ipv6              bool             // the node serves IPv6 too: set by detectIPv6, not a flag
+	steeredBy         redirect.Backend // the userspace mode's resolved steering backend: set when it is built, not a flag
 	cleanup           bool
 	force             bool   // --cleanup even while a running svcproxy owns the rules
 	check             bool   // --check: validate the files and exit
