@@ -16,9 +16,12 @@ build:
 
 # The first command a newcomer runs (as root): a self-contained sandbox of
 # network namespaces with real backends and svcproxy steering a ClusterIP
-# and a NodePort. Ctrl-C removes everything.
+# and a NodePort; it says which steering backend svcproxy chose
+# (STEERING_BACKEND=iptables or nftables picks one; empty: auto). Ctrl-C
+# removes everything.
+STEERING_BACKEND ?=
 run: run-deps build
-	$(BIN)/svcproxy-sandbox --svcproxy $(BIN)/svcproxy --backend $(BIN)/svcproxy-backend
+	$(BIN)/svcproxy-sandbox --svcproxy $(BIN)/svcproxy --backend $(BIN)/svcproxy-backend --steering-backend "$(STEERING_BACKEND)"
 
 # The node's container image without a Docker daemon: a Debian bookworm
 # root filesystem from mmdebstrap with iptables (legacy and nf_tables),

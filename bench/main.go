@@ -4,9 +4,11 @@
 // data path and the control plane, and writes results/<time>/results.md,
 // results.json (every sample) and SVG charts.
 //
-// Modes: direct (client to backend, no proxy: the floor), svcproxy-userspace,
-// kube-dnat (kernel DNAT with kube-proxy-shaped rules the bench writes
-// itself), the peers haproxy and nginx-stream when installed,
+// Modes: direct (client to backend, no proxy: the floor), svcproxy-userspace
+// (REDIRECT steering in its own nftables table), svcproxy-userspace-ipset
+// (the same, steered with iptables + ipset), kube-dnat (kernel DNAT with
+// kube-proxy-shaped rules the bench writes itself), the peers haproxy and
+// nginx-stream when installed,
 // svcproxy-iptables, svcproxy-nftables (its own nftables table, written over
 // netlink) and svcproxy-ipvs, which this machine's kernel cannot run: it is
 // reported as skipped, or with --ipvs-vm run inside a QEMU VM beside
@@ -20,8 +22,8 @@
 //	sudo go run ./bench --ipvs-vm    # also svcproxy-ipvs in a QEMU VM
 //
 // It needs root, iproute2, iptables (with iptables-legacy for kube-dnat) and
-// ipset (svcproxy-nftables needs no nft: it speaks netlink); wrk and iperf3
-// are the load generators when installed (a built-in Go generator
+// ipset (svcproxy-nftables and svcproxy-userspace need no nft: they speak
+// netlink); wrk and iperf3 are the load generators when installed (a built-in Go generator
 // otherwise, labelled as such), nginx the HTTP backend (else the
 // repo's svcproxy-backend). Every packet stays inside the namespaces it
 // creates; nothing in the caller's namespace is changed. Ctrl-C stops every

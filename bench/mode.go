@@ -101,6 +101,7 @@ type CPResult struct {
 var modes = []Mode{
 	directMode{},
 	svcproxyMode{name: "svcproxy-userspace"},
+	svcproxyMode{name: "svcproxy-userspace-ipset", steeringBackend: "iptables"},
 	svcproxyMode{name: "svcproxy-vip", onVIP: true},
 	&kubeDNATMode{},
 	kubeDNATMasqMode{&kubeDNATMode{masqueradeAll: true}},

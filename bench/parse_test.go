@@ -224,6 +224,7 @@ func TestControlPlaneOf(t *testing.T) {
 		want bool
 	}{
 		{svcproxyMode{name: "svcproxy-userspace"}, true},
+		{svcproxyMode{name: "svcproxy-userspace-ipset", steeringBackend: "iptables"}, true},
 		{svcproxyMode{name: "svcproxy-iptables", kernelMode: "iptables"}, true},
 		{svcproxyMode{name: "svcproxy-nftables", kernelMode: "nftables"}, true},
 		{svcproxyMode{name: "svcproxy-vip", onVIP: true}, false}, // no rules to wait for
@@ -289,5 +290,82 @@ func TestNFTablesMode(t *testing.T) {
 	}
 	if modeColor("svcproxy-nftables") == modeColor("svcproxy-iptables") || modeColor("svcproxy-nftables") == modeColor("no such mode") {
 		t.Error("svcproxy-nftables has no colour of its own")
+	}
+}
+
+// TestUserspaceSteeringModes checks the control-plane rows "--steering=redirect
+// on nftables vs on iptables + ipset": svcproxy-userspace asks for the
+// nftables steering backend and svcproxy-userspace-ipset for iptables
+// explicitly (a binary without --steering-backend gets neither flag:
+// svcproxy-userspace runs its iptables steering, svcproxy-userspace-ipset
+// is skipped), both are named by --modes and in every preset's default
+// run, both are userspace data paths with a colour of their own, and the
+// "applied" line each backend logs counts as live unless it carries an
+// error (a failed write is retried; its rules are not in the kernel).
+func TestUserspaceSteeringModes(t *testing.T) {
+	c, err := parseFlags([]string{"--modes", "svcproxy-userspace,svcproxy-userspace-ipset", "--tests", "control"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"svcproxy-userspace", "svcproxy-userspace-ipset"}; !slices.Equal(c.Modes, want) {
+		t.Errorf("--modes: %v, want %v", c.Modes, want)
+	}
+	for _, preset := range [][]string{nil, {"--quick"}, {"--full"}} {
+		c, err := parseFlags(preset)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.withDefaults().Modes; !slices.Contains(got, "svcproxy-userspace") || !slices.Contains(got, "svcproxy-userspace-ipset") {
+			t.Errorf("%v: modes %v lack svcproxy-userspace or svcproxy-userspace-ipset", preset, got)
+		}
+	}
+	has := func(flags ...string) func(string) bool {
+		return func(f string) bool { return slices.Contains(flags, f) }
+	}
+	for _, tc := range []struct {
+		mode     string
+		has      func(string) bool
+		want     string // a flag args must hold; "" none of --steering-backend
+		describe string
+	}{
+		{"svcproxy-userspace", has("steering-backend"), "--steering-backend=nftables", "--steering-backend=nftables"},
+		{"svcproxy-userspace-ipset", has("steering-backend"), "--steering-backend=iptables", "--steering-backend=iptables"},
+		{"svcproxy-userspace", has(), "", "nftables"},
+	} {
+		m, ok := modeByName(tc.mode).(svcproxyMode)
+		if !ok {
+			t.Fatalf("%s is %#v, want a svcproxyMode", tc.mode, modeByName(tc.mode))
+		}
+		args := m.argsFor(tc.has, "services.yaml")
+		if !slices.Contains(args, "--steering=redirect") {
+			t.Errorf("%s: args %v lack --steering=redirect", tc.mode, args)
+		}
+		backendFlags := slices.DeleteFunc(slices.Clone(args), func(a string) bool { return !strings.HasPrefix(a, "--steering-backend") })
+		if tc.want == "" && len(backendFlags) > 0 || tc.want != "" && !slices.Equal(backendFlags, []string{tc.want}) {
+			t.Errorf("%s: --steering-backend flags %v, want %q", tc.mode, backendFlags, tc.want)
+		}
+		if d := m.Describe(); !strings.Contains(d, tc.describe) {
+			t.Errorf("%s: Describe %q does not say %s", tc.mode, d, tc.describe)
+		}
+		if kernelDataPath(m) {
+			t.Errorf("%s counted as a kernel data path", tc.mode)
+		}
+	}
+	if modeColor("svcproxy-userspace-ipset") == modeColor("svcproxy-userspace") || modeColor("svcproxy-userspace-ipset") == modeColor("no such mode") {
+		t.Error("svcproxy-userspace-ipset has no colour of its own")
+	}
+	for _, tc := range []struct {
+		ev   logEvent
+		want bool
+	}{
+		{logEvent{Msg: "applied", Version: 3}, true}, // either steering backend, the IPVS mode
+		{logEvent{Msg: "synced", Version: 3}, true},
+		{logEvent{Msg: "applied", Version: 3, Error: "updating the IPv4 steering table: invalid argument"}, false},
+		{logEvent{Msg: "synced", Version: 3, Error: "iptables-restore: exit status 1"}, false},
+		{logEvent{Msg: "loaded services", Version: 3}, false},
+	} {
+		if got := live(tc.ev); got != tc.want {
+			t.Errorf("live(%+v) = %v, want %v", tc.ev, got, tc.want)
+		}
 	}
 }

@@ -17,6 +17,9 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/redirect/steertable"
 )
 
 // svcproxyMode runs the real svcproxy binary on the node: the userspace
@@ -26,6 +29,10 @@ type svcproxyMode struct {
 	// kernelMode is "" for the userspace mode, else the --proxy-mode value
 	// ("iptables", "ipvs", "nftables").
 	kernelMode string
+	// steeringBackend is the userspace mode's --steering-backend:
+	// "iptables" (iptables + ipset); "": nftables, given explicitly when
+	// the binary has the flag (older ones steer with iptables + ipset).
+	steeringBackend string
 	// onVIP runs the userspace mode on the peers' footing: listening on the
 	// VIPs put on the node's lo, no steering rules, no connection log.
 	onVIP bool
@@ -33,12 +40,29 @@ type svcproxyMode struct {
 
 func (m svcproxyMode) Name() string { return m.name }
 
+// steering is the --steering-backend the userspace mode asks for.
+func (m svcproxyMode) steering() string {
+	if m.steeringBackend != "" {
+		return m.steeringBackend
+	}
+	return "nftables"
+}
+
+// steeringPrefix starts svcproxy's start-up line saying what steers
+// ("steering with nftables (table svcproxy-steering)", "steering with
+// iptables (nf_tables) + ipset"; before --steering-backend, "steering with
+// iptables REDIRECT").
+const steeringPrefix = "steering with "
+
 func (m svcproxyMode) Describe() string {
 	if m.onVIP {
 		return "svcproxy, userspace mode listening on the VIPs (on the node's lo) as the peer proxies do: no steering rules, --conn-log off"
 	}
+	if m.kernelMode == "" && m.steeringBackend == "iptables" {
+		return "svcproxy, userspace mode: REDIRECT steering written with iptables + ipset (--steering-backend=iptables) into the splice forwarder, 2 workers (GOMAXPROCS), --conn-log off"
+	}
 	if m.kernelMode == "" {
-		return "svcproxy, userspace mode: REDIRECT steering (ipset) into the splice forwarder, 2 workers (GOMAXPROCS), --conn-log off"
+		return "svcproxy, userspace mode: REDIRECT steering written as its own nftables table over netlink (--steering-backend=nftables) into the splice forwarder, 2 workers (GOMAXPROCS), --conn-log off"
 	}
 	return "svcproxy --proxy-mode=" + m.kernelMode + ": the kernel data path programmed by svcproxy from the same snapshot"
 }
@@ -67,6 +91,9 @@ func knowsMode(e *Env, mode string) bool {
 }
 
 func (m svcproxyMode) Available(e *Env) error {
+	if m.kernelMode == "" && m.steeringBackend != "" && !m.onVIP && !hasFlag(e, "steering-backend") {
+		return skipf("not built yet: this svcproxy has no --steering-backend flag (its REDIRECT steering is iptables + ipset only: svcproxy-userspace runs that)")
+	}
 	if m.kernelMode == "" {
 		return nil // preflight checked iptables and ipset
 	}
@@ -86,6 +113,11 @@ func (m svcproxyMode) Available(e *Env) error {
 
 // args are svcproxy's flags for a run on the services file.
 func (m svcproxyMode) args(e *Env, services string) []string {
+	return m.argsFor(func(name string) bool { return hasFlag(e, name) }, services)
+}
+
+// argsFor is args for a binary that has the flags has says it has.
+func (m svcproxyMode) argsFor(has func(flag string) bool, services string) []string {
 	args := []string{"--services", services, "--conn-log=", "--hostname-override", "node",
 		"--metrics-bind-address", "127.0.0.1:10249", "--healthz-bind-address", "127.0.0.1:10256", "--drain-timeout", "1s",
 		"--log-format=json"}
@@ -94,10 +126,13 @@ func (m svcproxyMode) args(e *Env, services string) []string {
 		args = append(args, "--steering=none")
 	case m.kernelMode == "":
 		args = append(args, "--steering=redirect")
+		if has("steering-backend") {
+			args = append(args, "--steering-backend="+m.steering())
+		}
 	default:
 		args = append(args, "--proxy-mode="+m.kernelMode)
 	}
-	if hasFlag(e, "handover-socket") {
+	if has("handover-socket") {
 		args = append(args, "--handover-socket=") // no restarts in the bench
 	}
 	return args
@@ -109,9 +144,10 @@ type logEvent struct {
 	Msg      string  `json:"msg"`
 	Services int     `json:"services"`
 	Version  uint64  `json:"version"`
-	Mode     string  `json:"mode"`    // "svcproxy running": the proxy mode chosen
-	Choice   string  `json:"choice"`  // "proxy mode fell back"
-	Backend  string  `json:"backend"` // "iptables backend detected"
+	Mode     string  `json:"mode"`     // "svcproxy running": the proxy mode chosen
+	Choice   string  `json:"choice"`   // "proxy mode fell back"
+	Backend  string  `json:"backend"`  // "iptables backend detected": nf_tables or legacy; "steering with …": nftables or iptables
+	IPTables string  `json:"iptables"` // "steering with …" on the iptables backend: nf_tables or legacy
 	Error    string  `json:"error"`
 	raw      string
 }
@@ -142,7 +178,7 @@ func (m svcproxyMode) launch(e *Env, c *Cluster, args []string) (*svcproxyProc, 
 		switch {
 		case ev.Msg == "loaded services", ev.Msg == "applied", ev.Msg == "synced", ev.Msg == "svcproxy running",
 			ev.Msg == "proxy mode fell back", ev.Msg == "iptables backend detected",
-			strings.HasPrefix(ev.Msg, "svcproxy: "):
+			strings.HasPrefix(ev.Msg, steeringPrefix), strings.HasPrefix(ev.Msg, "svcproxy: "):
 			keep = true
 		}
 		sp.mu.Lock()
@@ -265,7 +301,32 @@ func (m svcproxyMode) waitRunning(ctx context.Context, sp *svcproxyProc) (backen
 		sp.Stop()
 		return "", skipf("svcproxy cannot run the %s mode here and fell back: %s", want, firstNonEmpty(fellBack, ev.Mode))
 	}
+	if _, err := m.steeredBy(sp); err != nil {
+		sp.Stop()
+		return "", err
+	}
 	return backend, nil
+}
+
+// steeredBy is what the userspace mode's steering is written with, from
+// svcproxy's "steering with …" line: its backend field ("nftables",
+// "iptables"), or "iptables" for a binary before --steering-backend
+// (whose line has none); "" for a kernel mode or no steering. A backend
+// other than the one asked for is an error.
+func (m svcproxyMode) steeredBy(sp *svcproxyProc) (string, error) {
+	if m.kernelMode != "" || m.onVIP {
+		return "", nil
+	}
+	ev, ok := sp.find(0, func(ev logEvent) bool { return strings.HasPrefix(ev.Msg, steeringPrefix) })
+	switch {
+	case !ok:
+		return "", sp.fail(fmt.Errorf("svcproxy runs but never said what steers (no %q line)", steeringPrefix+"…"))
+	case ev.Backend == "":
+		return "iptables", nil // before --steering-backend
+	case ev.Backend != m.steering():
+		return "", sp.fail(fmt.Errorf("svcproxy steers with %s, want %s", ev.Backend, m.steering()))
+	}
+	return ev.Backend, nil
 }
 
 func firstNonEmpty(s ...string) string {
@@ -321,6 +382,9 @@ func (m svcproxyMode) Start(ctx context.Context, c *Cluster) (*Running, error) {
 	}
 	if m.kernelMode == "nftables" {
 		run.Notes = append(run.Notes, "Its rules are its own nftables table (ip svcproxy) of fixed rules over sets and maps, written over netlink: no iptables backend")
+	}
+	if by, _ := m.steeredBy(sp); by == "nftables" {
+		run.Notes = append(run.Notes, "Its steering is its own nftables table (ip "+steeringTable+"): fixed rules redirecting through a frontend→port map, written over netlink; no iptables or ipset")
 	}
 	return run, nil
 }
@@ -395,9 +459,16 @@ func (m svcproxyMode) ProgramServices(ctx context.Context, e *Env, c *Cluster, s
 		Program:      applied.time().Sub(loaded.time()),
 		ProgramTotal: applied.time().Sub(t0),
 	}
-	if m.kernelMode == "" {
+	switch by, err := m.steeredBy(sp); {
+	case err != nil:
+		return nil, err
+	case by == "iptables":
 		if got, err := ipsetEntries(ctx, c, "svcproxy-svc-v4"); err != nil || got != n {
 			return nil, sp.fail(fmt.Errorf("after the first sync the ipset svcproxy-svc-v4 has %d members (%v), want %d", got, err, n))
+		}
+	case by == "nftables":
+		if got, err := steeringFrontends(ctx, c); err != nil || got != n {
+			return nil, sp.fail(fmt.Errorf("after the first sync the map %s of table ip %s has %d elements (%v), want %d", steertable.SetFrontends, steeringTable, got, err, n))
 		}
 	}
 	res.Notes = append(res.Notes, "the services file is re-read and re-parsed whole on every change (SIGHUP); 'own' is store→rules live")
@@ -430,8 +501,21 @@ func (m svcproxyMode) ProgramServices(ctx context.Context, e *Env, c *Cluster, s
 }
 
 // live tells whether ev says a snapshot is programmed: the redirector's
-// and the IPVS mode's "applied", the iptables and nftables modes' "synced".
-func live(ev logEvent) bool { return ev.Msg == "applied" || ev.Msg == "synced" }
+// (either steering backend's) and the IPVS mode's "applied", the iptables
+// and nftables modes' "synced", without an error (a failed write logs the
+// same line with its error, and is retried).
+func live(ev logEvent) bool { return (ev.Msg == "applied" || ev.Msg == "synced") && ev.Error == "" }
+
+// steeringTable is the nftables steering backend's table.
+const steeringTable = steertable.Table
+
+// steeringFrontends counts the elements of the nftables steering
+// backend's IPv4 frontends map in the node's namespace, read over netlink
+// as svcproxy writes it (no nft binary needed).
+func steeringFrontends(ctx context.Context, c *Cluster) (int, error) {
+	es, err := steertable.Netlink(c.Topo.Node.NS).Elements(ctx, netfilter.IPv4, steertable.SetFrontends)
+	return len(es), err
+}
 
 // ipsetEntries counts the members of an ipset in the node's namespace.
 func ipsetEntries(ctx context.Context, c *Cluster, set string) (int, error) {

@@ -224,14 +224,15 @@ func trimZero(s string) string {
 
 // modeColors keeps each mode's color the same in every chart.
 var modeColors = map[string]string{
-	"direct":             "#8c8c8c",
-	"svcproxy-userspace": "#1f77b4",
-	"kube-dnat":          "#2ca02c",
-	"svcproxy-iptables":  "#9467bd",
-	"svcproxy-nftables":  "#e377c2",
-	"svcproxy-ipvs":      "#8c564b",
-	"haproxy":            "#ff7f0e",
-	"nginx-stream":       "#d62728",
+	"direct":                   "#8c8c8c",
+	"svcproxy-userspace":       "#1f77b4",
+	"svcproxy-userspace-ipset": "#aec7e8",
+	"kube-dnat":                "#2ca02c",
+	"svcproxy-iptables":        "#9467bd",
+	"svcproxy-nftables":        "#e377c2",
+	"svcproxy-ipvs":            "#8c564b",
+	"haproxy":                  "#ff7f0e",
+	"nginx-stream":             "#d62728",
 }
 
 func modeColor(m string) string {

@@ -19,6 +19,7 @@
 //	configSyncPeriod: 15m0s
 //	svcproxy:
 //	  steering: redirect
+//	  steeringBackend: auto           # nftables | iptables (+ ipset) | auto: nftables when the kernel takes it
 //	  redirectPort: 15001
 //	  workers: 0
 //	  dialTimeouts: [250ms, 500ms, 1s, 2s]
@@ -163,6 +164,11 @@ type Svcproxy struct {
 	// (iptables REDIRECT) or none (listen on each frontend). Default
 	// redirect.
 	Steering string `yaml:"steering"`
+	// SteeringBackend is what writes redirect steering: nftables (one
+	// owned table per family, over netlink), iptables (iptables + ipset)
+	// or auto (nftables when the kernel takes the table, else iptables).
+	// Default auto.
+	SteeringBackend string `yaml:"steeringBackend"`
 	// RedirectPort is the TCP port redirected connections arrive on.
 	// Default 15001.
 	RedirectPort uint16 `yaml:"redirectPort"`
@@ -235,16 +241,17 @@ func Default() *Config {
 		ClientConnection:   ClientConnection{QPS: 5, Burst: 10, ContentType: "application/vnd.kubernetes.protobuf"},
 		ConfigSyncPeriod:   Duration(15 * time.Minute),
 		Svcproxy: Svcproxy{
-			Steering:       "redirect",
-			RedirectPort:   DefaultRedirectPort,
-			DialTimeouts:   []Duration{Duration(250 * time.Millisecond), Duration(500 * time.Millisecond), Duration(time.Second), Duration(2 * time.Second)},
-			IdleTimeout:    Duration(time.Hour),
-			DrainTimeout:   Duration(30 * time.Second),
-			Mark:           DefaultMark,
-			Algorithm:      "round-robin",
-			ConnLog:        DefaultConnLog,
-			ConnLogSample:  1,
-			HandoverSocket: "auto",
+			Steering:        "redirect",
+			SteeringBackend: "auto",
+			RedirectPort:    DefaultRedirectPort,
+			DialTimeouts:    []Duration{Duration(250 * time.Millisecond), Duration(500 * time.Millisecond), Duration(time.Second), Duration(2 * time.Second)},
+			IdleTimeout:     Duration(time.Hour),
+			DrainTimeout:    Duration(30 * time.Second),
+			Mark:            DefaultMark,
+			Algorithm:       "round-robin",
+			ConnLog:         DefaultConnLog,
+			ConnLogSample:   1,
+			HandoverSocket:  "auto",
 		},
 	}
 }
@@ -466,6 +473,11 @@ func (c *Config) problems() []error {
 	s := &c.Svcproxy
 	if s.Steering != "redirect" && s.Steering != "none" {
 		bad("svcproxy.steering", "want redirect or none, got %q", s.Steering)
+	}
+	switch s.SteeringBackend {
+	case "", "auto", "nftables", "iptables":
+	default:
+		bad("svcproxy.steeringBackend", "want auto, nftables or iptables, got %q", s.SteeringBackend)
 	}
 	if s.RedirectPort == 0 {
 		bad("svcproxy.redirectPort", "want 1-65535")

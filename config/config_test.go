@@ -77,6 +77,7 @@ configSyncPeriod: 0s
 			yaml: header + `
 svcproxy:
   steering: none
+  steeringBackend: iptables
   redirectPort: 16001
   workers: 4
   dialTimeouts: [100ms, 1s]
@@ -93,7 +94,7 @@ svcproxy:
   handoverSocket: ""
 `,
 			want: func(c *Config) {
-				c.Svcproxy = Svcproxy{Steering: "none", RedirectPort: 16001, Workers: 4,
+				c.Svcproxy = Svcproxy{Steering: "none", SteeringBackend: "iptables", RedirectPort: 16001, Workers: 4,
 					DialTimeouts: []Duration{Duration(100 * time.Millisecond), Duration(time.Second)},
 					IdleTimeout:  Duration(-time.Second), DrainTimeout: Duration(5 * time.Second), Mark: 0x4000,
 					MaxConns: 1000, MaxConnsPerService: 100, Algorithm: "maglev", ConnLog: "-", ConnLogSample: 10,
@@ -194,6 +195,7 @@ func TestParseErrors(t *testing.T) {
 			[]string{`svcproxy.steering: want redirect or none, got "tproxy"`, "svcproxy.workers: want 0-1024", "svcproxy.dialTimeouts: want 1 to 16 timeouts, got 0",
 				"svcproxy.drainTimeout: must not be negative", "svcproxy.maxConns: must not be negative", "svcproxy.maxConnsPerService: must not be negative",
 				`svcproxy.algorithm: unknown algorithm "best"`, "svcproxy.connLogSample: want 1 or more, got 0"}},
+		{"steering backend", header + "svcproxy: {steeringBackend: bpf}\n", []string{`svcproxy.steeringBackend: want auto, nftables or iptables, got "bpf"`}},
 		{"dial timeout zero", header + "svcproxy: {dialTimeouts: [1s, 0s]}\n", []string{"svcproxy.dialTimeouts[1]: must be positive"}},
 		{"redirect without mark", header + "svcproxy: {mark: 0}\n", []string{"svcproxy.mark: steering redirect needs a mark"}},
 		{"alias", header + "iptables: &x {syncPeriod: 1s}\nipvs: *x\n", []string{"ipvs: YAML aliases are not supported"}},

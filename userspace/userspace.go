@@ -38,10 +38,11 @@ type Config struct {
 
 // Mode is the forwarder, with REDIRECT steering when configured.
 type Mode struct {
-	fwd  *forwarder.Forwarder
-	red  *redirect.Redirector // nil without steering
-	port uint16
-	log  *zap.Logger
+	fwd   *forwarder.Forwarder
+	red   *redirect.Redirector // nil without steering
+	steer redirect.Config      // what red was made from
+	port  uint16
+	log   *zap.Logger
 }
 
 // New builds the mode: the forwarder binds its redirect listeners (or
@@ -60,7 +61,7 @@ func New(cfg Config) (*Mode, error) {
 		if err != nil {
 			return nil, err
 		}
-		m.red = red
+		m.red, m.steer = red, *cfg.Steering
 		if fc.UDPPorts == nil {
 			// Bind the UDP frontends where a previous process's rules
 			// still steer them, so flows conntrack sends there are kept.
@@ -91,25 +92,44 @@ func RedirectAddrs(port uint16, ipv6 bool) []netip.AddrPort {
 }
 
 // Available reports why this node cannot run the userspace mode, or nil:
-// listening on frontends needs nothing of the kernel; steering needs Linux,
-// iptables-restore and ipset.
-func Available(steering bool) error {
-	if !steering {
+// listening on frontends (steering nil) needs nothing of the kernel;
+// steering needs Linux and a steering backend that works here under
+// steering.Backend (redirect.Available: nftables when the kernel takes a
+// throwaway table, one netlink transaction; else iptables, which also
+// needs iptables-restore and ipset).
+func Available(ctx context.Context, steering *redirect.Config) error {
+	if steering == nil {
 		return nil
 	}
 	if err := proxymode.LinuxOnly("--steering=redirect"); err != nil {
 		return err
 	}
-	for _, tool := range []string{"iptables-restore", "ipset"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			return fmt.Errorf("REDIRECT steering needs %s: %w", tool, err)
+	cfg := *steering
+	cfg.Logger = nil // a probe: New logs what it chose when the mode is built
+	backend, err := redirect.Available(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("REDIRECT steering: %w", err)
+	}
+	if backend == redirect.BackendIPTables && cfg.Exec == nil {
+		for _, tool := range []string{"iptables-restore", "ipset"} {
+			if _, err := exec.LookPath(tool); err != nil {
+				return fmt.Errorf("REDIRECT steering with iptables needs %s: %w", tool, err)
+			}
 		}
 	}
 	return nil
 }
 
-// Available reports why this node cannot run m (the package's Available).
-func (m *Mode) Available(context.Context) error { return Available(m.red != nil) }
+// Available reports why this node cannot run m (the package's Available,
+// for the steering backend m chose).
+func (m *Mode) Available(ctx context.Context) error {
+	if m.red == nil {
+		return Available(ctx, nil)
+	}
+	cfg := m.steer
+	cfg.Backend = m.red.Backend()
+	return Available(ctx, &cfg)
+}
 
 // Apply makes the forwarder serve snap and steers its frontends to it.
 func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
@@ -132,10 +152,13 @@ func (m *Mode) Cleanup(ctx context.Context) error {
 	return m.red.Cleanup(ctx)
 }
 
-// CleanupSteering removes every steering rule and set, whoever installed
-// them, with the tools in this network namespace.
+// CleanupSteering removes every steering rule, set and table, whoever
+// installed them, with the tools in this network namespace: both
+// backends' (redirect.Cleanup). Its redirector is auto's, so it works
+// with either backend alone: nftables without iptables, iptables where
+// the kernel refuses the table.
 func CleanupSteering(ctx context.Context, log *zap.Logger) error {
-	red, err := redirect.New(redirect.Config{Mark: forwarder.DefaultMark, Logger: log})
+	red, err := redirect.New(redirect.Config{Backend: redirect.BackendAuto, Mark: forwarder.DefaultMark, Logger: log})
 	if err != nil {
 		return err
 	}

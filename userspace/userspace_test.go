@@ -2,6 +2,7 @@ package userspace
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/netip"
@@ -13,6 +14,9 @@ import (
 
 	"github.com/svcproxy/svcproxy/forwarder"
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
+	"github.com/svcproxy/svcproxy/redirect"
+	"github.com/svcproxy/svcproxy/redirect/steertable/steertabletest"
 )
 
 // TestMode serves a loopback Service without steering (the forwarder binds
@@ -85,5 +89,49 @@ func TestMode(t *testing.T) {
 		t.Fatalf("the frontend %v still accepts after Close", front)
 	} else if !strings.Contains(err.Error(), "refused") {
 		t.Logf("dial after Close: %v", err)
+	}
+}
+
+// TestAvailableSteering: with steering, the mode is available when a
+// steering backend works here under the configured choice: auto and
+// nftables pass where the kernel takes the steering table even with no
+// iptables at all; iptables needs iptables; with neither, the error names
+// both reasons. The backends are their fakes (no root needed).
+func TestAvailableSteering(t *testing.T) {
+	noIPTables := errors.New("exec: \"iptables\": executable file not found in $PATH")
+	noNFT := errors.New("netlink: operation not supported")
+	for _, tc := range []struct {
+		name          string
+		backend       redirect.Backend
+		iptables, nft error  // what the iptables version and the table probe say
+		want          string // "" available, else a part of the error
+	}{
+		{"auto, nftables, no iptables", redirect.BackendAuto, noIPTables, nil, ""},
+		{"nftables, no iptables", redirect.BackendNFTables, noIPTables, nil, ""},
+		{"auto, iptables, no nftables", redirect.BackendAuto, nil, noNFT, ""},
+		{"iptables, no iptables", redirect.BackendIPTables, noIPTables, nil, "iptables"},
+		{"nftables, no nftables", redirect.BackendNFTables, nil, noNFT, "operation not supported"},
+		{"auto, neither", redirect.BackendAuto, noIPTables, noNFT, "operation not supported"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ipt, nft := netfiltertest.NewFake(), steertabletest.NewFake()
+			if tc.iptables != nil {
+				ipt.FailNext("iptables-version", tc.iptables)
+			}
+			nft.Fail("probe", tc.nft)
+			err := Available(context.Background(), &redirect.Config{Backend: tc.backend, Mark: forwarder.DefaultMark, Exec: ipt, NFT: nft})
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("Available = %v, want nil", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("Available = %v, want an error saying %q", err, tc.want)
+			}
+			if tc.name == "auto, neither" && (err == nil || !strings.Contains(err.Error(), "not found")) {
+				t.Errorf("Available = %v, want both reasons", err)
+			}
+		})
+	}
+	if err := Available(context.Background(), nil); err != nil {
+		t.Errorf("Available without steering = %v, want nil", err)
 	}
 }

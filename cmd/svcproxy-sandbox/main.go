@@ -1,9 +1,11 @@
 // Command svcproxy-sandbox is the first thing to run: it builds a small
 // cluster out of network namespaces (a client "pod", a node, two backends),
 // runs the real svcproxy on the node in userspace mode with REDIRECT
-// steering of a ClusterIP and a NodePort, sends traffic, shows what
-// happened, and keeps everything up until Ctrl-C, when it removes it all.
-// It touches nothing outside the namespaces it creates.
+// steering of a ClusterIP and a NodePort (on the steering backend svcproxy
+// chooses, or --steering-backend), says which backend steers and shows its
+// rules, sends traffic, shows what happened, and keeps everything up until
+// Ctrl-C, when it removes it all. It touches nothing outside the
+// namespaces it creates.
 package main
 
 import (
@@ -34,18 +36,23 @@ const (
 func main() {
 	svcproxy := flag.String("svcproxy", "bin/svcproxy", "the svcproxy binary")
 	backend := flag.String("backend", "bin/svcproxy-backend", "the svcproxy-backend binary")
+	steeringBackend := flag.String("steering-backend", "", "svcproxy's --steering-backend: auto, nftables or iptables; empty: svcproxy's default (auto)")
 	flag.Parse()
-	if err := run(*svcproxy, *backend); err != nil {
+	if err := run(*svcproxy, *backend, *steeringBackend); err != nil {
 		fmt.Fprintln(os.Stderr, "sandbox:", err)
 		os.Exit(1)
 	}
 }
 
-func run(svcproxyBin, backendBin string) error {
+func run(svcproxyBin, backendBin, steeringBackend string) error {
 	if os.Geteuid() != 0 {
 		return errors.New("the sandbox creates network namespaces and iptables rules inside them, which needs root: run `sudo make run`")
 	}
-	for _, tool := range []string{"ip", "iptables", "ipset"} {
+	tools := []string{"ip", "iptables", "ipset"} // auto falls back to iptables + ipset where nftables is refused
+	if steeringBackend == "nftables" {
+		tools = []string{"ip"}
+	}
+	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
 			return fmt.Errorf("%s is not installed: run `sudo make deps` first", tool)
 		}
@@ -112,7 +119,7 @@ func run(svcproxyBin, backendBin string) error {
 	if err := os.WriteFile(servicesFile, []byte(services), 0o644); err != nil {
 		return err
 	}
-	step("starting svcproxy on the node: userspace mode, REDIRECT steering")
+	step("starting svcproxy on the node: userspace mode, REDIRECT steering (--steering-backend=" + firstNonEmpty(steeringBackend, "auto") + ")")
 	fmt.Printf("    services file %s:\n%s", servicesFile, indent(services))
 	proxyLog := filepath.Join(dir, "svcproxy.log")
 	logFile, err := os.Create(proxyLog)
@@ -120,9 +127,13 @@ func run(svcproxyBin, backendBin string) error {
 		return err
 	}
 	defer logFile.Close()
-	proxy := node.Command(context.Background(), svcproxyBin, "--services", servicesFile, "--steering=redirect",
+	args := []string{"--services", servicesFile, "--steering=redirect",
 		"--hostname-override", "sandbox-node", "--conn-log", connLog,
-		"--metrics-bind-address", "127.0.0.1:10249", "--healthz-bind-address", "127.0.0.1:10256")
+		"--metrics-bind-address", "127.0.0.1:10249", "--healthz-bind-address", "127.0.0.1:10256"}
+	if steeringBackend != "" {
+		args = append(args, "--steering-backend="+steeringBackend)
+	}
+	proxy := node.Command(context.Background(), svcproxyBin, args...)
 	proxy.Stdout, proxy.Stderr = logFile, logFile
 	if err := proxy.Start(); err != nil {
 		return err
@@ -133,17 +144,16 @@ func run(svcproxyBin, backendBin string) error {
 		_ = proxy.Wait()
 	}()
 	if err := waitReady(ctx, client, clusterIP+":80"); err != nil {
-		return fmt.Errorf("%w; svcproxy's log is %s", err, proxyLog)
+		return fmt.Errorf("%w; the end of svcproxy's log:\n%s", err, tail(proxyLog, 15))
 	}
 
-	step("the node's steering rules (iptables-save -t nat, svcproxy's part)")
-	if out, err := node.Command(ctx, "iptables-save", "-t", "nat").Output(); err == nil {
-		for _, line := range strings.Split(string(out), "\n") {
-			if strings.Contains(line, "SVCPROXY") {
-				fmt.Println("    " + line)
-			}
-		}
+	steering, fields := steeringLine(proxyLog)
+	if steering == "" {
+		return fmt.Errorf("svcproxy serves but its log says nothing of its steering backend; the end of its log:\n%s", tail(proxyLog, 15))
 	}
+	step("steering: " + steering)
+	fmt.Printf("    svcproxy's log: steering with %s %s\n", steering, fields)
+	showRules(ctx, node, steering)
 
 	step(fmt.Sprintf("6 requests from the client pod to the ClusterIP %s:80", clusterIP))
 	requests(client, clusterIP+":80", 6)
@@ -175,6 +185,74 @@ func run(svcproxyBin, backendBin string) error {
 }
 
 func step(s string) { fmt.Printf("\n==> %s\n", s) }
+
+func firstNonEmpty(s ...string) string {
+	for _, x := range s {
+		if x != "" {
+			return x
+		}
+	}
+	return ""
+}
+
+// tail is the last n lines of the file at path, indented (the sandbox's
+// directory, and the file, are removed when it exits).
+func tail(path string, n int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "    (" + err.Error() + ")"
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	return indent(strings.Join(lines[max(0, len(lines)-n):], "\n"))
+}
+
+// steeringLine finds svcproxy's start-up line "steering with <backend>"
+// in its console log at path: what steers ("nftables (table
+// svcproxy-steering)", "iptables (nf_tables) + ipset") and the line's
+// fields.
+func steeringLine(path string) (steering, fields string) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", ""
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		cols := strings.Split(line, "\t") // time, level, [logger,] message, fields
+		for i, c := range cols {
+			if rest, ok := strings.CutPrefix(c, "steering with "); ok {
+				return rest, strings.Join(cols[i+1:], " ")
+			}
+		}
+	}
+	return "", ""
+}
+
+// showRules prints the steering rules svcproxy wrote on the node: its
+// nftables table (with nft, when installed: svcproxy itself writes it over
+// netlink) or its part of iptables-save -t nat.
+func showRules(ctx context.Context, node *topology.Host, steering string) {
+	if strings.HasPrefix(steering, "nftables") {
+		if _, err := exec.LookPath("nft"); err != nil {
+			fmt.Println("    (nft is not installed, so the table is not shown: svcproxy writes it over netlink without it)")
+			return
+		}
+		fmt.Println("    nft list table ip svcproxy-steering:")
+		out, err := node.Command(ctx, "nft", "list", "table", "ip", "svcproxy-steering").CombinedOutput()
+		if err != nil {
+			fmt.Printf("    (nft list table failed: %v: %s)\n", err, strings.TrimSpace(string(out)))
+			return
+		}
+		fmt.Print(indent(string(out)))
+		return
+	}
+	fmt.Println("    iptables-save -t nat, svcproxy's part:")
+	if out, err := node.Command(ctx, "iptables-save", "-t", "nat").Output(); err == nil {
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.Contains(line, "SVCPROXY") {
+				fmt.Println("    " + line)
+			}
+		}
+	}
+}
 
 func indent(s string) string {
 	return "      " + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n      ") + "\n"

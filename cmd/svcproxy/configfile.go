@@ -47,6 +47,7 @@ func applyConfigFile(fs *flag.FlagSet, path string) (*config.Config, error) {
 		"conntrack-udp-timeout": cfg.Conntrack.UDPTimeout.D().String(),
 		"proxy-name":            sp.ProxyName,
 		"steering":              sp.Steering,
+		"steering-backend":      sp.SteeringBackend,
 		"redirect-port":         strconv.Itoa(int(sp.RedirectPort)),
 		"workers":               strconv.Itoa(sp.Workers),
 		"dial-timeouts":         strings.Join(durations, ","),
@@ -121,6 +122,7 @@ func writeConfig(o *options, path string) error {
 	cfg.ClientConnection = config.ClientConnection{Kubeconfig: o.kubeconfig, QPS: o.kubeAPIQPS, Burst: int32(o.kubeAPIBurst), ContentType: o.kubeAPIContentType}
 	sp := &cfg.Svcproxy
 	sp.Steering, sp.RedirectPort, sp.Workers = o.steering, o.redirectPort, o.workers
+	sp.SteeringBackend = string(o.steeringBackend)
 	sp.DialTimeouts = nil
 	for _, d := range o.dialTimeouts {
 		sp.DialTimeouts = append(sp.DialTimeouts, config.Duration(d))

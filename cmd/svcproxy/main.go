@@ -155,7 +155,7 @@ func run(o *options) error {
 		Logger: log, Registry: reg, Store: store, Source: source, Tracker: tracker, HealthChecks: hc,
 		Modes: modes(o, reg, log, clog), Mode: o.proxyMode, Annotation: kube.ProxyMode(node), Steering: o.steering,
 		IPv6: func(ctx context.Context, mode proxymode.Name) error {
-			return detectIPv6(ctx, daemon.HostIPv6, mode, o, log)
+			return detectIPv6(ctx, daemon.HostIPv6, hostNFTSteering(o), mode, o, log)
 		},
 		UDPIdleTimeout: o.udpIdleTimeout,
 		KubeProxy:      daemon.HostKubeProxyTraces(),

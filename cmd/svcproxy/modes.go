@@ -36,7 +36,7 @@ func modes(o *options, reg prometheus.Registerer, log *zap.Logger, clog *connlog
 			New: func(_ context.Context, inherited map[string]*os.File) (proxymode.Mode, error) {
 				return newUserspace(o, reg, log, clog, inherited)
 			},
-			Probe:   func(context.Context) error { return userspace.Available(o.steering == "redirect") },
+			Probe:   func(ctx context.Context) error { return userspace.Available(ctx, steeringConfig(o, log)) },
 			Cleanup: func(ctx context.Context) error { return userspace.CleanupSteering(ctx, log) },
 		},
 		proxymode.IPTables: linuxOnly(ipt, "the iptables mode"),
@@ -45,10 +45,21 @@ func modes(o *options, reg prometheus.Registerer, log *zap.Logger, clog *connlog
 	}
 	if _, err := exec.LookPath("iptables-restore"); err != nil {
 		for name, e := range t {
-			if name == proxymode.NFTables {
+			switch name {
+			case proxymode.NFTables:
 				continue // its tables are made over netlink, without iptables-restore
+			case proxymode.Userspace:
+				// The nftables steering backend needs no iptables-restore
+				// either: its tables are removed where nftables works.
+				e.Cleanup = func(ctx context.Context) error {
+					if _, err := redirect.Available(ctx, redirect.Config{Backend: redirect.BackendNFTables}); err != nil {
+						return nil // neither backend can have installed anything
+					}
+					return userspace.CleanupSteering(ctx, log)
+				}
+			default:
+				e.Cleanup = nil // no mode can have installed anything
 			}
-			e.Cleanup = nil // no mode can have installed anything
 			t[name] = e
 		}
 	}
@@ -121,24 +132,50 @@ func newUserspace(o *options, reg prometheus.Registerer, log *zap.Logger, clog *
 		RedirectPort: o.redirectPort,
 		Logger:       log,
 	}
-	if o.steering == "redirect" {
-		rc := redirectConfig(o, log)
-		cfg.Steering = &rc
-	}
+	cfg.Steering = steeringConfig(o, log)
 	m, err := userspace.New(cfg)
 	if err != nil {
 		return nil, err
 	}
 	if red := m.Steering(); red != nil {
-		daemon.RegisterRepairs(reg, "redirect", "Full syncs that found svcproxy's rules or sets tampered with and repaired them.", red.Repairs)
-		daemon.RegisterRestoreFailures(reg, daemon.Families(o.ipv6), red.RestoreFailures)
-		log.Info("steering with iptables REDIRECT", zap.String("iptables", red.Backend()), zap.Uint16("redirectPort", o.redirectPort))
+		o.steeredBy = red.Backend()
+		registerSteering(reg, daemon.Families(o.ipv6), red)
+		fields := []zap.Field{zap.String("backend", string(red.Backend())), zap.Uint16("redirectPort", o.redirectPort)}
+		if ipt := red.IPTables(); ipt != "" && red.Backend() == redirect.BackendIPTables {
+			fields = append(fields, zap.String("iptables", ipt))
+		}
+		log.Info("steering with "+red.Describe(), fields...)
 	}
 	return m, nil
 }
 
+// registerSteering exports red's repair count and its failed writes per
+// family, named as kube-proxy names them for the backend that writes the
+// rules: the nftables backend's transactions as
+// kubeproxy_sync_proxy_rules_nftables_sync_failures_total (as the
+// nftables mode's), the iptables backend's iptables-restore runs as
+// kubeproxy_sync_proxy_rules_iptables_restore_failures_total.
+func registerSteering(reg prometheus.Registerer, families []string, red *redirect.Redirector) {
+	daemon.RegisterRepairs(reg, "redirect", "Full syncs that found svcproxy's rules or sets tampered with and repaired them.", red.Repairs)
+	if red.Backend() == redirect.BackendNFTables {
+		daemon.RegisterNFTablesSyncFailures(reg, families, red.SyncFailures)
+	} else {
+		daemon.RegisterRestoreFailures(reg, families, red.RestoreFailures)
+	}
+}
+
+// steeringConfig is the userspace mode's steering, nil without
+// --steering=redirect.
+func steeringConfig(o *options, log *zap.Logger) *redirect.Config {
+	if o.steering != "redirect" {
+		return nil
+	}
+	rc := redirectConfig(o, log)
+	return &rc
+}
+
 func redirectConfig(o *options, log *zap.Logger) redirect.Config {
-	return redirect.Config{Mark: uint32(o.mark), NodePortAddresses: o.nodePortAddresses, IPv6: o.ipv6, Logger: log}
+	return redirect.Config{Backend: o.steeringBackend, Mark: uint32(o.mark), NodePortAddresses: o.nodePortAddresses, IPv6: o.ipv6, Logger: log}
 }
 
 func iptablesConfig(o *options, log *zap.Logger) iptables.Config {
@@ -182,14 +219,18 @@ func ipvsConfig(o *options, log *zap.Logger) ipvs.Config {
 // built-in chains of nat and filter) as they are committed, through
 // nf_tables notifications. The userspace mode without steering has no
 // rules; iptables-legacy makes no notifications. The nftables mode's own
-// tables are not watched (yet): changes to them are repaired by its
-// periodic full sync, which the error says.
+// tables, and the nftables steering backend's, are not watched (yet):
+// changes to them are repaired by the periodic full sync, which the error
+// says.
 func watchRules(ctx context.Context, mode proxymode.Name, o *options, changed func()) error {
 	if mode == proxymode.Userspace && o.steering != "redirect" {
 		return nil
 	}
 	if mode == proxymode.NFTables {
 		return errors.New("the nftables mode's tables are not watched for changes")
+	}
+	if mode == proxymode.Userspace && o.steeredBy == redirect.BackendNFTables {
+		return errors.New("the nftables steering table is not watched for changes")
 	}
 	v, err := (&netfilter.Exec{}).IPTablesVersion(ctx)
 	if err != nil {

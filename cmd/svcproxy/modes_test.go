@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -10,14 +12,21 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
 
+	"github.com/svcproxy/svcproxy/daemon"
+	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 	"github.com/svcproxy/svcproxy/proxymode"
+	"github.com/svcproxy/svcproxy/redirect"
+	"github.com/svcproxy/svcproxy/redirect/steertable/steertabletest"
 )
 
 // TestModesWithoutIPTablesRestore: on a node without iptables-restore no
 // mode that programs through it can have installed anything, so their
 // cleanups are left out; the nftables mode's is kept (it programs over
-// netlink), so --cleanup still removes its tables.
+// netlink), and so is the userspace mode's (its nftables steering backend
+// does too), so --cleanup still removes their tables.
 func TestModesWithoutIPTablesRestore(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
 	o, err := parseFlags(nil, outsidePod)
@@ -28,7 +37,7 @@ func TestModesWithoutIPTablesRestore(t *testing.T) {
 	var names []string
 	for name, e := range table {
 		names = append(names, string(name))
-		if got, want := e.Cleanup != nil, name == proxymode.NFTables; got != want {
+		if got, want := e.Cleanup != nil, name == proxymode.NFTables || name == proxymode.Userspace; got != want {
 			t.Errorf("%s: has a cleanup %v, want %v", name, got, want)
 		}
 	}
@@ -77,4 +86,129 @@ func TestWatchRulesNFTables(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "nftables") {
 		t.Errorf("watchRules(nftables) = %v, want an error saying the nftables tables are not watched", err)
 	}
+}
+
+// TestWatchRulesNFTablesSteering: steering written by the nftables
+// backend is not watched through iptables' notifications (its table is
+// its own): the error says so, and the periodic full sync repairs it.
+func TestWatchRulesNFTablesSteering(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	o, err := parseFlags([]string{"--steering=redirect"}, outsidePod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.steeredBy = redirect.BackendNFTables // as newUserspace records it
+	err = watchRules(context.Background(), proxymode.Userspace, o, func() { t.Error("changed called") })
+	if err == nil || !strings.Contains(err.Error(), "nftables steering table") {
+		t.Errorf("watchRules(userspace on nftables) = %v, want an error saying the steering table is not watched", err)
+	}
+}
+
+// TestSteeringFailuresMetrics: the userspace mode's steering exports its
+// failed writes under the counter kube-proxy names for the backend that
+// writes them, and only that one: the nftables backend's failed
+// transactions as kubeproxy_sync_proxy_rules_nftables_sync_failures_total
+// (as the nftables mode's), the iptables backend's failed iptables-restore
+// runs as kubeproxy_sync_proxy_rules_iptables_restore_failures_total. Each
+// moves by one on a failed write and not on the good syncs around it. The
+// redirector runs over both backends' fakes, so no root is needed.
+func TestSteeringFailuresMetrics(t *testing.T) {
+	const (
+		nftKey = "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
+		iptKey = "kubeproxy_sync_proxy_rules_iptables_restore_failures_total"
+	)
+	store := lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: "node-a"}})
+	snap, err := store.Replace([]lb.Service{{Name: lb.ServicePortName{Namespace: "ns", Name: "web"}, Port: 80,
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+		Endpoints:  []lb.Endpoint{{Addr: netip.MustParseAddrPort("10.244.0.1:8080"), Ready: true, Serving: true}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		backend      redirect.Backend
+		key, absent  string
+		failNext     func(ipt *netfiltertest.Fake, nft *steertabletest.Fake)
+		heal         func(ipt *netfiltertest.Fake, nft *steertabletest.Fake)
+		wantDescribe string
+	}{
+		{redirect.BackendNFTables, nftKey, iptKey,
+			func(_ *netfiltertest.Fake, nft *steertabletest.Fake) {
+				nft.Fail("setup", errors.New("injected: netlink transaction refused"))
+			},
+			func(_ *netfiltertest.Fake, nft *steertabletest.Fake) { nft.Fail("setup", nil) },
+			"nftables (table svcproxy-steering)"},
+		{redirect.BackendIPTables, iptKey, nftKey,
+			func(ipt *netfiltertest.Fake, _ *steertabletest.Fake) {
+				ipt.FailNext("iptables-restore", errors.New("injected: iptables-restore exited 1"))
+			},
+			func(*netfiltertest.Fake, *steertabletest.Fake) {},
+			"iptables (nf_tables) + ipset"},
+	} {
+		t.Run(string(tc.backend), func(t *testing.T) {
+			ipt, nft := netfiltertest.NewFake(), steertabletest.NewFake()
+			o, err := parseFlags([]string{"--steering=redirect", "--steering-backend=" + string(tc.backend)}, outsidePod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rc := redirectConfig(o, zaptest.NewLogger(t))
+			rc.Exec, rc.NFT = ipt, nft
+			red, err := redirect.New(rc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if red.Backend() != tc.backend || red.Describe() != tc.wantDescribe {
+				t.Fatalf("steering with %s (%q), want %s (%q)", red.Backend(), red.Describe(), tc.backend, tc.wantDescribe)
+			}
+			reg := prometheus.NewPedanticRegistry()
+			registerSteering(reg, daemon.Families(o.ipv6), red)
+			ctx := context.Background()
+			step := func(name string, fail bool, want float64) {
+				t.Helper()
+				if fail {
+					tc.failNext(ipt, nft)
+				}
+				err := red.Apply(ctx, snap, redirect.Ports{TCP: 15001}, true)
+				if (err != nil) != fail {
+					t.Fatalf("%s: Apply = %v, want failure %v", name, err, fail)
+				}
+				tc.heal(ipt, nft)
+				got := gatherCounters(t, reg)
+				if v, ok := got[tc.key+`{ip_family="IPv4"}`]; !ok || v != want {
+					t.Errorf("%s: %s = %v (present %v), want %v; all: %v", name, tc.key, v, ok, want, got)
+				}
+				for k := range got {
+					if strings.HasPrefix(k, tc.absent) {
+						t.Errorf("%s: %s exported with the %s backend", name, k, tc.backend)
+					}
+				}
+			}
+			step("a good sync", false, 0)
+			step("a failed write", true, 1)
+			step("the good sync after it", false, 1)
+		})
+	}
+}
+
+// gatherCounters is every counter in reg, keyed as name{label="value",...}.
+func gatherCounters(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			key := mf.GetName()
+			if len(labels) > 0 {
+				key += "{" + strings.Join(labels, ",") + "}"
+			}
+			out[key] = m.GetCounter().GetValue()
+		}
+	}
+	return out
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/svcproxy/svcproxy/handover"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/proxymode"
+	"github.com/svcproxy/svcproxy/redirect"
 	"github.com/svcproxy/svcproxy/source/kube"
 )
 
@@ -40,12 +41,14 @@ type options struct {
 	kubeAPIContentType string
 	configSyncPeriod   time.Duration // informer resync; 0: none
 
-	steering          string // "none" or "redirect"
+	steering          string           // "none" or "redirect"
+	steeringBackend   redirect.Backend // what writes --steering=redirect's rules: auto, nftables or iptables
 	redirectPort      uint16
 	bindAddress       netip.Addr // kube-proxy's --bind-address: this node's primary IP of its family; unspecified: from the Node
 	nodePortAddresses []netip.Prefix
-	nodePortPrimary   bool // --nodeport-addresses=primary: the node's primary IPs, resolved once the Node is known
-	ipv6              bool // the node serves IPv6 too: set by detectIPv6, not a flag
+	nodePortPrimary   bool             // --nodeport-addresses=primary: the node's primary IPs, resolved once the Node is known
+	ipv6              bool             // the node serves IPv6 too: set by detectIPv6, not a flag
+	steeredBy         redirect.Backend // the userspace mode's resolved steering backend: set when it is built, not a flag
 	cleanup           bool
 	force             bool   // --cleanup even while a running svcproxy owns the rules
 	check             bool   // --check: validate the files and exit
@@ -275,7 +278,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 		iptSync, iptMinSync, ipvsSync, ipvsMinSync                                                                              *time.Duration
 		version                                                                                                                 *bool
 		qps                                                                                                                     *float64
-		loggingFormat                                                                                                           *string
+		loggingFormat, steeringBackend                                                                                          *string
 	)
 	secs.section("Configuration", false, func() {
 		configPath = fs.String("config", "", "a KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1, with an svcproxy: section); flags given on the command line win over it")
@@ -314,7 +317,8 @@ func parseFlags(args []string, env environment) (*options, error) {
 		fs.StringVar(&o.ipvsScheduler, "ipvs-scheduler", "rr", "ipvs mode: the default scheduler: "+strings.Join(config.IPVSSchedulers, ", "))
 	})
 	secs.section("Userspace proxy", false, func() {
-		fs.StringVar(&o.steering, "steering", "none", "how Service traffic reaches the forwarder: redirect (iptables REDIRECT of every ClusterIP, ExternalIP, LoadBalancer IP and NodePort; needs root or CAP_NET_ADMIN) or none (listen on each frontend directly: for loopback and static files)")
+		fs.StringVar(&o.steering, "steering", "none", "how Service traffic reaches the forwarder: redirect (REDIRECT of every ClusterIP, ExternalIP, LoadBalancer IP and NodePort, written by --steering-backend; needs root or CAP_NET_ADMIN) or none (listen on each frontend directly: for loopback and static files)")
+		steeringBackend = fs.String("steering-backend", "auto", "what writes --steering=redirect's rules: nftables (one table, svcproxy-steering, per family, over netlink: no iptables, ipset or nft binary), iptables (iptables + ipset) or auto (nftables when the kernel takes the table, else iptables)")
 		redirectPort = fs.Uint("redirect-port", 15001, "TCP port the redirect rules send connections to (with --steering=redirect)")
 		fs.IntVar(&o.workers, "workers", 0, "listening sockets (and accept loops) per address, sharing it with SO_REUSEPORT; 0: GOMAXPROCS")
 		dialTimeouts = fs.String("dial-timeouts", "250ms,500ms,1s,2s", "per-attempt backend connect timeouts; their number bounds the attempts, each to a different backend")
@@ -452,6 +456,9 @@ func parseFlags(args []string, env environment) (*options, error) {
 	}
 	if o.steering != "none" && o.steering != "redirect" {
 		return nil, fmt.Errorf("--steering: want redirect or none, got %q", o.steering)
+	}
+	if o.steeringBackend, err = redirect.ParseBackend(*steeringBackend); err != nil {
+		return nil, fmt.Errorf("--steering-backend: %w", err)
 	}
 	if *redirectPort == 0 || *redirectPort > 65535 {
 		return nil, fmt.Errorf("--redirect-port: want 1-65535, got %d", *redirectPort)

@@ -12,10 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/svcproxy/svcproxy/proxymode"
+	"github.com/svcproxy/svcproxy/redirect"
 )
 
 var outsidePod = environment{}
@@ -30,6 +32,8 @@ func TestParseFlags(t *testing.T) {
 		{"defaults", nil, outsidePod, ""},
 		{"redirect steering", []string{"--steering=redirect"}, outsidePod, ""},
 		{"unknown steering", []string{"--steering=tproxy"}, outsidePod, "--steering"},
+		{"steering backend", []string{"--steering=redirect", "--steering-backend=iptables"}, outsidePod, ""},
+		{"unknown steering backend", []string{"--steering=redirect", "--steering-backend=ebpf"}, outsidePod, "--steering-backend"},
 		{"unknown mode", []string{"--proxy-mode=ebpf"}, outsidePod, "--proxy-mode"},
 		{"redirect needs a mark", []string{"--steering=redirect", "--mark=0"}, outsidePod, "--mark"},
 		{"bad mark", []string{"--mark=zebra"}, outsidePod, "--mark"},
@@ -121,6 +125,10 @@ func TestParseFlagsValues(t *testing.T) {
 			return o.kubeAPIQPS == 5 && o.kubeAPIBurst == 10 && o.kubeAPIContentType == "application/vnd.kubernetes.protobuf" && o.configSyncPeriod == 15*time.Minute
 		}},
 		{"config sync period", []string{"--config-sync-period=0s"}, outsidePod, func(o *options) bool { return o.configSyncPeriod == 0 }},
+		{"steering backend default", nil, outsidePod, func(o *options) bool { return o.steeringBackend == redirect.BackendAuto }},
+		{"steering backend to redirect.Config", []string{"--steering=redirect", "--steering-backend=nftables"}, outsidePod, func(o *options) bool {
+			return o.steeringBackend == redirect.BackendNFTables && redirectConfig(o, zap.NewNop()).Backend == redirect.BackendNFTables
+		}},
 		{"masquerade bit", []string{"--iptables-masquerade-bit=15"}, outsidePod, func(o *options) bool { return o.masqueradeMark == 0x8000 }},
 		{"masquerade bit default", nil, outsidePod, func(o *options) bool { return o.masqueradeMark == 0x4000 }},
 		{"iptables sync period", []string{"--iptables-sync-period=10s", "--iptables-min-sync-period=1s"}, outsidePod,
@@ -235,7 +243,7 @@ ipvs: {scheduler: mh, strictARP: true}
 conntrack: {udpTimeout: 45s}
 clientConnection: {kubeconfig: /k, qps: 30, burst: 60, contentType: application/json}
 configSyncPeriod: 1m
-svcproxy: {proxyName: svcproxy-b}
+svcproxy: {proxyName: svcproxy-b, steeringBackend: nftables}
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -261,6 +269,7 @@ svcproxy: {proxyName: svcproxy-b}
 		{"clientConnection.contentType", o.kubeAPIContentType == "application/json"},
 		{"configSyncPeriod", o.configSyncPeriod == time.Minute},
 		{"svcproxy.proxyName", o.proxyName == "svcproxy-b"},
+		{"svcproxy.steeringBackend", o.steeringBackend == redirect.BackendNFTables},
 		{"ipvs.strictARP warned", slices.ContainsFunc(o.warnings, func(w string) bool { return strings.HasPrefix(w, "--config "+path+": line 8: ipvs.strictARP") })},
 	} {
 		if !c.ok {

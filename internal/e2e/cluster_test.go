@@ -220,6 +220,11 @@ func (c *cluster) startProxy() {
 	args := append([]string{
 		"--services", filepath.Join(c.dir, "services.yaml"),
 		"--steering=redirect",
+		// The suite reads, tampers with and compares iptables rules and
+		// ipsets: the iptables steering backend, not auto's nftables
+		// (whose table redirect's namespace tests, the sandbox and the
+		// bench cover).
+		"--steering-backend=iptables",
 		"--hostname-override", "node",
 		"--conn-log", filepath.Join(c.dir, "connections.log"),
 		"--metrics-bind-address", "127.0.0.1:10249",

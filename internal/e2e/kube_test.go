@@ -144,6 +144,7 @@ func (c *kubeCluster) startKubeProxy(kubeconfig, help string) {
 	args := []string{
 		"--kubeconfig", kubeconfig,
 		"--steering=redirect",
+		"--steering-backend=iptables", // as newCluster: the suite inspects iptables rules and ipsets
 		"--hostname-override", "node",
 		"--min-sync-period", kubeSyncInterval.String(),
 		"--conn-log", filepath.Join(c.dir, "connections.log"),

@@ -106,9 +106,15 @@ func benchWatchToProgrammed(b *testing.B, n int) {
 	defer cancel()
 
 	// The userspace mode: forwarder (REDIRECT target only: no frontend
-	// sockets) and, where possible, the iptables REDIRECT steering.
+	// sockets) and, where possible, REDIRECT steering on the backend
+	// svcproxy would choose: nftables (no tools needed), else iptables +
+	// ipset.
 	var red *redirect.Redirector
-	if private && haveTools("iptables", "iptables-restore", "ipset") {
+	nft := func() bool {
+		kind, err := redirect.Available(ctx, redirect.Config{Mark: forwarder.DefaultMark})
+		return err == nil && kind == redirect.BackendNFTables
+	}
+	if private && (nft() || haveTools("iptables", "iptables-restore", "ipset")) {
 		r, err := redirect.New(redirect.Config{Mark: forwarder.DefaultMark})
 		if err != nil {
 			b.Fatal(err)
@@ -220,7 +226,7 @@ func benchWatchToProgrammed(b *testing.B, n int) {
 	b.ReportMetric(initial.Seconds(), "initial-sync-s")
 	mode := "forwarder only"
 	if red != nil {
-		mode = "forwarder + iptables REDIRECT/ipset (" + red.Backend() + ")"
+		mode = "forwarder + REDIRECT steering with " + red.Describe()
 	}
 	b.Logf("%d Services, %s: initial sync %v", n, mode, initial.Round(time.Millisecond))
 }
