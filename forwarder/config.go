@@ -109,6 +109,17 @@ type Config struct {
 	MaxConns           int64
 	MaxConnsPerService int64
 
+	// Offload moves established TCP connections' bytes in the kernel:
+	// OffloadSockmap (Linux, EngineEventLoop only). Empty or OffloadNone:
+	// off. When the kernel refuses the sockmap program at New, the reason
+	// is logged and the forwarder runs without offload.
+	Offload Offload
+
+	// Offloader, if set with Offload, is used instead of the Sockmap
+	// Offload would load (tests: offloadtest.Fake). The forwarder does not
+	// close it.
+	Offloader Offloader
+
 	Logger  *zap.Logger  // nil: no logging
 	ConnLog *connlog.Log // nil: no connection log
 	Metrics *Metrics     // nil: metrics kept but not registered
@@ -136,6 +147,16 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Engine == EngineEventLoop && defaultEngine != EngineEventLoop {
 		return c, fmt.Errorf("engine: %q is built for Linux only", EngineEventLoop)
+	}
+	switch c.Offload {
+	case "", OffloadNone:
+		c.Offload = OffloadNone
+	case OffloadSockmap:
+		if c.Engine != EngineEventLoop {
+			return c, fmt.Errorf("offload: %q needs engine %q, got %q", OffloadSockmap, EngineEventLoop, c.Engine)
+		}
+	default:
+		return c, fmt.Errorf("offload: want %q or %q, got %q", OffloadNone, OffloadSockmap, c.Offload)
 	}
 	if c.Workers < 0 {
 		return c, fmt.Errorf("workers: must not be negative, got %d", c.Workers)

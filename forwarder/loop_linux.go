@@ -84,7 +84,9 @@ func monotime() int64 { return int64(time.Since(loopEpoch)) }
 
 type loopEngine struct {
 	f            *Forwarder
-	upstreamOpts []sockopt // keepalive options of every upstream socket
+	off          Offloader                  // nil: no offload
+	ownOff       interface{ Close() error } // the Sockmap the engine loaded, closed at stop
+	upstreamOpts []sockopt                  // keepalive options of every upstream socket
 	workers      []*worker
 	wg           sync.WaitGroup
 	stopOnce     sync.Once
@@ -94,6 +96,9 @@ func newLoopEngine(f *Forwarder) (*loopEngine, error) {
 	e := &loopEngine{f: f}
 	if f.cfg.KeepAlive > 0 { // new sockets start without keepalive
 		e.upstreamOpts = keepaliveOpts(f.cfg.KeepAlive, false)
+	}
+	if f.cfg.Offload == OffloadSockmap {
+		e.startOffload()
 	}
 	for i := 0; i < f.cfg.Workers; i++ {
 		w, err := newWorker(e, i)
@@ -115,6 +120,11 @@ func (e *loopEngine) stop() {
 			w.post(func(w *worker) { w.quit = true })
 		}
 		e.wg.Wait()
+		if e.ownOff != nil {
+			if err := e.ownOff.Close(); err != nil {
+				e.f.log.Warn("cannot free the sockmap offload", zap.Error(err))
+			}
+		}
 	})
 }
 
@@ -380,6 +390,8 @@ func (w *worker) fire() {
 			t.c.keepalive()
 		case timerFirstByte:
 			t.c.firstByteTimedOut()
+		case timerOffload:
+			t.c.offloadCheck()
 		case timerAccept:
 			t.ln.paused = false
 			w.accept(t.ln)

@@ -19,6 +19,7 @@ type Metrics struct {
 	AcceptErrors    *prometheus.CounterVec // by reason
 	Datagrams       *prometheus.CounterVec // UDP, by direction
 	UDPDrops        *prometheus.CounterVec // UDP datagrams the kernel dropped at svcproxy's sockets, by socket
+	Offloaded       *prometheus.CounterVec // TCP connections handed to the kernel offload, by result
 	Listeners       prometheus.Gauge
 	ListenErrors    prometheus.Counter
 	Draining        prometheus.Gauge
@@ -29,6 +30,7 @@ type Metrics struct {
 	connOK, connNoService, connNoEndpoints, connDialFailed, connLimit, connClientGone prometheus.Counter
 	connFDLimit                                                                       prometheus.Counter
 	activeTCP                                                                         prometheus.Gauge
+	offloadOK, offloadFailed                                                          prometheus.Counter
 	dialOK, dialRefused, dialTimeout, dialError                                       prometheus.Counter
 	bytesIn, bytesOut                                                                 prometheus.Counter
 	acceptFDLimit, acceptOther                                                        prometheus.Counter
@@ -94,6 +96,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "UDP datagrams forwarded, direction in (client to backend) or out (backend to client)."}, []string{"direction"}),
 		UDPDrops: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "udp_receive_drops_total",
 			Help: "UDP datagrams the kernel dropped because a socket's receive buffer was full, by socket: frontend (from clients) or reply (from backends). See --udp-receive-buffer."}, []string{"socket"}),
+		Offloaded: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "offloaded_connections_total",
+			Help: "TCP connections whose sockets were put into the kernel offload (--offload=sockmap), by result (ok; failed: left on the user-space path)."}, []string{"result"}),
 		Listeners: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "listeners",
 			Help: "Listening sockets open."}),
 		ListenErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "listen_errors_total",
@@ -113,6 +117,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.connClientGone = m.Connections.WithLabelValues("TCP", resultClientGone)
 	m.connFDLimit = m.Connections.WithLabelValues("TCP", resultFDLimit)
 	m.activeTCP = m.Active.WithLabelValues("TCP")
+	m.offloadOK = m.Offloaded.WithLabelValues("ok")
+	m.offloadFailed = m.Offloaded.WithLabelValues("failed")
 	m.udpFlowsOK = m.Connections.WithLabelValues("UDP", resultOK)
 	m.udpNoService = m.Connections.WithLabelValues("UDP", resultNoService)
 	m.udpNoEndpoints = m.Connections.WithLabelValues("UDP", resultNoEndpoints)
@@ -139,7 +145,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Connections, m.Active, m.DialAttempts, m.DialRetries, m.ConnectLatency, m.Bytes, m.Datagrams,
-			m.Closes, m.AcceptErrors, m.Listeners, m.ListenErrors, m.Draining, m.SnapshotVersion, m.LastApply, dropsCollector{m})
+			m.Closes, m.AcceptErrors, m.Offloaded, m.Listeners, m.ListenErrors, m.Draining, m.SnapshotVersion, m.LastApply, dropsCollector{m})
 	}
 	return m
 }

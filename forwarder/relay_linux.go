@@ -10,6 +10,7 @@ import (
 
 	"github.com/svcproxy/svcproxy/connlog"
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/offload"
 )
 
 // The connection state machine
@@ -103,6 +104,17 @@ type relay struct {
 	answered                    bool  // the backend has sent something (or ended its side)
 
 	rec connlog.Record
+
+	// Kernel offload (offload_linux.go).
+	off     offload.Pair
+	offOn   bool      // off is in the engine's offloader
+	offDone bool      // insertion was tried or given up: never again
+	offBase [2]uint64 // bytes written into the backend (in) and client (out) sockets at insertion
+	offUser [2]int64  // in.bytes and out.bytes at insertion
+	offSeen uint64    // the kernel's count at the last idle check
+	offWait int64     // monotime a half waiting for its FIN last saw progress
+	offProg uint64    // what its sink had written then
+	offT    timer
 }
 
 // newRelay takes a finished relay for reuse, or makes one.
@@ -119,6 +131,7 @@ func (w *worker) newRelay() *relay {
 		r.drainT = timer{idx: -1, kind: timerDrain, c: r}
 		r.keepT = timer{idx: -1, kind: timerKeepalive, c: r}
 		r.firstT = timer{idx: -1, kind: timerFirstByte, c: r}
+		r.offT = timer{idx: -1, kind: timerOffload, c: r}
 	}
 	r.idx = len(w.relays)
 	w.relays = append(w.relays, r)
@@ -386,6 +399,9 @@ func (r *relay) pump() {
 	if !r.answered && r.pool.Service.FirstByteTimeout > 0 {
 		r.firstByte()
 	}
+	if !r.offDone && r.w.e.off != nil {
+		r.maybeOffload()
+	}
 }
 
 // firstByte arms the first-byte timer once the client's first bytes have
@@ -433,6 +449,9 @@ func (r *relay) flow(h *half, src, dst *side) bool {
 			return true
 		}
 		if h.eof {
+			if r.offOn && !r.offloadFlushed(h, dst) {
+				return true // the kernel's bytes first
+			}
 			// The sink's FIN: by shutdown while the other direction still
 			// flows, by the close that follows at once when it is done
 			// too (its source is drained, so close sends a FIN, not a
@@ -664,6 +683,9 @@ func (r *relay) kill(reason closeReason) {
 
 func (r *relay) idleCheck() {
 	idle := int64(r.w.f.cfg.IdleTimeout)
+	if r.offOn && r.offloadActive() {
+		r.last = r.w.now
+	}
 	if until := r.last + idle; until > r.w.now {
 		r.w.timers.set(&r.idleT, until)
 		return
@@ -696,6 +718,10 @@ func (r *relay) finish() {
 	w.timers.stop(&r.drainT)
 	w.timers.stop(&r.keepT)
 	w.timers.stop(&r.firstT)
+	w.timers.stop(&r.offT)
+	if r.offOn {
+		r.offloadEnd()
+	}
 	w.closeFD(r.client.fd)
 	w.closeFD(r.up.fd)
 	for _, h := range []*half{&r.in, &r.out} {
@@ -748,7 +774,7 @@ func (r *relay) release() {
 	w.relays[last] = nil
 	w.relays = w.relays[:last]
 	w.timers.stop(&r.dialT)
-	*r = relay{w: w, dialT: r.dialT, idleT: r.idleT, drainT: r.drainT, keepT: r.keepT, firstT: r.firstT, idx: -1}
+	*r = relay{w: w, dialT: r.dialT, idleT: r.idleT, drainT: r.drainT, keepT: r.keepT, firstT: r.firstT, offT: r.offT, idx: -1}
 	if len(w.free) < maxFreeRelays { // past a spike, the rest is garbage to return
 		w.free = append(w.free, r)
 	}

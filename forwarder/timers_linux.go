@@ -27,6 +27,7 @@ const (
 	timerAccept
 	timerKeepalive
 	timerFirstByte
+	timerOffload // an offloaded half waits for the kernel's bytes to be out before its FIN
 )
 
 func (t *timer) armed() bool { return t.idx >= 0 }

@@ -77,15 +77,28 @@ const (
 
 // verdict is the stream verdict program:
 //
+//	if skb.len == 0 { return SK_DROP }     // a bare FIN: see below
 //	cookie := bpf_get_socket_cookie(skb)
 //	p := peers[cookie]
 //	if p == nil { return SK_PASS }          // not (or no longer) paired: user space reads it
 //	atomic p.bytes += skb.len
 //	key := p.cookie
 //	return bpf_sk_redirect_hash(skb, socks, &key, 0)   // out of the peer (egress)
+//
+// The verdict sees every skb on the receive queue (tcp_read_skb), a FIN's
+// without data too, after TCP has taken the FIN into account. Redirected,
+// a zero-length skb breaks the peer: the psock's sender treats sending 0
+// bytes as a hard error, sets EPIPE on the peer socket and sends nothing
+// more (sk_psock_backlog). So it is dropped: the FIN reaches user space as
+// a read of 0 anyway, and user space passes it on.
 func verdict(socks, peers *ebpf.Map) asm.Instructions {
 	return asm.Instructions{
-		asm.Mov.Reg(asm.R6, asm.R1), // skb
+		asm.Mov.Reg(asm.R6, asm.R1),              // skb
+		asm.LoadMem(asm.R1, asm.R6, 0, asm.Word), // skb->len
+		asm.JNE.Imm(asm.R1, 0, "data"),
+		asm.Mov.Imm(asm.R0, skDrop),
+		asm.Return(),
+		asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("data"),
 		asm.FnGetSocketCookie.Call(),
 		asm.StoreMem(asm.RFP, -8, asm.R0, asm.DWord),
 		asm.LoadMapPtr(asm.R1, peers.FD()),

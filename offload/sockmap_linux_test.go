@@ -120,6 +120,18 @@ func TestPrivilegedRedirect(t *testing.T) {
 	if err != io.EOF && !errors.Is(err, syscall.ECONNRESET) {
 		t.Errorf("want EOF on a, got %d %v", n, err)
 	}
+	// The FIN must not break the other direction (a bare FIN's skb,
+	// redirected, would set EPIPE on b).
+	if _, err := server.Write([]byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(client, buf); err != nil || string(buf) != "after" {
+		t.Fatalf("after the client's FIN, client read %q, %v", buf, err)
+	}
+	if _, err := b.Write([]byte("still")); err != nil {
+		t.Fatalf("b after the client's FIN: %v", err)
+	}
 	s.Remove(p)
 	if _, err := s.Bytes(p); err == nil {
 		t.Error("counts still there after Remove")

@@ -1,0 +1,170 @@
+package forwarder
+
+import (
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/svcproxy/svcproxy/offload"
+)
+
+// Offloaded relays
+//
+// With Config.Offload = OffloadSockmap, a relay whose backend connected and
+// whose halves hold no bytes (what the client sent while the backend was
+// dialled is written first) puts its two sockets into the offloader: from
+// then on the kernel sends what each receives out of the other, and the
+// relay sees no events for data. It stays in its worker as before and
+// still reacts to what reaches it:
+//
+//   - A FIN arrives as EPOLLRDHUP and a read of 0, as ever. The bytes the
+//     kernel took from that socket may still be on their way out of the
+//     peer (the verdict queues them to the peer's psock, sent by a
+//     kworker), and a shutdown now would end the peer's stream before
+//     them: the half waits until the peer's socket has had as many bytes
+//     written into it (TCP_INFO acked + SIOCOUTQ) as the program counted,
+//     polling every offloadPoll, and gives up after offloadStall with no
+//     progress.
+//   - A reset or error arrives as ever and resets both sides.
+//   - Bytes user space does read (the offloader left a socket, or a fake
+//     that moves nothing) are relayed as without offload.
+//   - Idle: the idle timer reads the program's counters; a change is
+//     activity. Drain and shutdown close the sockets as ever.
+//   - The connection log's byte counts are the relay's own plus the
+//     program's counters, read when the relay finishes.
+//
+// A failed insertion (map full, a socket the kernel will not take) leaves
+// the relay on the user-space path and is counted.
+
+const (
+	offloadPoll  = time.Millisecond // how often a half waiting for the kernel's bytes checks
+	offloadStall = 2 * time.Second  // a wait with no progress this long ends: the FIN goes anyway
+)
+
+// startOffload sets up the engine's offloader: Config.Offloader, or a
+// Sockmap loaded now. When the kernel refuses one, the reason is logged and
+// the engine runs without.
+func (e *loopEngine) startOffload() {
+	f := e.f
+	if f.cfg.Offloader != nil {
+		e.off = f.cfg.Offloader
+		return
+	}
+	start := time.Now()
+	s, err := offload.New(offload.Config{})
+	if err != nil {
+		f.log.Warn("sockmap offload unavailable; every byte goes through user space", zap.Error(err))
+		return
+	}
+	e.off, e.ownOff = s, s
+	f.log.Info("sockmap offload on", zap.Duration("took", time.Since(start)))
+}
+
+// empty reports whether h holds no bytes taken from its source.
+func (h *half) empty() bool {
+	return (h.p == nil || h.p.data == 0) && (h.buf == nil || h.off >= h.n)
+}
+
+// maybeOffload inserts an open relay's sockets into the offloader once it
+// may: the halves hold nothing, neither has ended, and a Service with a
+// first-byte timeout has had its answer (the loop must see it).
+func (r *relay) maybeOffload() {
+	if r.offDone {
+		return
+	}
+	if r.in.eof || r.out.eof || r.in.done || r.out.done {
+		r.offDone = true // half-closed already: little left to move
+		return
+	}
+	if r.pool.Service.FirstByteTimeout > 0 && !r.answered {
+		return
+	}
+	if !r.in.empty() || !r.out.empty() {
+		return // when the sink has taken them
+	}
+	r.offDone = true
+	w, f := r.w, r.w.f
+	bi, err := offload.Written(r.up.fd)
+	if err == nil {
+		var bo uint64
+		if bo, err = offload.Written(r.client.fd); err == nil {
+			r.offBase = [2]uint64{bi, bo}
+			r.offUser = [2]int64{r.in.bytes, r.out.bytes}
+			r.off, err = w.e.off.Insert(r.client.fd, r.up.fd)
+		}
+	}
+	if err != nil {
+		f.m.offloadFailed.Inc()
+		w.log.Debug("cannot offload a connection; it stays in user space", zap.Stringer("backend", r.backend.Addr), zap.Error(err))
+		return
+	}
+	r.offOn = true
+	f.m.offloadOK.Inc()
+}
+
+// offloadFlushed reports whether the bytes the kernel took from h's source
+// are all written into dst, so its FIN may follow. When not, it arms the
+// relay's offload timer to look again.
+func (r *relay) offloadFlushed(h *half, dst *side) bool {
+	c, err := r.w.e.off.Bytes(r.off)
+	if err != nil {
+		return true // nothing known to wait for
+	}
+	i, moved := 0, c.In
+	if h == &r.out {
+		i, moved = 1, c.Out
+	}
+	target := r.offBase[i] + uint64(h.bytes-r.offUser[i]) + moved
+	written, err := offload.Written(dst.fd)
+	if err != nil || written >= target {
+		r.offWait = 0
+		return true
+	}
+	now := r.w.now
+	switch {
+	case r.offWait == 0 || written != r.offProg:
+		r.offWait, r.offProg = now, written
+	case now-r.offWait > int64(offloadStall):
+		r.w.log.Debug("offloaded bytes stopped short of the peer; passing the FIN on",
+			zap.Uint64("written", written), zap.Uint64("want", target))
+		r.offWait = 0
+		return true
+	}
+	r.w.timers.set(&r.offT, now+int64(offloadPoll))
+	return false
+}
+
+// offloadCheck runs when an offloaded half waiting for its FIN looks again.
+func (r *relay) offloadCheck() {
+	if r.state == relayOpen {
+		r.pump()
+	}
+}
+
+// offloadActive reports whether the kernel moved bytes for r since it
+// last looked.
+func (r *relay) offloadActive() bool {
+	c, err := r.w.e.off.Bytes(r.off)
+	if err != nil {
+		return false
+	}
+	if s := c.In + c.Out; s != r.offSeen {
+		r.offSeen = s
+		return true
+	}
+	return false
+}
+
+// offloadEnd takes a finishing relay out of the offloader and adds what
+// the kernel moved to its counts.
+func (r *relay) offloadEnd() {
+	off := r.w.e.off
+	if c, err := off.Bytes(r.off); err == nil {
+		r.in.bytes += int64(c.In)
+		r.out.bytes += int64(c.Out)
+	} else {
+		r.w.log.Debug("cannot read an offloaded connection's byte counts", zap.Error(err))
+	}
+	off.Remove(r.off)
+	r.offOn = false
+}

@@ -1,0 +1,414 @@
+package forwarder
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/svcproxy/svcproxy/connlog"
+	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/offload"
+	"github.com/svcproxy/svcproxy/offload/offloadtest"
+)
+
+// newOffloadHarness is a harness on the event loop whose connections are
+// offloaded to a real Sockmap, or skips the test where one cannot load.
+// The Sockmap is closed after the forwarder.
+func newOffloadHarness(t *testing.T, cfg Config, services ...lb.Service) *harness {
+	t.Helper()
+	if testEngine == EngineGoroutines {
+		t.Skip("offload runs on the event loop only")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CAP_BPF, CAP_NET_ADMIN) to load the sockmap program")
+	}
+	s, err := offload.New(offload.Config{MaxPairs: 1024})
+	if err != nil {
+		t.Skipf("the kernel takes no sockmap offload: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	cfg.Engine, cfg.Offload, cfg.Offloader = EngineEventLoop, OffloadSockmap, s
+	return newHarness(t, cfg, services...)
+}
+
+// offloaded is how many connections h's forwarder offloaded.
+func (h *harness) offloaded() float64 { return testutil.ToFloat64(h.m.offloadOK) }
+
+func TestPrivilegedOffloadRequestResponse(t *testing.T) {
+	leakCheck(t)
+	fe := freeFrontend(t)
+	be := startBackend(t, "rr", modeEcho)
+	h := newOffloadHarness(t, Config{}, service("rr", fe, be.addr))
+	c := dial(t, fe)
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	r := bufio.NewReader(c)
+	for i := range 1000 {
+		msg := []byte("request " + string(rune('a'+i%26)) + "\n")
+		if _, err := c.Write(msg); err != nil {
+			t.Fatalf("round %d: write: %v", i, err)
+		}
+		line, err := r.ReadBytes('\n')
+		if err != nil || !bytes.Equal(line, msg) {
+			t.Fatalf("round %d: got %q, %v; want %q", i, line, err, msg)
+		}
+	}
+	if got := h.offloaded(); got != 1 {
+		t.Errorf("offloaded connections: got %v, want 1", got)
+	}
+	c.Close()
+	h.settle()
+}
+
+// TestPrivilegedOffloadLargeBothWays: 64 MiB each way at once through an
+// echo backend, checksummed, then the client's FIN ends it cleanly.
+func TestPrivilegedOffloadLargeBothWays(t *testing.T) {
+	leakCheck(t)
+	fe := freeFrontend(t)
+	be := startBackend(t, "bulk", modeEcho)
+	h := newOffloadHarness(t, Config{}, service("bulk", fe, be.addr))
+	c := dial(t, fe)
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(60 * time.Second))
+	// Say something first, so the pair is offloaded before the bulk.
+	if _, err := c.Write([]byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, make([]byte, 2)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "offloaded", func() bool { return h.offloaded() == 1 })
+	const size = 64 << 20
+	src := rand.NewChaCha8([32]byte{1})
+	sent := sha256.New()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := io.CopyN(io.MultiWriter(c, sent), src, size)
+		if err == nil {
+			err = c.CloseWrite()
+		}
+		errc <- err
+	}()
+	got := sha256.New()
+	n, err := io.Copy(got, c)
+	if err != nil || n != size {
+		t.Fatalf("read back %d bytes, %v; want %d and EOF", n, err, size)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got.Sum(nil), sent.Sum(nil)) {
+		t.Fatal("the bytes read back differ from those sent")
+	}
+	h.settle()
+}
+
+// TestPrivilegedOffloadHalfClose: a FIN passes through an offloaded
+// connection in both orders, after every byte before it, while the other
+// direction goes on.
+func TestPrivilegedOffloadHalfClose(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		clientFirst bool
+	}{{"client first", true}, {"backend first", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			leakCheck(t)
+			const size = 8 << 20
+			payload := bytes.Repeat([]byte("0123456789abcdef"), size/16)
+			ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			beErr := make(chan error, 1)
+			go func() { // the backend: the mirror of the client below
+				c, err := ln.AcceptTCP()
+				if err != nil {
+					beErr <- err
+					return
+				}
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+				beErr <- halfCloseSide(c, payload, !tc.clientFirst)
+			}()
+			fe := freeFrontend(t)
+			h := newOffloadHarness(t, Config{}, service("hc", fe, ln.Addr().(*net.TCPAddr).AddrPort()))
+			c := dial(t, fe)
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+			if err := halfCloseSide(c, payload, tc.clientFirst); err != nil {
+				t.Fatalf("client: %v", err)
+			}
+			if err := <-beErr; err != nil {
+				t.Fatalf("backend: %v", err)
+			}
+			if got := h.offloaded(); got != 1 {
+				t.Errorf("offloaded connections: got %v, want 1", got)
+			}
+			h.settle()
+		})
+	}
+}
+
+// halfCloseSide is one end of the half-close test: both ends say "ok" and
+// read the other's, so the pair is offloaded; then the first sends payload
+// and its FIN, the other reads all of it and EOF and only then sends
+// payload and its FIN back.
+func halfCloseSide(c *net.TCPConn, payload []byte, first bool) error {
+	if _, err := c.Write([]byte("ok")); err != nil {
+		return err
+	}
+	if _, err := io.ReadFull(c, make([]byte, 2)); err != nil {
+		return err
+	}
+	send := func() error {
+		if _, err := c.Write(payload); err != nil {
+			return err
+		}
+		return c.CloseWrite()
+	}
+	recv := func() error {
+		got, err := io.ReadAll(c)
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(got, payload) {
+			return errors.New("received bytes differ from those sent")
+		}
+		return nil
+	}
+	if first {
+		if err := send(); err != nil {
+			return err
+		}
+		return recv()
+	}
+	if err := recv(); err != nil {
+		return err
+	}
+	return send()
+}
+
+// TestPrivilegedOffloadBackendReset: a backend's reset reaches the client
+// of an offloaded connection as a reset.
+func TestPrivilegedOffloadBackendReset(t *testing.T) {
+	leakCheck(t)
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.AcceptTCP()
+		if err != nil {
+			return
+		}
+		_, _ = io.ReadFull(c, make([]byte, 2))
+		_, _ = c.Write([]byte("ok"))
+		_, _ = io.ReadFull(c, make([]byte, 4)) // offloaded by now
+		_ = c.SetLinger(0)
+		c.Close()
+	}()
+	fe := freeFrontend(t)
+	h := newOffloadHarness(t, Config{}, service("rst", fe, ln.Addr().(*net.TCPAddr).AddrPort()))
+	c := dial(t, fe)
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, make([]byte, 2)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "offloaded", func() bool { return h.offloaded() == 1 })
+	if _, err := c.Write([]byte("more")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Read(make([]byte, 1))
+	if !isReset(err) {
+		t.Fatalf("client read: %v, want a reset", err)
+	}
+	h.settle()
+	if got := testutil.ToFloat64(h.m.closes[reasonBackendReset]); got != 1 {
+		t.Errorf("backend_reset closes: got %v, want 1", got)
+	}
+}
+
+// TestPrivilegedOffloadConcurrent: 200 connections at once, each
+// exchanging its own bytes.
+func TestPrivilegedOffloadConcurrent(t *testing.T) {
+	leakCheck(t)
+	fe := freeFrontend(t)
+	be := startBackend(t, "many", modeEcho)
+	h := newOffloadHarness(t, Config{}, service("many", fe, be.addr))
+	const conns = 200
+	var wg sync.WaitGroup
+	errs := make(chan error, conns)
+	for i := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := net.DialTimeout("tcp", fe.String(), 5*time.Second)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+			msg := bytes.Repeat([]byte{byte(i)}, 4096+i)
+			for round := range 5 {
+				if _, err := c.Write(msg); err != nil {
+					errs <- err
+					return
+				}
+				got := make([]byte, len(msg))
+				if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, msg) {
+					errs <- errors.Join(errors.New("echo differs"), err)
+					return
+				}
+				_ = round
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	h.settle()
+	if got := h.offloaded(); got < conns/2 {
+		t.Errorf("offloaded connections: got %v of %d", got, conns)
+	}
+	t.Logf("offloaded %v of %d connections", h.offloaded(), conns)
+}
+
+// TestPrivilegedOffloadConnectionLog: the log's byte counts include what
+// the kernel moved.
+func TestPrivilegedOffloadConnectionLog(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "connections.log")
+	cl, err := connlog.Open(connlog.Options{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leakCheck(t)
+	fe := freeFrontend(t)
+	be := startBackend(t, "log", modeEcho)
+	h := newOffloadHarness(t, Config{ConnLog: cl}, service("log", fe, be.addr))
+	c := dial(t, fe)
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, make([]byte, 2)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "offloaded", func() bool { return h.offloaded() == 1 })
+	const size = 1 << 20
+	go func() { _, _ = c.Write(make([]byte, size)); _ = c.CloseWrite() }()
+	if n, err := io.Copy(io.Discard, c); n != size || err != nil {
+		t.Fatalf("echo: %d bytes, %v; want %d", n, err, size)
+	}
+	c.Close()
+	h.settle()
+	if err := cl.Close(); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec struct {
+		In  int64  `json:"bytes_in"`
+		Out int64  `json:"bytes_out"`
+		Cls string `json:"close"`
+	}
+	if err := json.Unmarshal(bytes.TrimSpace(data), &rec); err != nil {
+		t.Fatalf("log %s: %v", data, err)
+	}
+	if rec.In != size+2 || rec.Out != size+2 {
+		t.Errorf("logged bytes in %d, out %d; want %d each", rec.In, rec.Out, size+2)
+	}
+}
+
+// TestPrivilegedOffloadIdle: bytes the kernel moves count as activity; a
+// quiet offloaded connection still times out.
+func TestPrivilegedOffloadIdle(t *testing.T) {
+	leakCheck(t)
+	fe := freeFrontend(t)
+	be := startBackend(t, "idle", modeEcho)
+	h := newOffloadHarness(t, Config{IdleTimeout: 400 * time.Millisecond}, service("idle", fe, be.addr))
+	c := dial(t, fe)
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	for range 12 { // 1.2 s of traffic, three idle timeouts' worth
+		if _, err := c.Write([]byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+			t.Fatalf("busy connection closed: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if got := h.offloaded(); got != 1 {
+		t.Fatalf("offloaded connections: got %v, want 1", got)
+	}
+	start := time.Now()
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("read a byte from an idle connection")
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("idle connection closed after %v, want about 400ms", d)
+	}
+	h.settle()
+}
+
+// TestOffloadFallback: with an offloader that fails every insertion, or
+// one that moves nothing (the fake), connections work in user space and
+// are counted.
+func TestOffloadFallback(t *testing.T) {
+	if testEngine == EngineGoroutines {
+		t.Skip("offload runs on the event loop only")
+	}
+	for _, tc := range []struct {
+		name       string
+		fake       *offloadtest.Fake
+		ok, failed float64
+	}{
+		{"insert fails", &offloadtest.Fake{InsertErr: errors.New("map full")}, 0, 3},
+		{"inserted", &offloadtest.Fake{}, 3, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			leakCheck(t)
+			fe := freeFrontend(t)
+			be := startBackend(t, "fb", modeName)
+			h := newHarness(t, Config{Engine: EngineEventLoop, Offload: OffloadSockmap, Offloader: tc.fake}, service("fb", fe, be.addr))
+			for range 3 {
+				if got := askName(t, fe); got != "fb" {
+					t.Fatalf("got %q, want fb", got)
+				}
+			}
+			h.settle()
+			if ok, failed := h.offloaded(), testutil.ToFloat64(h.m.offloadFailed); ok != tc.ok || failed != tc.failed {
+				t.Errorf("offloaded ok %v failed %v; want %v, %v", ok, failed, tc.ok, tc.failed)
+			}
+			if ins, rem, open := tc.fake.Stats(); ins != rem || open != 0 {
+				t.Errorf("fake: %d inserted, %d removed, %d still in", ins, rem, open)
+			}
+		})
+	}
+}
