@@ -191,6 +191,9 @@ type Svcproxy struct {
 	// UDPReceiveBuffer is SO_RCVBUF of the userspace mode's UDP sockets,
 	// in bytes; 0 (default): the kernel's net.core.rmem_default.
 	UDPReceiveBuffer int `yaml:"udpReceiveBuffer"`
+	// Offload moves established TCP connections' bytes in the kernel in
+	// the userspace mode: none (default) or sockmap.
+	Offload string `yaml:"offload"`
 	// MasterWorker runs a master process that keeps the sockets and
 	// restarts the serving process (the worker) when it dies; default off.
 	MasterWorker bool `yaml:"masterWorker"`
@@ -507,6 +510,9 @@ func (c *Config) problems() []error {
 	}
 	if s.UDPReceiveBuffer < 0 {
 		bad("svcproxy.udpReceiveBuffer", "must not be negative, got %d", s.UDPReceiveBuffer)
+	}
+	if s.Offload != "" && s.Offload != "none" && s.Offload != "sockmap" {
+		bad("svcproxy.offload", "want none or sockmap, got %q", s.Offload)
 	}
 	if _, err := lb.ParseAlgorithm(s.Algorithm); err != nil {
 		bad("svcproxy.algorithm", "%v", err)

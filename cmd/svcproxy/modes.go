@@ -123,6 +123,7 @@ func newUserspace(o *options, reg prometheus.Registerer, log *zap.Logger, clog *
 			MaxConns:           o.maxConns,
 			MaxConnsPerService: o.maxConnsPerService,
 			UDPReceiveBuffer:   o.udpReceiveBuffer,
+			Offload:            o.offload,
 			Logger:             log,
 			ConnLog:            clog,
 			UDPIdleTimeout:     o.udpIdleTimeout,

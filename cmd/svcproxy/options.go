@@ -73,6 +73,7 @@ type options struct {
 	maxConns           int64
 	maxConnsPerService int64
 	udpReceiveBuffer   int
+	offload            forwarder.Offload
 	masterWorker       bool
 	algorithm          lb.Algorithm
 
@@ -278,7 +279,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 		iptSync, iptMinSync, ipvsSync, ipvsMinSync                                                                              *time.Duration
 		version                                                                                                                 *bool
 		qps                                                                                                                     *float64
-		loggingFormat, steeringBackend                                                                                          *string
+		loggingFormat, steeringBackend, offload                                                                                 *string
 	)
 	secs.section("Configuration", false, func() {
 		configPath = fs.String("config", "", "a KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1, with an svcproxy: section); flags given on the command line win over it")
@@ -329,6 +330,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 		fs.Int64Var(&o.maxConns, "max-conns", 0, "cap on open connections; 0: none")
 		fs.Int64Var(&o.maxConnsPerService, "max-conns-per-service", 0, "cap on open connections per Service port; 0: none")
 		fs.BoolVar(&o.masterWorker, "master-worker", false, "run a master process that keeps the listening sockets and starts a new serving process (the worker) when it dies, so a crash queues new connections instead of refusing them (HAProxy's master-worker); needs --handover-socket; the master's PID goes to --pid-file, SIGUSR2 to it starts a new worker")
+		offload = fs.String("offload", string(forwarder.OffloadNone), "userspace mode: move established TCP connections' bytes in the kernel: none, or sockmap (a BPF sockmap; needs CAP_BPF and CAP_NET_ADMIN, falls back to none with a warning where the kernel refuses it)")
 		fs.IntVar(&o.udpReceiveBuffer, "udp-receive-buffer", 0, "userspace mode: SO_RCVBUF of UDP frontend and flow sockets in bytes (past net.core.rmem_max with CAP_NET_ADMIN); 0: the kernel's default")
 		algorithm = fs.String("algorithm", "round-robin", "default picker: round-robin, random, least-conn or maglev")
 		fs.StringVar(&o.connLog, "conn-log", connlog.DefaultPath, "per-connection JSON log file; '-': stdout; empty: off")
@@ -447,6 +449,11 @@ func parseFlags(args []string, env environment) (*options, error) {
 	}
 	if o.udpReceiveBuffer < 0 {
 		return nil, fmt.Errorf("--udp-receive-buffer: must not be negative, got %d", o.udpReceiveBuffer)
+	}
+	switch o.offload = forwarder.Offload(*offload); o.offload {
+	case forwarder.OffloadNone, forwarder.OffloadSockmap:
+	default:
+		return nil, fmt.Errorf("--offload: want %q or %q, got %q", forwarder.OffloadNone, forwarder.OffloadSockmap, *offload)
 	}
 	if o.clusterCIDRs, err = parsePrefixes(*clusterCIDRs); err != nil {
 		return nil, fmt.Errorf("--cluster-cidr: %w", err)

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/svcproxy/svcproxy/forwarder"
 	"github.com/svcproxy/svcproxy/proxymode"
 	"github.com/svcproxy/svcproxy/redirect"
 )
@@ -45,6 +46,7 @@ func TestParseFlags(t *testing.T) {
 		{"profiling on loopback", []string{"--profiling-bind-address=127.0.0.1:6060"}, outsidePod, ""},
 		{"bad sample", []string{"--conn-log-sample=0"}, outsidePod, "--conn-log-sample"},
 		{"negative UDP receive buffer", []string{"--udp-receive-buffer=-1"}, outsidePod, "--udp-receive-buffer: must not be negative"},
+		{"unknown offload", []string{"--offload=xdp"}, outsidePod, `--offload: want "none" or "sockmap", got "xdp"`},
 		{"min sync above sync", []string{"--sync-period=1s", "--min-sync-period=2s"}, outsidePod, "--min-sync-period"},
 		{"stray argument", []string{"extra"}, outsidePod, "unexpected argument"},
 		{"unknown flag", []string{"--bogus"}, outsidePod, "-bogus"},
@@ -142,6 +144,8 @@ func TestParseFlagsValues(t *testing.T) {
 		{"oom score adj", []string{"--oom-score-adj=-999"}, outsidePod, func(o *options) bool { return o.oomScoreAdj != nil && *o.oomScoreAdj == -999 }},
 		{"udp timeout", []string{"--conntrack-udp-timeout=10s"}, outsidePod, func(o *options) bool { return o.udpIdleTimeout == 10*time.Second }},
 		{"udp receive buffer", []string{"--udp-receive-buffer=4194304"}, outsidePod, func(o *options) bool { return o.udpReceiveBuffer == 4<<20 }},
+		{"offload default", nil, outsidePod, func(o *options) bool { return o.offload == forwarder.OffloadNone }},
+		{"offload sockmap", []string{"--offload=sockmap"}, outsidePod, func(o *options) bool { return o.offload == forwarder.OffloadSockmap }},
 		{"proxy name", []string{"--proxy-name=svcproxy-b"}, outsidePod, func(o *options) bool { return o.proxyName == "svcproxy-b" }},
 		{"init only", []string{"--init-only"}, outsidePod, func(o *options) bool { return o.initOnly }},
 		{"in a pod: the in-cluster config", nil, environment{inPod: true}, func(o *options) bool { return o.inCluster }},
@@ -243,7 +247,7 @@ ipvs: {scheduler: mh, strictARP: true}
 conntrack: {udpTimeout: 45s}
 clientConnection: {kubeconfig: /k, qps: 30, burst: 60, contentType: application/json}
 configSyncPeriod: 1m
-svcproxy: {proxyName: svcproxy-b, steeringBackend: nftables}
+svcproxy: {proxyName: svcproxy-b, steeringBackend: nftables, offload: sockmap}
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -270,6 +274,7 @@ svcproxy: {proxyName: svcproxy-b, steeringBackend: nftables}
 		{"configSyncPeriod", o.configSyncPeriod == time.Minute},
 		{"svcproxy.proxyName", o.proxyName == "svcproxy-b"},
 		{"svcproxy.steeringBackend", o.steeringBackend == redirect.BackendNFTables},
+		{"svcproxy.offload", o.offload == forwarder.OffloadSockmap},
 		{"ipvs.strictARP warned", slices.ContainsFunc(o.warnings, func(w string) bool { return strings.HasPrefix(w, "--config "+path+": line 8: ipvs.strictARP") })},
 	} {
 		if !c.ok {
