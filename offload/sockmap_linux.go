@@ -11,11 +11,16 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Sockmap owns the verdict program and its two maps:
+// Sockmap owns the verdict program and its three maps:
 //
 //   - socks, a SOCKHASH from socket cookie to socket, holding both sockets
 //     of every offloaded pair; the program is attached to it as the
 //     stream verdict, so it runs for every socket in it;
+//   - targets, a SOCKHASH holding the same sockets with no program: where
+//     the verdict redirects to. Every socket of a pair is in targets
+//     before either is in socks, so no byte is ever redirected to a peer
+//     not there yet (which drops it: with one map, a byte the backend
+//     sent while the client was being inserted was lost);
 //   - peers, a hash from socket cookie to {peer cookie, bytes}: where the
 //     socket's bytes go, and how many have gone.
 //
@@ -25,9 +30,10 @@ import (
 // Its methods are safe for concurrent use (each is one or a few bpf(2)
 // calls on maps the kernel serialises).
 type Sockmap struct {
-	prog  *ebpf.Program
-	socks *ebpf.Map
-	peers *ebpf.Map
+	prog    *ebpf.Program
+	socks   *ebpf.Map
+	targets *ebpf.Map
+	peers   *ebpf.Map
 }
 
 // peer is a value of the peers map.
@@ -46,27 +52,28 @@ func New(cfg Config) (*Sockmap, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: creating the socket hash: %v", ErrUnsupported, err)
 	}
-	peers, err := ebpf.NewMap(&ebpf.MapSpec{Name: "svcproxy_peers", Type: ebpf.Hash,
-		KeySize: 8, ValueSize: uint32(unsafe.Sizeof(peer{})), MaxEntries: 2 * n})
-	if err != nil {
-		socks.Close()
+	s := &Sockmap{socks: socks}
+	if s.targets, err = ebpf.NewMap(&ebpf.MapSpec{Name: "svcproxy_targets", Type: ebpf.SockHash,
+		KeySize: 8, ValueSize: 8, MaxEntries: 2 * n}); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("%w: creating the target socket hash: %v", ErrUnsupported, err)
+	}
+	if s.peers, err = ebpf.NewMap(&ebpf.MapSpec{Name: "svcproxy_peers", Type: ebpf.Hash,
+		KeySize: 8, ValueSize: uint32(unsafe.Sizeof(peer{})), MaxEntries: 2 * n}); err != nil {
+		s.Close()
 		return nil, fmt.Errorf("%w: creating the peer map: %v", ErrUnsupported, err)
 	}
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "svcproxy_verdict", Type: ebpf.SkSKB,
-		AttachType: ebpf.AttachSkSKBStreamVerdict, License: "GPL", Instructions: verdict(socks, peers)})
-	if err != nil {
-		socks.Close()
-		peers.Close()
+	if s.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{Name: "svcproxy_verdict", Type: ebpf.SkSKB,
+		AttachType: ebpf.AttachSkSKBStreamVerdict, License: "GPL", Instructions: verdict(s.targets, s.peers)}); err != nil {
+		s.Close()
 		return nil, fmt.Errorf("%w: loading the verdict program: %v", ErrUnsupported, err)
 	}
-	if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: socks.FD(), Program: prog,
+	if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: socks.FD(), Program: s.prog,
 		Attach: ebpf.AttachSkSKBStreamVerdict}); err != nil {
-		prog.Close()
-		socks.Close()
-		peers.Close()
+		s.Close()
 		return nil, fmt.Errorf("%w: attaching the verdict program: %v", ErrUnsupported, err)
 	}
-	return &Sockmap{prog: prog, socks: socks, peers: peers}, nil
+	return s, nil
 }
 
 // SK_PASS and SK_DROP, the verdicts of an sk_skb program.
@@ -83,7 +90,7 @@ const (
 //	if p == nil { return SK_PASS }          // not (or no longer) paired: user space reads it
 //	atomic p.bytes += skb.len
 //	key := p.cookie
-//	return bpf_sk_redirect_hash(skb, socks, &key, 0)   // out of the peer (egress)
+//	return bpf_sk_redirect_hash(skb, targets, &key, 0) // out of the peer (egress)
 //
 // The verdict sees every skb on the receive queue (tcp_read_skb), a FIN's
 // without data too, after TCP has taken the FIN into account. Redirected,
@@ -91,7 +98,7 @@ const (
 // bytes as a hard error, sets EPIPE on the peer socket and sends nothing
 // more (sk_psock_backlog). So it is dropped: the FIN reaches user space as
 // a read of 0 anyway, and user space passes it on.
-func verdict(socks, peers *ebpf.Map) asm.Instructions {
+func verdict(targets, peers *ebpf.Map) asm.Instructions {
 	return asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),              // skb
 		asm.LoadMem(asm.R1, asm.R6, 0, asm.Word), // skb->len
@@ -112,7 +119,7 @@ func verdict(socks, peers *ebpf.Map) asm.Instructions {
 		asm.LoadMem(asm.R1, asm.R7, 0, asm.DWord),       // the peer's cookie
 		asm.StoreMem(asm.RFP, -16, asm.R1, asm.DWord),
 		asm.Mov.Reg(asm.R1, asm.R6),
-		asm.LoadMapPtr(asm.R2, socks.FD()),
+		asm.LoadMapPtr(asm.R2, targets.FD()),
 		asm.Mov.Reg(asm.R3, asm.RFP),
 		asm.Add.Imm(asm.R3, -16),
 		asm.Mov.Imm(asm.R4, 0),
@@ -154,15 +161,16 @@ func (s *Sockmap) Insert(client, backend int) (Pair, error) {
 		s.peers.Delete(p.Client)
 		return Pair{}, fmt.Errorf("inserting the backend's peer: %w", err)
 	}
-	// The backend first: a client byte redirected before the backend is in
-	// socks would be dropped.
-	if err := s.socks.Update(p.Backend, uint64(backend), ebpf.UpdateNoExist); err != nil {
-		s.Remove(p)
-		return Pair{}, fmt.Errorf("inserting the backend socket: %w", err)
-	}
-	if err := s.socks.Update(p.Client, uint64(client), ebpf.UpdateNoExist); err != nil {
-		s.Remove(p)
-		return Pair{}, fmt.Errorf("inserting the client socket: %w", err)
+	// Both in targets before either runs the verdict (see Sockmap).
+	for _, m := range []*ebpf.Map{s.targets, s.socks} {
+		if err := m.Update(p.Backend, uint64(backend), ebpf.UpdateNoExist); err != nil {
+			s.Remove(p)
+			return Pair{}, fmt.Errorf("inserting the backend socket: %w", err)
+		}
+		if err := m.Update(p.Client, uint64(client), ebpf.UpdateNoExist); err != nil {
+			s.Remove(p)
+			return Pair{}, fmt.Errorf("inserting the client socket: %w", err)
+		}
 	}
 	// Bytes that came before the sockets were in socks wait on their
 	// receive queues until the next segment runs the verdict, which a
@@ -182,9 +190,8 @@ func (s *Sockmap) Insert(client, backend int) (Pair, error) {
 // socket takes it out of socks by itself, not out of peers.
 func (s *Sockmap) Remove(p Pair) {
 	for _, c := range []uint64{p.Client, p.Backend} {
-		if err := s.socks.Delete(c); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			_ = err // a socket already closed is gone from socks
-		}
+		_ = s.socks.Delete(c) // a socket already closed is gone from both socket hashes
+		_ = s.targets.Delete(c)
 		_ = s.peers.Delete(c)
 	}
 }
@@ -219,7 +226,16 @@ func Written(fd int) (uint64, error) {
 // Close detaches the program and frees the maps; sockets still in them
 // fall back to their own receive queues.
 func (s *Sockmap) Close() error {
-	_ = link.RawDetachProgram(link.RawDetachProgramOptions{Target: s.socks.FD(), Program: s.prog,
-		Attach: ebpf.AttachSkSKBStreamVerdict})
-	return errors.Join(s.prog.Close(), s.socks.Close(), s.peers.Close())
+	var errs []error
+	if s.prog != nil {
+		_ = link.RawDetachProgram(link.RawDetachProgramOptions{Target: s.socks.FD(), Program: s.prog,
+			Attach: ebpf.AttachSkSKBStreamVerdict})
+		errs = append(errs, s.prog.Close())
+	}
+	for _, m := range []*ebpf.Map{s.socks, s.targets, s.peers} {
+		if m != nil {
+			errs = append(errs, m.Close())
+		}
+	}
+	return errors.Join(errs...)
 }
