@@ -369,3 +369,29 @@ func TestUserspaceSteeringModes(t *testing.T) {
 		}
 	}
 }
+
+// TestSockmapMode: svcproxy-sockmap runs svcproxy-userspace's command
+// line plus --offload=sockmap, is a data-path mode only (no control-plane
+// rows: its programming is svcproxy-userspace's), not a kernel data path,
+// and has a colour of its own.
+func TestSockmapMode(t *testing.T) {
+	has := func(f string) bool { return f == "steering-backend" || f == "offload" }
+	user, ok1 := modeByName("svcproxy-userspace").(svcproxyMode)
+	sm, ok2 := modeByName("svcproxy-sockmap").(svcproxyMode)
+	if !ok1 || !ok2 {
+		t.Fatalf("svcproxy-userspace %#v, svcproxy-sockmap %#v: want svcproxyModes", modeByName("svcproxy-userspace"), modeByName("svcproxy-sockmap"))
+	}
+	want := append(user.argsFor(has, "s.yaml"), "--offload=sockmap")
+	if got := sm.argsFor(has, "s.yaml"); !slices.Equal(got, want) {
+		t.Errorf("args:\ngot  %v\nwant %v", got, want)
+	}
+	if _, ok := controlPlaneOf(sm); ok {
+		t.Error("svcproxy-sockmap has control-plane rows")
+	}
+	if kernelDataPath(sm) {
+		t.Error("svcproxy-sockmap counted as a kernel data path")
+	}
+	if c := modeColor("svcproxy-sockmap"); c == modeColor("svcproxy-userspace") || c == modeColor("no such mode") {
+		t.Error("svcproxy-sockmap has no colour of its own")
+	}
+}

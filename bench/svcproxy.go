@@ -36,6 +36,10 @@ type svcproxyMode struct {
 	// onVIP runs the userspace mode on the peers' footing: listening on the
 	// VIPs put on the node's lo, no steering rules, no connection log.
 	onVIP bool
+	// offload is the userspace mode's --offload value ("": the flag not
+	// given): svcproxy-sockmap is svcproxy-userspace with the kernel
+	// moving established connections' bytes.
+	offload string
 }
 
 func (m svcproxyMode) Name() string { return m.name }
@@ -57,6 +61,9 @@ const steeringPrefix = "steering with "
 func (m svcproxyMode) Describe() string {
 	if m.onVIP {
 		return "svcproxy, userspace mode listening on the VIPs (on the node's lo) as the peer proxies do: no steering rules, --conn-log off"
+	}
+	if m.offload != "" {
+		return "svcproxy, userspace mode as svcproxy-userspace, with --offload=" + m.offload + ": established connections' bytes moved by a BPF sockmap"
 	}
 	if m.kernelMode == "" && m.steeringBackend == "iptables" {
 		return "svcproxy, userspace mode: REDIRECT steering written with iptables + ipset (--steering-backend=iptables) into the splice forwarder, 2 workers (GOMAXPROCS), --conn-log off"
@@ -91,6 +98,9 @@ func knowsMode(e *Env, mode string) bool {
 }
 
 func (m svcproxyMode) Available(e *Env) error {
+	if m.offload != "" && !hasFlag(e, "offload") {
+		return skipf("not built yet: this svcproxy has no --offload flag")
+	}
 	if m.kernelMode == "" && m.steeringBackend != "" && !m.onVIP && !hasFlag(e, "steering-backend") {
 		return skipf("not built yet: this svcproxy has no --steering-backend flag (its REDIRECT steering is iptables + ipset only: svcproxy-userspace runs that)")
 	}
@@ -134,6 +144,9 @@ func (m svcproxyMode) argsFor(has func(flag string) bool, services string) []str
 	}
 	if has("handover-socket") {
 		args = append(args, "--handover-socket=") // no restarts in the bench
+	}
+	if m.offload != "" {
+		args = append(args, "--offload="+m.offload)
 	}
 	return args
 }

@@ -227,6 +227,7 @@ var modeColors = map[string]string{
 	"direct":                   "#8c8c8c",
 	"svcproxy-userspace":       "#1f77b4",
 	"svcproxy-userspace-ipset": "#aec7e8",
+	"svcproxy-sockmap":         "#bcbd22",
 	"kube-dnat":                "#2ca02c",
 	"svcproxy-iptables":        "#9467bd",
 	"svcproxy-nftables":        "#e377c2",
