@@ -58,6 +58,7 @@ func TestImportBoundaries(t *testing.T) {
 		mod + "forwarder":            {"k8s.io/client-go", "k8s.io/api", mod + "redirect", mod + "kernelmodes", mod + "source"},
 		mod + "redirect":             {"k8s.io/client-go", "k8s.io/api", mod + "forwarder", mod + "kernelmodes", mod + "source"},
 		mod + "connlog":              {mod + "lb", mod + "forwarder"},
+		mod + "offload":              {"k8s.io/client-go", mod + "lb", mod + "forwarder", mod + "connlog", mod + "redirect", mod + "kernelmodes", mod + "source"},
 		mod + "netfilter":            {"k8s.io/client-go", mod + "forwarder", mod + "redirect", mod + "kernelmodes", mod + "source"},
 		mod + "kernelmodes/iptables": {"k8s.io/client-go", mod + "forwarder", mod + "redirect", mod + "source"},
 		mod + "kernelmodes/ipvs":     {"k8s.io/client-go", mod + "forwarder", mod + "redirect", mod + "source"},
