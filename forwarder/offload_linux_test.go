@@ -3,6 +3,7 @@ package forwarder
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
@@ -12,10 +13,12 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
 
 	"github.com/svcproxy/svcproxy/connlog"
 	"github.com/svcproxy/svcproxy/lb"
@@ -411,4 +414,127 @@ func TestOffloadFallback(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPrivilegedOffloadHandover: restart under load. The predecessor
+// loads its own Sockmap (Config.Offload alone, the daemon's path); its
+// offloaded connection keeps flowing while it drains after handing its
+// sockets to a successor, which offloads the new connections in a Sockmap
+// of its own; none fails.
+func TestPrivilegedOffloadHandover(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CAP_BPF, CAP_NET_ADMIN) to load the sockmap program")
+	}
+	if s, err := offload.New(offload.Config{MaxPairs: 16}); err != nil {
+		t.Skipf("the kernel takes no sockmap offload: %v", err)
+	} else {
+		s.Close()
+	}
+	leakCheck(t)
+	echo := startBackend(t, "echo", modeEcho)
+	fe := freeFrontend(t)
+	store := lb.NewStore(lb.StoreOptions{})
+	snap, err := store.Replace([]lb.Service{service("tcp", fe, echo.addr)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Engine: EngineEventLoop, Offload: OffloadSockmap, BindFrontends: true, Mark: -1, Workers: 2,
+		DrainTimeout: 10 * time.Second, Logger: zap.NewNop()}
+	ma, mb := NewMetrics(nil), NewMetrics(nil)
+	cfg.Metrics = ma
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Apply(context.Background(), snap); err != nil {
+		t.Fatal(err)
+	}
+	long := dial(t, fe)
+	defer long.Close()
+	transfer := func(size int) error { // size bytes there and back
+		_ = long.SetDeadline(time.Now().Add(10 * time.Second))
+		errc := make(chan error, 1)
+		go func() { _, err := long.Write(make([]byte, size)); errc <- err }()
+		if _, err := io.ReadFull(long, make([]byte, size)); err != nil {
+			return err
+		}
+		return <-errc
+	}
+	if err := transfer(1 << 10); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the long connection offloaded", func() bool { return testutil.ToFloat64(ma.offloadOK) == 1 })
+
+	var failures, done atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c, err := net.DialTimeout("tcp", fe.String(), 2*time.Second)
+				if err == nil {
+					_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+					if _, err = c.Write([]byte("xy")); err == nil {
+						_, err = io.ReadFull(c, make([]byte, 2))
+					}
+					if err == nil { // the second exchange goes through the kernel
+						if _, err = c.Write([]byte("zz")); err == nil {
+							_, err = io.ReadFull(c, make([]byte, 2))
+						}
+					}
+					c.Close()
+				}
+				if err != nil {
+					failures.Add(1)
+				}
+				done.Add(1)
+			}
+		}()
+	}
+	time.Sleep(100 * time.Millisecond)
+	files, err := a.Sockets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Inherited, cfg.Metrics = files, mb
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Shutdown(context.Background())
+	if err := b.Apply(context.Background(), snap); err != nil {
+		t.Fatal(err)
+	}
+	shutdownDone := make(chan struct{})
+	go func() { _ = a.Shutdown(context.Background()); close(shutdownDone) }()
+	time.Sleep(200 * time.Millisecond)
+	for range 4 { // a drains: its offloaded connection still flows
+		if err := transfer(4 << 20); err != nil {
+			t.Fatalf("offloaded connection broke while its forwarder drained: %v", err)
+		}
+	}
+	select {
+	case <-shutdownDone:
+		t.Fatal("the predecessor finished draining with its connection open")
+	default:
+	}
+	long.Close()
+	<-shutdownDone
+	close(stop)
+	wg.Wait()
+	if f := failures.Load(); f != 0 {
+		t.Fatalf("%d of %d connections failed across the handover", f, done.Load())
+	}
+	if n := testutil.ToFloat64(mb.offloadOK); n == 0 {
+		t.Error("the successor offloaded no connection")
+	}
+	t.Logf("%d connections across the handover, none failed; offloaded by a %v, by b %v",
+		done.Load(), testutil.ToFloat64(ma.offloadOK), testutil.ToFloat64(mb.offloadOK))
 }
