@@ -110,5 +110,10 @@ func benchTargets(b *testing.B, direct netip.AddrPort, svc func(fe netip.AddrPor
 		newHarness(b, Config{Engine: e, Logger: zap.NewNop()}, svc(fe))
 		out = append(out, benchTarget{"proxy/" + string(e), fe})
 	}
+	if off := benchOffloader(b); off != nil {
+		fe := freeFrontend(b)
+		newHarness(b, Config{Engine: EngineEventLoop, Offload: OffloadSockmap, Offloader: off, Logger: zap.NewNop()}, svc(fe))
+		out = append(out, benchTarget{"proxy/eventloop+sockmap", fe})
+	}
 	return out
 }

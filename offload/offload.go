@@ -1,7 +1,3 @@
-// Package offload is svcproxy's kernel boundary for moving an established
-// TCP connection's bytes without user space: a BPF sockmap whose stream
-// verdict program sends every byte one socket receives out of its peer.
-// See doc.go for the design and its measured cost.
 package offload
 
 import "errors"
