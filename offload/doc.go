@@ -70,7 +70,69 @@
 // predecessor's maps die with it, and the successor could not know the
 // byte counts or the half-close state of a connection it never saw.
 //
-// # Measured
+// # Measured: it does not win; off by default
 //
-// See MEASURED below (filled in from the bench run).
+// One short bench run (go run ./bench --modes
+// kube-dnat,svcproxy-userspace,svcproxy-sockmap --tests
+// keepalive,bulk1,connrate --rounds 2 --perf), 2026-11-26, a 2-core AMD
+// EPYC VM, kernel 6.18 (HZ=250), medians of 2 rounds; the machine's load
+// rose from 0.56 to 3.9 during it, and rounds disagreed by up to 37%:
+//
+//	mode                 bulk 1 stream  keep-alive req/s  p50 / p99 ms   new conn/s  CPU µs/req¹
+//	kube-dnat            11.9 Gbit/s    48.8k             1.10 / 12.67   13.5k       –
+//	svcproxy-userspace    9.4 Gbit/s    33.8k             1.71 / 10.94   8.01k       19.8
+//	svcproxy-sockmap      4.9 Gbit/s    25.6k             2.30 / 14.74   3.19k²      9.1
+//
+//	¹ of the svcproxy process only: the offloaded bytes are moved by
+//	  kworkers, which no process is charged for.
+//	² 460 and 5.9k conn/s in its two rounds.
+//
+// Against issue 16's targets: keep-alive 0.52× kube-dnat (target ≥ 0.95×),
+// bulk 0.41× (≥ 0.9×), new connections 0.40× svcproxy-userspace (no
+// worse). The forwarder's own benchmarks, same machine, other work
+// running (go test -bench 'Throughput|Request|Connect', event loop without
+// and with the offload): 1581 vs 1193 MB/s bulk, 34.4 vs 44.1 µs per
+// keep-alive round trip, 253 vs 315 µs per new connection.
+//
+// # Where the time goes
+//
+// A system-wide perf profile of the keep-alive benchmark with offload
+// (perf record -a -g) puts 29% of both CPUs in kworkers:
+// sk_psock_backlog → __skb_send_sock → sock_sendmsg → tcp_sendmsg, the
+// TCP work of the peer's egress (on loopback the receiver's
+// tcp_v4_do_rcv runs inline in it), and 9% of them in schedule. The
+// offload does not take work away, it moves it:
+//
+//   - Redirect to a peer's egress has no fast path. The verdict runs in
+//     softirq, queues the skb on the peer's psock and schedules its work
+//     item; a kworker wakes and sends it with the same tcp_sendmsg the
+//     forwarder's write(2) or splice(2) would have run. Per message, the
+//     event loop's epoll wakeup and two system calls become a workqueue
+//     wakeup and a context switch to a kworker: no cheaper, and the
+//     kworker's scheduling adds latency (p50 1.71 → 2.30 ms).
+//   - Bulk streams stall on a jiffy. When the peer's send buffer is full,
+//     skb_send_sock returns EAGAIN and sk_psock_backlog re-arms itself
+//     with schedule_delayed_work(work, 1): 4 ms at HZ=250, a pause each
+//     time the sink falls behind. In the bulk profile the kworkers use
+//     11% of the CPUs and 12% is idle while the stream runs at half the
+//     event loop's rate; the forwarder's splice instead waits for
+//     EPOLLOUT, which comes as soon as there is room.
+//   - Every connection pays for the maps: two SO_COOKIE reads, six map
+//     updates (each socket into two SOCKHASHes, which also swaps its
+//     sk_prot), two SO_RCVLOWAT kicks and four TCP_INFO/SIOCOUTQ reads to
+//     insert; two lookups and six deletes to remove; and on a FIN, two
+//     lookups and two socket reads per check, with a 1 ms poll when the
+//     kworker has not yet sent the last bytes (5% of short connections
+//     in a sequential test). About 30 system calls a connection on top
+//     of the event loop's, for connections that mostly carry one request.
+//
+// So the event loop, which already moves bulk with splice and answers
+// small messages with one read and one write per wakeup, is the faster
+// data path here, and --offload stays none by default. It may pay where
+// this bench does not look: few long-lived connections carrying many
+// small messages on a busy host, where saving the proxy's system calls
+// and its Go scheduling matters more than the kworker hop (the proxy's
+// own CPU per keep-alive request halves, 19.8 → 9.1 µs, though the total
+// does not). Whoever tries it there should measure total CPU
+// (kworkers included), not svcproxy's.
 package offload
