@@ -538,3 +538,41 @@ func TestPrivilegedOffloadHandover(t *testing.T) {
 	t.Logf("%d connections across the handover, none failed; offloaded by a %v, by b %v",
 		done.Load(), testutil.ToFloat64(ma.offloadOK), testutil.ToFloat64(mb.offloadOK))
 }
+
+// TestPrivilegedOffloadDrain: an offloaded connection to an endpoint that
+// left its Service is closed at the drain timeout, with the kernel's bytes
+// in its counts.
+func TestPrivilegedOffloadDrain(t *testing.T) {
+	leakCheck(t)
+	fe := freeFrontend(t)
+	be := startBackend(t, "drain", modeEcho)
+	other := startBackend(t, "other", modeEcho)
+	h := newOffloadHarness(t, Config{DrainTimeout: 300 * time.Millisecond}, service("drain", fe, be.addr))
+	c := dial(t, fe)
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	for range 3 {
+		if _, err := c.Write([]byte("ping")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, make([]byte, 4)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "offloaded", func() bool { return h.offloaded() == 1 })
+	h.replace(service("drain", fe, other.addr))
+	start := time.Now()
+	if _, err := io.Copy(io.Discard, c); err != nil && !isReset(err) {
+		t.Fatalf("draining connection: %v", err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("closed after %v, want about the 300ms drain timeout", d)
+	}
+	h.settle()
+	if got := testutil.ToFloat64(h.m.closes[reasonDrain]); got != 1 {
+		t.Errorf("drain closes: got %v, want 1", got)
+	}
+	if in, out := testutil.ToFloat64(h.m.bytesIn), testutil.ToFloat64(h.m.bytesOut); in != 12 || out != 12 {
+		t.Errorf("bytes in %v out %v, want 12 each (the first exchange by the loop, the rest by the kernel)", in, out)
+	}
+}

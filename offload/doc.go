@@ -76,7 +76,9 @@
 // kube-dnat,svcproxy-userspace,svcproxy-sockmap --tests
 // keepalive,bulk1,connrate --rounds 2 --perf), 2026-11-26, a 2-core AMD
 // EPYC VM, kernel 6.18 (HZ=250), medians of 2 rounds; the machine's load
-// rose from 0.56 to 3.9 during it, and rounds disagreed by up to 37%:
+// rose from 0.56 to 3.9 during it (the bench's own load and other work),
+// and rounds disagreed by up to 37% (svcproxy-sockmap's new conn/s far
+// more):
 //
 //	mode                 bulk 1 stream  keep-alive req/s  p50 / p99 ms   new conn/s  CPU µs/req¹
 //	kube-dnat            11.9 Gbit/s    48.8k             1.10 / 12.67   13.5k       –
