@@ -23,8 +23,8 @@ import (
 //     kworker), and a shutdown now would end the peer's stream before
 //     them: the half waits until the peer's socket has had as many bytes
 //     written into it (TCP_INFO acked + SIOCOUTQ) as the program counted,
-//     polling every offloadPoll, and gives up after offloadStall with no
-//     progress.
+//     polling after offloadPoll, then twice as long each time up to
+//     offloadPollMax, and gives up after offloadStall with no progress.
 //   - A reset or error arrives as ever and resets both sides.
 //   - Bytes user space does read (the offloader left a socket, or a fake
 //     that moves nothing) are relayed as without offload.
@@ -37,8 +37,9 @@ import (
 // the relay on the user-space path and is counted.
 
 const (
-	offloadPoll  = time.Millisecond // how often a half waiting for the kernel's bytes checks
-	offloadStall = 2 * time.Second  // a wait with no progress this long ends: the FIN goes anyway
+	offloadPoll    = 100 * time.Microsecond // a half waiting for the kernel's bytes looks again after this, doubling
+	offloadPollMax = 5 * time.Millisecond   // up to this
+	offloadStall   = 2 * time.Second        // a wait with no progress this long ends: the FIN goes anyway
 )
 
 // startOffload sets up the engine's offloader: Config.Offloader, or a
@@ -51,7 +52,7 @@ func (e *loopEngine) startOffload() {
 		return
 	}
 	start := time.Now()
-	s, err := offload.New(offload.Config{})
+	s, err := offload.New(offload.Config{MaxPairs: int(min(max(f.cfg.MaxConns, 0), 1<<20))}) // 0: its default
 	if err != nil {
 		f.log.Warn("sockmap offload unavailable; every byte goes through user space", zap.Error(err))
 		return
@@ -117,7 +118,7 @@ func (r *relay) offloadFlushed(h *half, dst *side) bool {
 	target := r.offBase[i] + uint64(h.bytes-r.offUser[i]) + moved
 	written, err := offload.Written(dst.fd)
 	if err != nil || written >= target {
-		r.offWait = 0
+		r.offWait, r.offPolls = 0, 0
 		return true
 	}
 	now := r.w.now
@@ -127,10 +128,14 @@ func (r *relay) offloadFlushed(h *half, dst *side) bool {
 	case now-r.offWait > int64(offloadStall):
 		r.w.log.Debug("offloaded bytes stopped short of the peer; passing the FIN on",
 			zap.Uint64("written", written), zap.Uint64("want", target))
-		r.offWait = 0
+		r.offWait, r.offPolls = 0, 0
 		return true
 	}
-	r.w.timers.set(&r.offT, now+int64(offloadPoll))
+	wait := min(offloadPoll<<r.offPolls, offloadPollMax)
+	if wait < offloadPollMax {
+		r.offPolls++
+	}
+	r.w.timers.set(&r.offT, now+int64(wait))
 	return false
 }
 

@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -431,6 +432,7 @@ func TestPrivilegedOffloadHandover(t *testing.T) {
 		s.Close()
 	}
 	leakCheck(t)
+	bpf0 := bpfFDs(t)
 	echo := startBackend(t, "echo", modeEcho)
 	fe := freeFrontend(t)
 	store := lb.NewStore(lb.StoreOptions{})
@@ -508,7 +510,12 @@ func TestPrivilegedOffloadHandover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.Shutdown(context.Background())
+	bClosed := false
+	defer func() {
+		if !bClosed {
+			_ = b.Shutdown(context.Background())
+		}
+	}()
 	if err := b.Apply(context.Background(), snap); err != nil {
 		t.Fatal(err)
 	}
@@ -534,6 +541,11 @@ func TestPrivilegedOffloadHandover(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(mb.offloadOK); n == 0 {
 		t.Error("the successor offloaded no connection")
+	}
+	_ = b.Shutdown(context.Background())
+	bClosed = true
+	if n := bpfFDs(t); n != bpf0 {
+		t.Errorf("BPF descriptors open after both forwarders shut down: %d, want %d", n, bpf0)
 	}
 	t.Logf("%d connections across the handover, none failed; offloaded by a %v, by b %v",
 		done.Load(), testutil.ToFloat64(ma.offloadOK), testutil.ToFloat64(mb.offloadOK))
@@ -575,4 +587,15 @@ func TestPrivilegedOffloadDrain(t *testing.T) {
 	if in, out := testutil.ToFloat64(h.m.bytesIn), testutil.ToFloat64(h.m.bytesOut); in != 12 || out != 12 {
 		t.Errorf("bytes in %v out %v, want 12 each (the first exchange by the loop, the rest by the kernel)", in, out)
 	}
+}
+
+// bpfFDs counts this process's open BPF map and program descriptors.
+func bpfFDs(t *testing.T) int {
+	n := 0
+	for _, target := range fdTargets(t) {
+		if strings.HasPrefix(target, "anon_inode:bpf-") {
+			n++
+		}
+	}
+	return n
 }

@@ -106,15 +106,16 @@ type relay struct {
 	rec connlog.Record
 
 	// Kernel offload (offload_linux.go).
-	off     offload.Pair
-	offOn   bool      // off is in the engine's offloader
-	offDone bool      // insertion was tried or given up: never again
-	offBase [2]uint64 // bytes written into the backend (in) and client (out) sockets at insertion
-	offUser [2]int64  // in.bytes and out.bytes at insertion
-	offSeen uint64    // the kernel's count at the last idle check
-	offWait int64     // monotime a half waiting for its FIN last saw progress
-	offProg uint64    // what its sink had written then
-	offT    timer
+	off      offload.Pair
+	offOn    bool      // off is in the engine's offloader
+	offDone  bool      // insertion was tried or given up: never again
+	offBase  [2]uint64 // bytes written into the backend (in) and client (out) sockets at insertion
+	offUser  [2]int64  // in.bytes and out.bytes at insertion
+	offSeen  uint64    // the kernel's count at the last idle check
+	offWait  int64     // monotime a half waiting for its FIN last saw progress
+	offProg  uint64    // what its sink had written then
+	offPolls uint8     // its looks so far (see offloadPoll)
+	offT     timer
 }
 
 // newRelay takes a finished relay for reuse, or makes one.

@@ -223,9 +223,24 @@ func Written(fd int) (uint64, error) {
 	return info.Bytes_acked + uint64(q), nil
 }
 
-// Close detaches the program and frees the maps; sockets still in them
-// fall back to their own receive queues.
+// Close takes every pair still inserted out of the maps (their sockets
+// fall back to their own receive queues), detaches the program and closes
+// the maps. Without the first step the maps and the program would outlive
+// their descriptors, and keep redirecting, for as long as such a socket
+// lives: the program holds the maps it names, the socket map holds the
+// program.
 func (s *Sockmap) Close() error {
+	if s.peers != nil {
+		var cookies []uint64
+		var c uint64
+		var v peer
+		for it := s.peers.Iterate(); it.Next(&c, &v); {
+			cookies = append(cookies, c)
+		}
+		for _, c := range cookies {
+			s.Remove(Pair{Client: c})
+		}
+	}
 	var errs []error
 	if s.prog != nil {
 		_ = link.RawDetachProgram(link.RawDetachProgramOptions{Target: s.socks.FD(), Program: s.prog,
