@@ -225,10 +225,10 @@ func Written(fd int) (uint64, error) {
 
 // Close takes every pair still inserted out of the maps (their sockets
 // fall back to their own receive queues), detaches the program and closes
-// the maps. Without the first step the maps and the program would outlive
-// their descriptors, and keep redirecting, for as long as such a socket
-// lives: the program holds the maps it names, the socket map holds the
-// program.
+// the maps. Without the first step the maps and the program outlived
+// their descriptors and kept redirecting such a socket's bytes
+// (TestPrivilegedCloseFrees): the program holds the maps it names, and the
+// sockets keep their psock, verdict included, until they leave the maps.
 func (s *Sockmap) Close() error {
 	if s.peers != nil {
 		var cookies []uint64
