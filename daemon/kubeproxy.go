@@ -24,7 +24,7 @@ var kubeProxyChains = map[string][]string{
 // interface. A nil field is not looked at.
 type KubeProxyTraces struct {
 	Exec       netfilter.Executor
-	NFTTables  func(ctx context.Context) ([]byte, error) // `nft list tables`
+	NFTTables  func(ctx context.Context) ([]byte, error) // as `nft list tables` prints them
 	LinkExists func(name string) bool
 }
 
@@ -34,11 +34,7 @@ func HostKubeProxyTraces() KubeProxyTraces {
 	if _, err := exec.LookPath("iptables"); err == nil {
 		t.Exec = netfilter.NewExec("")
 	}
-	if _, err := exec.LookPath("nft"); err == nil {
-		t.NFTTables = func(ctx context.Context) ([]byte, error) {
-			return exec.CommandContext(ctx, "nft", "list", "tables").Output()
-		}
-	}
+	t.NFTTables = listNFTTables // nil where there is no nf_tables
 	t.LinkExists = func(name string) bool { _, err := net.InterfaceByName(name); return err == nil }
 	return t
 }

@@ -442,3 +442,32 @@ func (k *Conn) Probe(ctx context.Context, t Table) (err error) {
 	}
 	return nil
 }
+
+// ListTables lists the nftables tables of network namespace ns ("": this
+// process's) as `nft list tables` prints them ("table ip svcproxy"), over
+// netlink: the nft tool reads every set's elements into its cache first,
+// which takes seconds with a large table (29 s with 680,000 elements).
+func ListTables(ns string) ([]string, error) {
+	k := NewConn(ns)
+	defer k.Close()
+	c, done, err := k.dial()
+	if err != nil {
+		return nil, err
+	}
+	defer done(&err)
+	ts, err := c.ListTables()
+	if err != nil {
+		return nil, fmt.Errorf("listing tables: %w", err)
+	}
+	names := map[nft.TableFamily]string{nft.TableFamilyIPv4: "ip", nft.TableFamilyIPv6: "ip6", nft.TableFamilyINet: "inet",
+		nft.TableFamilyARP: "arp", nft.TableFamilyBridge: "bridge", nft.TableFamilyNetdev: "netdev"}
+	out := make([]string, 0, len(ts))
+	for _, t := range ts {
+		fam, ok := names[t.Family]
+		if !ok {
+			fam = fmt.Sprint(t.Family)
+		}
+		out = append(out, "table "+fam+" "+t.Name)
+	}
+	return out, nil
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"slices"
 	"testing"
 
 	nft "github.com/google/nftables"
@@ -68,6 +69,9 @@ func TestPrivilegedConn(t *testing.T) {
 	}
 	if intact, err := c.Setup(ctx, tb, false); err != nil || !intact {
 		t.Fatalf("second Setup = %v, %v; want intact", intact, err)
+	}
+	if ts, err := ListTables(ns); err != nil || !slices.Contains(ts, "table ip "+tb.Name) {
+		t.Errorf("ListTables = %q, %v; want it to hold table ip %s", ts, err, tb.Name)
 	}
 
 	// 5,000 elements: more than one batch and many messages.
