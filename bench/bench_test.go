@@ -137,23 +137,29 @@ func TestPrivilegedKubeRulesRestore(t *testing.T) {
 	}
 	defer c.Close()
 	services := genServices(20, 3)
-	changes := genChanges(services, 5)
+	changes := append(genChanges(services, 5), genAdds(services, 2)...)
 	res, err := (&kubeDNATMode{}).ProgramServices(context.Background(), e, c, services, changes)
 	if err != nil {
 		t.Fatalf("ProgramServices: %v", err)
 	}
-	if len(res.Changes) != 5 {
-		t.Errorf("got %d change timings, want 5", len(res.Changes))
+	if len(res.Changes) != 5 || len(res.Adds) != 2 {
+		t.Errorf("got %d change and %d add timings, want 5 and 2", len(res.Changes), len(res.Adds))
 	}
 	out, err := c.Topo.Node.Command(context.Background(), "iptables-legacy-save", "-t", "nat").Output()
 	if err != nil {
 		t.Fatal(err)
 	}
 	save := string(out)
-	if n := strings.Count(save, "-j DNAT"); n != 60 {
-		t.Errorf("got %d DNAT rules after the changes, want 60 (20 services × 3)", n)
+	if n := strings.Count(save, "-j DNAT"); n != 66 {
+		t.Errorf("got %d DNAT rules after the changes, want 66 (20 services and 2 added, × 3)", n)
 	}
 	for _, ch := range changes {
+		if ch.Added != nil {
+			if !strings.Contains(save, "--to-destination "+ch.Added.Endpoints[0].String()) {
+				t.Errorf("added Service %s's endpoint is no DNAT target", ch.Added.Service)
+			}
+			continue
+		}
 		if strings.Contains(save, "--to-destination "+ch.Old.String()+"\n") && !stillUsed(services, ch.Old) {
 			t.Errorf("replaced endpoint %s is still a DNAT target", ch.Old)
 		}

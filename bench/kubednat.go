@@ -123,9 +123,12 @@ func (m *kubeDNATMode) ProgramServices(ctx context.Context, e *Env, c *Cluster, 
 	var lines int
 	for i, ch := range changes {
 		e.Prog.detail(fmt.Sprintf("change %d/%d", i+1, len(changes)))
-		old := services[ch.Service]
-		old.Endpoints = append([]netip.AddrPort(nil), old.Endpoints...)
-		replaceEndpoint(&services[ch.Service], ch)
+		var old SvcPort // an added Service had no chains
+		if ch.Added == nil {
+			old = services[ch.Service]
+			old.Endpoints = append([]netip.AddrPort(nil), old.Endpoints...)
+		}
+		services = ch.apply(services)
 		start := time.Now()
 		rules := k.partial(services, ch.Service, old)
 		gen := time.Since(start)
@@ -134,18 +137,22 @@ func (m *kubeDNATMode) ProgramServices(ctx context.Context, e *Env, c *Cluster, 
 		if err != nil {
 			return nil, err
 		}
-		res.Changes = append(res.Changes, took)
-		res.ChangesTotal = append(res.ChangesTotal, gen+took)
+		res.took(ch, took, gen+took)
 	}
 	if len(changes) > 0 {
 		res.Notes = append(res.Notes, fmt.Sprintf("each change restores %d lines", lines))
-		// The last change must be live: its new endpoint's chain DNATs to it.
+		// The last change must be live: its new endpoint's chain DNATs to
+		// it (an added Service's: its first endpoint's).
 		last := changes[len(changes)-1]
 		svc := services[last.Service]
-		chain := sepChain(svc, last.New)
+		ep := last.New
+		if last.Added != nil {
+			ep = svc.Endpoints[0]
+		}
+		chain := sepChain(svc, ep)
 		out, err := c.Topo.Node.Command(ctx, "iptables-legacy", "-t", "nat", "-S", chain).CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "--to-destination "+last.New.String()) {
-			return nil, fmt.Errorf("after the last change, chain %s does not DNAT to %s: %v: %s", chain, last.New, err, out)
+		if err != nil || !strings.Contains(string(out), "--to-destination "+ep.String()) {
+			return nil, fmt.Errorf("after the last change, chain %s does not DNAT to %s: %v: %s", chain, ep, err, out)
 		}
 	}
 	return res, nil

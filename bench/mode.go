@@ -55,9 +55,9 @@ type Running struct {
 // description (a Kubernetes Service proxy), not from a hand-written config.
 type ControlPlane interface {
 	// ProgramServices programs services from scratch on the fresh node
-	// namespace node (no traffic), then applies changes endpoint changes
-	// one at a time, each waiting until it is live, and reports how long
-	// each took.
+	// namespace node (no traffic), then applies changes (endpoint changes,
+	// then Services added) one at a time, each waiting until it is live,
+	// and reports how long each took.
 	ProgramServices(ctx context.Context, e *Env, c *Cluster, services []SvcPort, changes []EndpointChange) (*CPResult, error)
 }
 
@@ -78,6 +78,9 @@ type EndpointChange struct {
 	Service int            // index into the services slice
 	Old     netip.AddrPort // the endpoint removed
 	New     netip.AddrPort // the endpoint added in its place
+	// Added, when set, makes the change adding this Service port instead,
+	// appended to the services slice (Service is its index there).
+	Added *SvcPort
 }
 
 // CPResult is one control-plane measurement at one scale.
@@ -94,7 +97,27 @@ type CPResult struct {
 	// Changes and ChangesTotal are, per endpoint change, the mode's own
 	// work and the end-to-end time, with the same split as Program.
 	Changes, ChangesTotal []time.Duration
-	Notes                 []string
+	// Adds and AddsTotal are the same per Service added.
+	Adds, AddsTotal []time.Duration
+	Notes           []string
+}
+
+// took records one change's times where its kind belongs.
+func (r *CPResult) took(ch EndpointChange, own, total time.Duration) {
+	if ch.Added != nil {
+		r.Adds, r.AddsTotal = append(r.Adds, own), append(r.AddsTotal, total)
+		return
+	}
+	r.Changes, r.ChangesTotal = append(r.Changes, own), append(r.ChangesTotal, total)
+}
+
+// apply makes ch in services: an endpoint replaced, or a Service appended.
+func (ch EndpointChange) apply(services []SvcPort) []SvcPort {
+	if ch.Added != nil {
+		return append(services, *ch.Added)
+	}
+	replaceEndpoint(&services[ch.Service], ch)
+	return services
 }
 
 // modes is every mode, in the default run order.

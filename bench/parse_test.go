@@ -209,9 +209,9 @@ func TestReportFromSamples(t *testing.T) {
 	}
 	r.Modes = append(r.Modes, &ModeResult{Name: "svcproxy-ipvs", Status: "skipped", Reason: "no IPVS"})
 	r.add(Sample{Round: 1, Mode: "svcproxy-userspace", Test: testIdle, Metric: "rss_mib_wanted", Value: 120})
-	r.ControlPlane = []CPSample{{Mode: "kube-dnat", Services: 1000, Endpoints: 10000, ProgramS: 1.5, ChangesMs: []float64{200, 300, 250}, ChangesTotalMs: []float64{210, 310, 260}}}
+	r.ControlPlane = []CPSample{{Mode: "kube-dnat", Services: 1000, Endpoints: 10000, ProgramS: 1.5, ChangesMs: []float64{200, 300, 250}, ChangesTotalMs: []float64{210, 310, 260}, AddsMs: []float64{5, 7}}}
 	md := r.markdown(r.charts())
-	for _, want := range []string{"| **svcproxy-userspace** | 15.0 |", "Against **kube-dnat**", "svcproxy-userspace against the data path's targets", "keep-alive req/s ≥ 1.1× the better peer | 1.00× (vs nginx-stream) | **missed**", "svcproxy-ipvs**: skipped: no IPVS", "| kube-dnat | 1,000 × 10 | 1.5 |"} {
+	for _, want := range []string{"| **svcproxy-userspace** | 15.0 |", "Against **kube-dnat**", "svcproxy-userspace against the data path's targets", "keep-alive req/s ≥ 1.1× the better peer | 1.00× (vs nginx-stream) | **missed**", "svcproxy-ipvs**: skipped: no IPVS", "| kube-dnat | 1,000 × 10 | 1.5 |", "| 3 | 6 | 7 | 2 |"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("results.md lacks %q:\n%s", want, md)
 		}

@@ -479,16 +479,22 @@ func (r *Results) controlPlane(b *strings.Builder) {
 		return
 	}
 	b.WriteString("## Control plane\n\n")
-	b.WriteString("Program N Services × 10 endpoints from scratch on a fresh node, then one endpoint change at a time at that scale. *own*: the mode's programming alone (kube-dnat: the iptables-legacy-restore; svcproxy: from the store publishing the snapshot to the rules being live); *end to end*: also the source (kube-dnat: generating the rules; svcproxy: from process start / SIGHUP, reading and parsing the whole services file).\n\n")
-	b.WriteString("| mode | Services × endpoints | program, own s | program, end to end s | change p50 ms, own | change p99 ms, own | change p50 ms, end to end | change p99 ms, end to end | changes |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("Program N Services × 10 endpoints from scratch on a fresh node, then one endpoint change at a time at that scale, then one Service (10 endpoints) added at a time. *own*: the mode's programming alone (kube-dnat: the iptables-legacy-restore; svcproxy: from the store publishing the snapshot to the rules being live); *end to end*: also the source (kube-dnat: generating the rules; svcproxy: from process start / SIGHUP, reading and parsing the whole services file).\n\n")
+	b.WriteString("| mode | Services × endpoints | program, own s | program, end to end s | change p50 ms, own | change p99 ms, own | change p50 ms, end to end | change p99 ms, end to end | changes | add a Service p50 ms, own | add p99 ms, own | adds |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, s := range r.ControlPlane {
 		if s.Error != "" {
-			fmt.Fprintf(b, "| %s | %d | failed: %s | | | | | | |\n", s.Mode, s.Services, strings.ReplaceAll(firstLine(s.Error), "|", "/"))
+			fmt.Fprintf(b, "| %s | %d | failed: %s | | | | | | | | | |\n", s.Mode, s.Services, strings.ReplaceAll(firstLine(s.Error), "|", "/"))
 			continue
 		}
 		own, tot := slices.Sorted(slices.Values(s.ChangesMs)), slices.Sorted(slices.Values(s.ChangesTotalMs))
-		fmt.Fprintf(b, "| %s | %s × %d | %s | %s | %s | %s | %s | %s | %d |\n", s.Mode, fmtCount(s.Services), s.Endpoints/max(1, s.Services),
-			fmtNum(s.ProgramS), fmtNum(s.ProgramTotalS), fmtNum(median(own)), fmtNum(percentile(own, 99)), fmtNum(median(tot)), fmtNum(percentile(tot, 99)), len(own))
+		adds := slices.Sorted(slices.Values(s.AddsMs))
+		addP50, addP99 := "–", "–"
+		if len(adds) > 0 {
+			addP50, addP99 = fmtNum(median(adds)), fmtNum(percentile(adds, 99))
+		}
+		fmt.Fprintf(b, "| %s | %s × %d | %s | %s | %s | %s | %s | %s | %d | %s | %s | %d |\n", s.Mode, fmtCount(s.Services), s.Endpoints/max(1, s.Services),
+			fmtNum(s.ProgramS), fmtNum(s.ProgramTotalS), fmtNum(median(own)), fmtNum(percentile(own, 99)), fmtNum(median(tot)), fmtNum(percentile(tot, 99)), len(own),
+			addP50, addP99, len(adds))
 	}
 	b.WriteString("\n")
 	for _, s := range r.ControlPlane {

@@ -111,6 +111,8 @@ type CPSample struct {
 	ProgramTotalS  float64   `json:"program_total_s"`
 	ChangesMs      []float64 `json:"changes_ms"`
 	ChangesTotalMs []float64 `json:"changes_total_ms"`
+	AddsMs         []float64 `json:"adds_ms,omitempty"`
+	AddsTotalMs    []float64 `json:"adds_total_ms,omitempty"`
 	Notes          []string  `json:"notes,omitempty"`
 	Error          string    `json:"error,omitempty"`
 }

@@ -255,7 +255,7 @@ func runControlPlane(ctx context.Context, e *Env, mode string, cp ControlPlane, 
 	}
 	defer c.Close()
 	services := genServices(scale, e.Cfg.Endpoints)
-	changes := genChanges(services, e.Cfg.Changes)
+	changes := append(genChanges(services, e.Cfg.Changes), genAdds(services, e.Cfg.Changes)...)
 	r, err := cp.ProgramServices(ctx, e, c, services, changes)
 	if errors.Is(err, errSkip) {
 		return s, err
@@ -269,6 +269,10 @@ func runControlPlane(ctx context.Context, e *Env, mode string, cp ControlPlane, 
 	for i := range r.Changes {
 		s.ChangesMs = append(s.ChangesMs, ms(r.Changes[i]))
 		s.ChangesTotalMs = append(s.ChangesTotalMs, ms(r.ChangesTotal[i]))
+	}
+	for i := range r.Adds {
+		s.AddsMs = append(s.AddsMs, ms(r.Adds[i]))
+		s.AddsTotalMs = append(s.AddsTotalMs, ms(r.AddsTotal[i]))
 	}
 	s.Notes = r.Notes
 	return s, nil
@@ -314,6 +318,22 @@ func genChanges(services []SvcPort, n int) []EndpointChange {
 		ch := EndpointChange{Service: i, Old: cur[i][j], New: netip.AddrPortFrom(addr4(new0+uint32(m)+1), 8080)}
 		cur[i][j] = ch.New
 		out = append(out, ch)
+	}
+	return out
+}
+
+// genAdds makes n Service ports to add after services, one at a time, like
+// genServices' (the next ClusterIPs), each with as many endpoints as the
+// first Service has.
+func genAdds(services []SvcPort, n int) []EndpointChange {
+	if len(services) == 0 {
+		return nil
+	}
+	more := genServices(len(services)+n, len(services[0].Endpoints))[len(services):]
+	out := make([]EndpointChange, n)
+	for i := range more {
+		more[i].Service = fmt.Sprintf("added-%05d", i)
+		out[i] = EndpointChange{Service: len(services) + i, Added: &more[i]}
 	}
 	return out
 }

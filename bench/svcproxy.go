@@ -489,7 +489,7 @@ func (m svcproxyMode) ProgramServices(ctx context.Context, e *Env, c *Cluster, s
 	version := loaded.Version
 	for i, ch := range changes {
 		e.Prog.detail(fmt.Sprintf("change %d/%d", i+1, len(changes)))
-		replaceEndpoint(&services[ch.Service], ch)
+		services = ch.apply(services)
 		if err := writeAtomic(file, servicesYAML(services)); err != nil {
 			return nil, err
 		}
@@ -507,8 +507,7 @@ func (m svcproxyMode) ProgramServices(ctx context.Context, e *Env, c *Cluster, s
 		if err != nil {
 			return nil, err
 		}
-		res.Changes = append(res.Changes, applied.time().Sub(loaded.time()))
-		res.ChangesTotal = append(res.ChangesTotal, applied.time().Sub(start))
+		res.took(ch, applied.time().Sub(loaded.time()), applied.time().Sub(start))
 	}
 	return res, nil
 }
