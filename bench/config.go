@@ -99,7 +99,7 @@ func parseFlags(args []string) (Config, error) {
 		fs.PrintDefaults()
 	}
 	quick := fs.Bool("quick", false, "the quick preset (default): 1 round, 2s tests, 1,000 Services, no syscall profile (< 3 min)")
-	full := fs.Bool("full", false, "the full preset: 3 rounds, 3s tests, 1,000 and 10,000 Services, syscall profile (< 15 min)")
+	full := fs.Bool("full", false, "the full preset: 3 rounds, 3s tests, 1,000 and 10,000 Services, syscall profile (about 20 min with every mode)")
 	modes := fs.String("modes", "", "comma-separated modes, in run order; empty: all of "+strings.Join(modeNames(), ","))
 	rounds := fs.Int("rounds", 0, "interleaved rounds; 0: the preset's")
 	duration := fs.Duration("duration", 0, "length of each data-path load test (whole seconds); 0: the preset's")
