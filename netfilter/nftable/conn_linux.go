@@ -379,11 +379,18 @@ func (k *Conn) Update(ctx context.Context, t Table, del, add []Element) (err err
 // bySet is es with each set's elements together, sets in the order they
 // first appear, each set's elements in their order (O(len(es))).
 func bySet(es []Element) []Element {
-	runs := 0
-	for i := range es {
-		if i == 0 || es[i].Set != es[i-1].Set {
-			runs++
+	// Most calls are grouped already (one set, or elements built set by
+	// set): check that first, copying nothing.
+	ended := map[string]bool{} // sets whose run is over
+	grouped := true
+	for i := 1; i < len(es) && grouped; i++ {
+		if es[i].Set != es[i-1].Set {
+			ended[es[i-1].Set] = true
+			grouped = !ended[es[i].Set]
 		}
+	}
+	if grouped {
+		return es
 	}
 	var order []string
 	sets := map[string][]Element{}
@@ -392,9 +399,6 @@ func bySet(es []Element) []Element {
 			order = append(order, e.Set)
 		}
 		sets[e.Set] = append(sets[e.Set], e)
-	}
-	if runs == len(order) {
-		return es // already grouped
 	}
 	out := make([]Element, 0, len(es))
 	for _, name := range order {

@@ -116,16 +116,19 @@ func rules(l Layout) map[string][][]expr.Any {
 
 // table is l's table as nftable declares it.
 func table(l Layout) nftable.Table {
-	t := nftable.Table{Name: Table, Family: l.Family, Chains: chains(), Rules: rules(l)}
-	for _, name := range Sets {
-		t.Sets = append(t.Sets, setOf(l.Family, name))
-	}
+	t := declared(l.Family)
+	t.Chains, t.Rules = chains(), rules(l)
 	return t
 }
 
-// declared is fam's table as far as element reads and writes need it.
+// declared is fam's table as far as element reads and writes need it: its
+// sets, not its rules (built for every change otherwise).
 func declared(fam netfilter.Family) nftable.Table {
-	return table(Layout{Family: fam})
+	t := nftable.Table{Name: Table, Family: fam}
+	for _, name := range Sets {
+		t.Sets = append(t.Sets, setOf(fam, name))
+	}
+	return t
 }
 
 func (k *netlinkKernel) Setup(ctx context.Context, l Layout) (bool, error) {
