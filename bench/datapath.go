@@ -577,16 +577,19 @@ func (r *modeRound) syscalls(ctx context.Context) error {
 }
 
 // perf records a CPU profile of the proxy (perf record -g, 3 s) in the
-// middle of keep-alive and of new-connection load, and saves the report.
+// middle of keep-alive, new-connection and 1 MiB load, and saves the
+// report.
 func (r *modeRound) perf(ctx context.Context) error {
 	client := r.c.Topo.Clients[0]
+	paths := r.c.paths()
 	for _, load := range []struct {
-		name      string
-		closeEach bool
-	}{{"keepalive", false}, {"connrate", true}} {
+		name, path string
+		conns      int
+		closeEach  bool
+	}{{"keepalive", paths.small, 64, false}, {"connrate", paths.small, 64, true}, {"mib", paths.mib, 8, false}} {
 		done := make(chan error, 1)
 		go func() {
-			_, err := runHTTPLoad(ctx, r.e, client, r.run.Targets[svcHTTP], r.c.paths().small, 64, 6*time.Second, load.closeEach)
+			_, err := runHTTPLoad(ctx, r.e, client, r.run.Targets[svcHTTP], load.path, load.conns, 6*time.Second, load.closeEach)
 			done <- err
 		}()
 		settle(ctx, 1500*time.Millisecond)
