@@ -13,12 +13,15 @@ import (
 
 // Machine describes where the figures came from.
 type Machine struct {
-	Hostname  string            `json:"hostname"`
-	CPU       string            `json:"cpu"`
-	Cores     int               `json:"cores"`
-	MemoryGiB float64           `json:"memory_gib"`
-	Kernel    string            `json:"kernel"`
-	OS        string            `json:"os"`
+	Hostname  string  `json:"hostname"`
+	CPU       string  `json:"cpu"`
+	Cores     int     `json:"cores"`
+	MemoryGiB float64 `json:"memory_gib"`
+	Kernel    string  `json:"kernel"`
+	OS        string  `json:"os"`
+	// TCPCC is the TCP congestion control new namespaces inherit: with a
+	// pacing one (bbr) bulk figures differ a lot from cubic's or reno's.
+	TCPCC     string            `json:"tcp_congestion_control,omitempty"`
 	LoadStart [3]float64        `json:"load_start"`
 	LoadEnd   [3]float64        `json:"load_end"`
 	Svcproxy  string            `json:"svcproxy"` // which svcproxy ran: the tree it was built from, or the binary given
@@ -43,6 +46,9 @@ func describeMachine(e *Env) Machine {
 	}
 	if data, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		m.Kernel = strings.TrimSpace(string(data))
+	}
+	if data, err := os.ReadFile("/proc/sys/net/ipv4/tcp_congestion_control"); err == nil {
+		m.TCPCC = strings.TrimSpace(string(data))
 	}
 	if data, err := os.ReadFile("/etc/os-release"); err == nil {
 		for _, line := range strings.Split(string(data), "\n") {

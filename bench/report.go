@@ -129,7 +129,11 @@ func (r *Results) markdown(charts map[string]barChart) string {
 		p("**Interrupted**: the run was stopped before the end; the tables hold what was measured.\n\n")
 	}
 	p("%s preset: %d interleaved round(s) of %gs tests, medians shown (every sample in `results.json`). ", r.Settings.Preset, r.Settings.Rounds, r.Settings.DurationS)
-	p("Machine: %s, %d cores, %.1f GiB, kernel %s, %s. ", m.CPU, m.Cores, m.MemoryGiB, m.Kernel, m.OS)
+	p("Machine: %s, %d cores, %.1f GiB, kernel %s, %s", m.CPU, m.Cores, m.MemoryGiB, m.Kernel, m.OS)
+	if m.TCPCC != "" {
+		p(", TCP congestion control %s", m.TCPCC)
+	}
+	p(". ")
 	p("Load average at start %.2f / %.2f / %.2f, at end %.2f / %.2f / %.2f. ", m.LoadStart[0], m.LoadStart[1], m.LoadStart[2], m.LoadEnd[0], m.LoadEnd[1], m.LoadEnd[2])
 	p("svcproxy: %s. Client, node (proxy) and backends share the %d cores.\n\n", m.Svcproxy, m.Cores)
 	if r.Settings.Note != "" {
