@@ -47,9 +47,10 @@ import (
 // pipes are. Measured in the bench (2026-11-26, svcproxy-vip against
 // HAProxy in the same runs, 3–5 interleaved rounds, medians of the ratios):
 // with 1 MiB pipes, 1 MiB transfers over 8 keep-alive connections reached
-// 0.67–0.73× HAProxy's, with 64 KiB pipes 0.79–1.11× (five runs), with
-// 32 KiB 0.61–0.67×; bulk on one and four streams did not change beyond
-// the runs' noise (0.9–1.2× either way). A large chunk leaves hundreds of
+// 0.67–0.75× HAProxy's (eight runs, median 0.70), with 64 KiB pipes
+// 0.76–1.11× (nine runs, median 0.85), with 32 KiB 0.61–0.67×; bulk on one
+// and four streams did not change beyond the runs' noise (0.9–1.2× either
+// way). A large chunk leaves hundreds of
 // KiB queued unsent in the client's socket, sent later from softirq
 // context on whichever CPU takes the client's ACKs or the pacing timer
 // (this machine's congestion control is BBR, which paces): the segments

@@ -73,7 +73,7 @@
 // # Measured: it does not win; off by default
 //
 // The full bench (make bench-full, 2026-11-26 14:53 UTC, 3 interleaved
-// rounds, medians; docs/bench/results.md), beside kube-dnat,
+// rounds, medians; docs/bench/2026-11-26b-full/results.md), beside kube-dnat,
 // svcproxy-userspace, HAProxy and nginx stream in the same run:
 //
 //	mode                 bulk 1 / 4 streams  keep-alive req/s  p99 ms  new conn/s  1 MiB/s  failed after a kill
