@@ -43,21 +43,21 @@ import (
 // maxPipes are alive) a chunk is buffered, so open connections keep
 // flowing while accept backs off.
 //
-// A spliced chunk is at most 64 KiB (the pipe's size), as HAProxy's default
-// pipes are. Measured in the bench (2026-11-26, svcproxy-vip against
-// HAProxy in the same runs, 3–5 interleaved rounds, medians of the ratios):
-// with 1 MiB pipes, 1 MiB transfers over 8 keep-alive connections reached
-// 0.67–0.75× HAProxy's (eight runs, median 0.70), with 64 KiB pipes
-// 0.76–1.11× (nine runs, median 0.85), with 32 KiB 0.61–0.67×; bulk on one
-// and four streams did not change beyond the runs' noise (0.9–1.2× either
-// way). A large chunk leaves hundreds of
-// KiB queued unsent in the client's socket, sent later from softirq
-// context on whichever CPU takes the client's ACKs or the pacing timer
-// (this machine's congestion control is BBR, which paces): the segments
-// of one connection leave from two CPUs and arrive reordered. svcproxy
-// made 1,000–1,300 spurious fast retransmits per 3 s of that test against
-// HAProxy's 60–260; with 64 KiB chunks, 150–450. With Reno, which does not
-// pace, both proxies moved 3.1–3.4k transfers/s, the same.
+// A spliced chunk is at most 64 KiB (the pipe's size), as HAProxy's
+// default pipes are. Measured in the bench (2026-11-26, svcproxy-vip
+// against HAProxy in the same runs, 3–5 interleaved rounds, medians of the
+// ratios): with 1 MiB pipes, 1 MiB transfers over 8 keep-alive connections
+// reached 0.67–0.75× HAProxy's (eight runs, median 0.70), with 64 KiB
+// pipes 0.76–1.11× (nine runs, median 0.85), with 32 KiB 0.61–0.67×; bulk
+// on one and four streams did not change beyond the runs' noise (0.9–1.2×
+// either way). A large chunk leaves hundreds of KiB queued unsent in the
+// client's socket, sent later from softirq context on whichever CPU takes
+// the client's ACKs or the pacing timer (this machine's congestion control
+// is BBR, which paces): the segments of one connection leave from two CPUs
+// and arrive reordered. svcproxy made 1,000–1,300 spurious fast
+// retransmits per 3 s of that test against HAProxy's 60–260; with 64 KiB
+// chunks, 150–450. With Reno, which does not pace, both proxies moved
+// 3.1–3.4k transfers/s, the same, even with 1 MiB chunks.
 
 const (
 	pipeSize   = 64 << 10 // capacity asked of each pipe: the most one splice moves
