@@ -5,8 +5,6 @@ import (
 	"context"
 	"io"
 	"net"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -54,35 +52,13 @@ func TestSocketHandover(t *testing.T) {
 	if err := ping(); err != nil {
 		t.Fatal(err)
 	}
-	var failures, done atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := 0; w < 4; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				c, err := net.DialTimeout("tcp", tcpFE.String(), 2*time.Second)
-				if err == nil {
-					_ = c.SetDeadline(time.Now().Add(3 * time.Second))
-					_, err = c.Write([]byte("x"))
-					if err == nil {
-						_, err = io.ReadFull(c, make([]byte, 1))
-					}
-					c.Close()
-				}
-				if err != nil {
-					failures.Add(1)
-				}
-				done.Add(1)
-			}
-		}()
-	}
+	stopLoad := connectionLoad(tcpFE, func(c net.Conn) error {
+		if _, err := c.Write([]byte("x")); err != nil {
+			return err
+		}
+		_, err := io.ReadFull(c, make([]byte, 1))
+		return err
+	})
 	time.Sleep(100 * time.Millisecond)
 
 	files, err := a.Sockets()
@@ -116,10 +92,9 @@ func TestSocketHandover(t *testing.T) {
 	}
 	long.Close()
 	<-shutdownDone
-	close(stop)
-	wg.Wait()
-	if f := failures.Load(); f != 0 {
-		t.Fatalf("%d of %d connections failed across the handover", f, done.Load())
+	done, failed := stopLoad()
+	if failed != 0 {
+		t.Fatalf("%d of %d connections failed across the handover", failed, done)
 	}
-	t.Logf("%d connections across the handover, none failed", done.Load())
+	t.Logf("%d connections across the handover, none failed", done)
 }

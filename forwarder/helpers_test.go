@@ -203,6 +203,44 @@ func (h *harness) settle() {
 	}
 }
 
+// connectionLoad opens connection after connection to fe from four
+// goroutines, each given 3 s for exchange, until stop is called; stop
+// returns how many connections ran and how many failed (to connect or in
+// exchange).
+func connectionLoad(fe netip.AddrPort, exchange func(c net.Conn) error) (stop func() (done, failed int64)) {
+	var failures, count atomic.Int64
+	quit := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-quit:
+					return
+				default:
+				}
+				c, err := net.DialTimeout("tcp", fe.String(), 2*time.Second)
+				if err == nil {
+					_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+					err = exchange(c)
+					c.Close()
+				}
+				if err != nil {
+					failures.Add(1)
+				}
+				count.Add(1)
+			}
+		}()
+	}
+	return func() (int64, int64) {
+		close(quit)
+		wg.Wait()
+		return count.Load(), failures.Load()
+	}
+}
+
 // waitFor polls cond until it holds or 5s pass.
 // copyPlain copies as io.Copy does, through a buffer and never by splice:
 // Go's splice borrows pipes from a pool whose idle pipes the collector

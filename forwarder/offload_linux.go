@@ -61,18 +61,11 @@ func (e *loopEngine) startOffload() {
 	f.log.Info("sockmap offload on", zap.Duration("took", time.Since(start)))
 }
 
-// empty reports whether h holds no bytes taken from its source.
-func (h *half) empty() bool {
-	return (h.p == nil || h.p.data == 0) && (h.buf == nil || h.off >= h.n)
-}
-
 // maybeOffload inserts an open relay's sockets into the offloader once it
 // may: the halves hold nothing, neither has ended, and a Service with a
-// first-byte timeout has had its answer (the loop must see it).
+// first-byte timeout has had its answer (the loop must see it). pump calls
+// it until offDone.
 func (r *relay) maybeOffload() {
-	if r.offDone {
-		return
-	}
 	if r.in.eof || r.out.eof || r.in.done || r.out.done {
 		r.offDone = true // half-closed already: little left to move
 		return

@@ -10,11 +10,11 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -54,6 +54,24 @@ func newOffloadHarness(t *testing.T, cfg Config, services ...lb.Service) *harnes
 // offloaded is how many connections h's forwarder offloaded.
 func (h *harness) offloaded() float64 { return testutil.ToFloat64(h.m.offloadOK) }
 
+// dialOffloaded dials fe with deadline d, says "hi" and reads two bytes
+// back (its backend answers any two), and waits until the connection is
+// offloaded, so what follows runs through the kernel.
+func (h *harness) dialOffloaded(fe netip.AddrPort, d time.Duration) *net.TCPConn {
+	t := h.t
+	t.Helper()
+	c := dial(t, fe)
+	_ = c.SetDeadline(time.Now().Add(d))
+	if _, err := c.Write([]byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, make([]byte, 2)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "offloaded", func() bool { return h.offloaded() == 1 })
+	return c
+}
+
 func TestPrivilegedOffloadRequestResponse(t *testing.T) {
 	leakCheck(t)
 	fe := freeFrontend(t)
@@ -86,17 +104,9 @@ func TestPrivilegedOffloadLargeBothWays(t *testing.T) {
 	fe := freeFrontend(t)
 	be := startBackend(t, "bulk", modeEcho)
 	h := newOffloadHarness(t, Config{}, service("bulk", fe, be.addr))
-	c := dial(t, fe)
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(60 * time.Second))
 	// Say something first, so the pair is offloaded before the bulk.
-	if _, err := c.Write([]byte("hi")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.ReadFull(c, make([]byte, 2)); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "offloaded", func() bool { return h.offloaded() == 1 })
+	c := h.dialOffloaded(fe, 60*time.Second)
+	defer c.Close()
 	const size = 64 << 20
 	src := rand.NewChaCha8([32]byte{1})
 	sent := sha256.New()
@@ -230,16 +240,8 @@ func TestPrivilegedOffloadBackendReset(t *testing.T) {
 	}()
 	fe := freeFrontend(t)
 	h := newOffloadHarness(t, Config{}, service("rst", fe, ln.Addr().(*net.TCPAddr).AddrPort()))
-	c := dial(t, fe)
+	c := h.dialOffloaded(fe, 10*time.Second)
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := c.Write([]byte("hi")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.ReadFull(c, make([]byte, 2)); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "offloaded", func() bool { return h.offloaded() == 1 })
 	if _, err := c.Write([]byte("more")); err != nil {
 		t.Fatal(err)
 	}
@@ -313,15 +315,7 @@ func TestPrivilegedOffloadConnectionLog(t *testing.T) {
 	fe := freeFrontend(t)
 	be := startBackend(t, "log", modeEcho)
 	h := newOffloadHarness(t, Config{ConnLog: cl}, service("log", fe, be.addr))
-	c := dial(t, fe)
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := c.Write([]byte("hi")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.ReadFull(c, make([]byte, 2)); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "offloaded", func() bool { return h.offloaded() == 1 })
+	c := h.dialOffloaded(fe, 10*time.Second)
 	const size = 1 << 20
 	go func() { _, _ = c.Write(make([]byte, size)); _ = c.CloseWrite() }()
 	if n, err := io.Copy(io.Discard, c); n != size || err != nil {
@@ -467,39 +461,17 @@ func TestPrivilegedOffloadHandover(t *testing.T) {
 	}
 	waitFor(t, "the long connection offloaded", func() bool { return testutil.ToFloat64(ma.offloadOK) == 1 })
 
-	var failures, done atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				c, err := net.DialTimeout("tcp", fe.String(), 2*time.Second)
-				if err == nil {
-					_ = c.SetDeadline(time.Now().Add(3 * time.Second))
-					if _, err = c.Write([]byte("xy")); err == nil {
-						_, err = io.ReadFull(c, make([]byte, 2))
-					}
-					if err == nil { // the second exchange goes through the kernel
-						if _, err = c.Write([]byte("zz")); err == nil {
-							_, err = io.ReadFull(c, make([]byte, 2))
-						}
-					}
-					c.Close()
-				}
-				if err != nil {
-					failures.Add(1)
-				}
-				done.Add(1)
+	stopLoad := connectionLoad(fe, func(c net.Conn) error {
+		for _, msg := range []string{"xy", "zz"} { // the second exchange goes through the kernel
+			if _, err := c.Write([]byte(msg)); err != nil {
+				return err
 			}
-		}()
-	}
+			if _, err := io.ReadFull(c, make([]byte, 2)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 	time.Sleep(100 * time.Millisecond)
 	files, err := a.Sockets()
 	if err != nil {
@@ -534,10 +506,9 @@ func TestPrivilegedOffloadHandover(t *testing.T) {
 	}
 	long.Close()
 	<-shutdownDone
-	close(stop)
-	wg.Wait()
-	if f := failures.Load(); f != 0 {
-		t.Fatalf("%d of %d connections failed across the handover", f, done.Load())
+	done, failed := stopLoad()
+	if failed != 0 {
+		t.Fatalf("%d of %d connections failed across the handover", failed, done)
 	}
 	if n := testutil.ToFloat64(mb.offloadOK); n == 0 {
 		t.Error("the successor offloaded no connection")
@@ -548,7 +519,7 @@ func TestPrivilegedOffloadHandover(t *testing.T) {
 		t.Errorf("BPF descriptors open after both forwarders shut down: %d, want %d", n, bpf0)
 	}
 	t.Logf("%d connections across the handover, none failed; offloaded by a %v, by b %v",
-		done.Load(), testutil.ToFloat64(ma.offloadOK), testutil.ToFloat64(mb.offloadOK))
+		done, testutil.ToFloat64(ma.offloadOK), testutil.ToFloat64(mb.offloadOK))
 }
 
 // TestPrivilegedOffloadDrain: an offloaded connection to an endpoint that

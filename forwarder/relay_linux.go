@@ -76,6 +76,11 @@ type half struct {
 	bytes    int64
 }
 
+// empty reports whether h holds no bytes taken from its source.
+func (h *half) empty() bool {
+	return (h.p == nil || h.p.data == 0) && (h.buf == nil || h.off >= h.n)
+}
+
 // relay is one forwarded TCP connection, owned by one worker.
 type relay struct {
 	w     *worker
@@ -410,7 +415,7 @@ func (r *relay) pump() {
 // something or ended its side.
 func (r *relay) firstByte() {
 	out := &r.out
-	if out.bytes > 0 || out.eof || (out.p != nil && out.p.data > 0) || (out.buf != nil && out.off < out.n) {
+	if out.bytes > 0 || out.eof || !out.empty() {
 		r.answered = true
 		r.w.timers.stop(&r.firstT)
 		r.backend.ReportSuccess()

@@ -114,18 +114,16 @@ const socketBuffer = 8 << 20
 // net.core.[rw]mem_max when allowed (SO_*BUFFORCE need CAP_NET_ADMIN, which
 // writing nf_tables needs anyway).
 func bigBuffers(c *netlink.Conn) error {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return errors.Join(c.SetReadBuffer(socketBuffer), c.SetWriteBuffer(socketBuffer))
+	if raw, err := c.SyscallConn(); err == nil {
+		var serr error
+		if err := raw.Control(func(fd uintptr) {
+			serr = errors.Join(unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, socketBuffer),
+				unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, socketBuffer))
+		}); err == nil && serr == nil {
+			return nil
+		}
 	}
-	var serr error
-	if err := raw.Control(func(fd uintptr) {
-		serr = errors.Join(unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, socketBuffer),
-			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, socketBuffer))
-	}); err != nil || serr != nil {
-		return errors.Join(c.SetReadBuffer(socketBuffer), c.SetWriteBuffer(socketBuffer))
-	}
-	return nil
+	return errors.Join(c.SetReadBuffer(socketBuffer), c.SetWriteBuffer(socketBuffer))
 }
 
 // dial locks k and returns its socket; done unlocks, first closing the
