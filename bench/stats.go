@@ -10,12 +10,12 @@ import (
 // and the range over rounds.
 //
 // Why not golang.org/x/perf/benchmath (benchstat's summaries): a full run
-// has 3 rounds, a quick one 1, and at those counts benchmath gives no
-// confidence interval (it needs 6 samples at 95%) and cannot tell any two
-// modes apart (Mann-Whitney U's smallest p at 3 against 3 is 0.1), so the
-// report would show ±∞ and "~" everywhere. The median with its min–max
-// range, and rounds that disagree by over 15% listed in "Noise", tell the
-// reader more at the round counts the machine affords.
+// has 5 rounds, a quick one 1, and below 6 samples benchmath gives no
+// confidence interval at 95% (the report would show ±∞ everywhere); at a
+// quick run's 1 it can compare nothing. The median with its min–max range,
+// the targets' per-round ratios, and rounds that disagree by over 15%
+// listed in "Noise" tell the reader more at the round counts the machine
+// affords.
 type Samples []Sample
 
 // values returns every sample of (mode, test, metric), in round order.
@@ -52,6 +52,25 @@ func (ss Samples) ratio(mode, base string, c column) float64 {
 		return math.NaN()
 	}
 	return a / z
+}
+
+// roundRatios are mode/base on a column round by round, over the rounds
+// both measured (base non-zero): the same pairing as the run's
+// interleaving, so their spread shows how far one round can be trusted.
+func (ss Samples) roundRatios(mode, base string, c column) []float64 {
+	byRound := map[int]float64{}
+	for _, s := range ss {
+		if s.Mode == base && s.Test == c.test && s.Metric == c.metric && s.Value != 0 {
+			byRound[s.Round] = s.Value
+		}
+	}
+	var out []float64
+	for _, s := range ss {
+		if z, ok := byRound[s.Round]; ok && s.Mode == mode && s.Test == c.test && s.Metric == c.metric {
+			out = append(out, s.Value/z)
+		}
+	}
+	return out
 }
 
 // ran are those of modes with at least one sample, in the order given.
