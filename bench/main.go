@@ -17,7 +17,7 @@
 // A B C) and medians reported.
 //
 //	sudo go run ./bench --quick      # 1 round, short tests, 1,000 Services (< 3 min)
-//	sudo go run ./bench --full       # 3 rounds, 1,000 and 10,000 Services (about 20 min)
+//	sudo go run ./bench --full       # 5 rounds, 1,000 and 10,000 Services (about 35 min)
 //	sudo go run ./bench --modes direct,svcproxy-userspace --rounds 2 --duration 3s
 //	sudo go run ./bench --ipvs-vm    # also svcproxy-ipvs in a QEMU VM
 //
