@@ -48,6 +48,30 @@ import (
 // switch to each: that, not Go code, was the cost. In the netpoller the
 // worker parks like any goroutine waiting for a socket.
 //
+// Two refinements were built into this engine and measured against it,
+// A/B in turns (wrk, 64 keep-alive connections, 1 KiB responses, client,
+// node and backend namespaces joined by veths, 4 turns of 5 s each), and
+// dropped:
+//
+//   - A second, parking epoll holds the worker's epoll only while it is
+//     parked (EPOLL_CTL_ADD before parking, DEL on waking), so events
+//     that come while it runs wake nobody else. Context switches per
+//     request 0.21–0.25, the same; CPU per request no better.
+//   - On top of that, while busy, wait in a raw blocking epoll_pwait2 of
+//     up to 2 ms that keeps the P (the runtime never sees it), GOMAXPROCS
+//     raised by the worker count; park in the netpoller only after 2 ms
+//     of nothing.
+//     CPU per request 15–22 µs against 13–19 µs, and a p99 over 900 ms in
+//     2 of 4 turns. Context switches per request doubled (0.37–0.46
+//     against 0.20–0.24): a thread that blocks in the kernel at once
+//     switches at every wait, where the runtime, before it blocks in the
+//     netpoller, spins briefly and often finds the next event first.
+//
+// In the same rig svcproxy served 1.06–1.25× nginx stream's keep-alive
+// requests at 0.75–0.92× its CPU per request. perf puts 68 % of the
+// loop's CPU under write(2) (it carries the receiving namespace's softirq
+// and wakeups), 13 % in the scheduler's wait, and under 3 % in Go code.
+//
 // Edge-triggered registration with EPOLLRDHUP is what saves the system
 // calls Go's poller cannot: a read shorter than the buffer means the
 // socket is empty (no read to see EAGAIN), and a FIN queued with the last
