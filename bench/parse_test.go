@@ -395,3 +395,29 @@ func TestSockmapMode(t *testing.T) {
 		t.Error("svcproxy-sockmap has no colour of its own")
 	}
 }
+
+func TestRoundRatios(t *testing.T) {
+	c := column{test: testKeepAlive, metric: "rps"}
+	s := func(round int, mode string, v float64) Sample {
+		return Sample{Round: round, Mode: mode, Test: c.test, Metric: c.metric, Value: v}
+	}
+	for _, tc := range []struct {
+		name    string
+		samples Samples
+		want    []float64
+		summary string
+	}{
+		{"paired by round, not by order", Samples{s(2, "b", 40), s(1, "a", 10), s(1, "b", 20), s(2, "a", 50)}, []float64{0.5, 1.25}, "0.50–1.25×, met in 1 of 2"},
+		{"a round the base missed is left out", Samples{s(1, "a", 10), s(1, "b", 10), s(2, "a", 30)}, []float64{1}, "1.00–1.00×, met in 0 of 1"},
+		{"a zero base is left out", Samples{s(1, "a", 10), s(1, "b", 0), s(2, "a", 30), s(2, "b", 20)}, []float64{1.5}, "1.50–1.50×, met in 1 of 1"},
+		{"other metrics do not pair", Samples{s(1, "a", 10), {Round: 1, Mode: "b", Test: c.test, Metric: "p99_ms", Value: 5}}, nil, ""},
+	} {
+		got := tc.samples.roundRatios("a", "b", c)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: roundRatios = %v, want %v", tc.name, got, tc.want)
+		}
+		if sum := perRound(got, func(v float64) bool { return v >= 1.1 }); sum != tc.summary {
+			t.Errorf("%s: perRound = %q, want %q", tc.name, sum, tc.summary)
+		}
+	}
+}
