@@ -67,10 +67,12 @@ import (
 //     switches at every wait, where the runtime, before it blocks in the
 //     netpoller, spins briefly and often finds the next event first.
 //
-// In the same rig svcproxy served 1.06–1.25× nginx stream's keep-alive
-// requests at 0.75–0.92× its CPU per request. perf puts 68 % of the
-// loop's CPU under write(2) (it carries the receiving namespace's softirq
-// and wakeups), 13 % in the scheduler's wait, and under 3 % in Go code.
+// In the same rig, over 12 turns against nginx stream, svcproxy served
+// 0.93–1.24× its keep-alive requests (median 1.08×) at 0.75–1.10× its CPU
+// per request (median 0.88×); the bench, 10 rounds, says 1.02× and 0.94×.
+// perf puts 68 % of the loop's CPU under write(2) (it carries the
+// receiving namespace's softirq and wakeups), 13 % in the scheduler's
+// wait, and under 3 % in Go code.
 //
 // Edge-triggered registration with EPOLLRDHUP is what saves the system
 // calls Go's poller cannot: a read shorter than the buffer means the
