@@ -44,12 +44,17 @@
 // Small messages pass through the worker's one read buffer; bulk streams
 // move with splice(2) through a pipe borrowed while bytes are in it; a
 // sink that cannot keep up holds its source unread until it drains. Idle
-// connections hold no buffer, no pipe and no goroutine stack.
+// connections hold no buffer, no pipe and no goroutine stack. UDP
+// frontends and their flows' sockets are spread over the same workers
+// (udp_loop_linux.go): recvmmsg from the frontend, a write per query, and
+// the replies of every flow the harvest found ready sent with one
+// sendmmsg.
 //
 // Elsewhere, and on Linux with Config.Engine = EngineGoroutines, each
 // connection has a goroutine that dials and two that copy through Go's
-// poller (conn.go, splice_linux.go): the same behaviour, slower, and run
-// by the same tests (make test runs the package on both engines).
+// poller (conn.go, splice_linux.go), and UDP a reader per frontend and
+// per flow (udp.go): the same behaviour, slower, and run by the same
+// tests (make test runs the package on both engines).
 //
 // With Config.Offload = OffloadSockmap (--offload=sockmap) an established
 // connection's sockets go into a BPF sockmap (package offload) and the

@@ -34,7 +34,7 @@ type Forwarder struct {
 
 	mu        sync.Mutex // guards listeners, closed and Apply's drain pass
 	listeners map[listenKey]tcpListeners
-	udp       map[lb.Frontend]*udpFrontend
+	udp       map[lb.Frontend]udpSocket
 	claims    map[claimKey]*os.File // NodePort claim sockets
 	inherited map[string]*os.File   // handed-over sockets not yet taken
 	applied   bool                  // a snapshot was applied: accept loops run
@@ -95,7 +95,7 @@ func New(cfg Config) (*Forwarder, error) {
 		log:       cfg.Logger.Named("forwarder"),
 		m:         cfg.Metrics,
 		listeners: map[listenKey]tcpListeners{},
-		udp:       map[lb.Frontend]*udpFrontend{},
+		udp:       map[lb.Frontend]udpSocket{},
 		claims:    map[claimKey]*os.File{},
 		inherited: maps.Clone(cfg.Inherited),
 	}
@@ -321,7 +321,7 @@ func (f *Forwarder) Sockets() (map[string]*os.File, error) {
 		}
 	}
 	for k, fe := range f.udp {
-		file, err := fe.conn.File()
+		file, err := fe.file()
 		add(udpSocketName(k), file, err)
 	}
 	for k, c := range f.claims {

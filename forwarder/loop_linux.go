@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -114,6 +115,7 @@ type loopEngine struct {
 	ownOff       interface{ Close() error } // the Sockmap the engine loaded, closed at stop
 	upstreamOpts []sockopt                  // keepalive options of every upstream socket
 	workers      []*worker
+	nextUDP      atomic.Uint32 // the worker the next UDP frontend goes to, in turn
 	wg           sync.WaitGroup
 	stopOnce     sync.Once
 }
@@ -201,6 +203,8 @@ type fdEntry struct {
 	upstream bool // r's upstream socket; else its client socket
 	r        *relay
 	ln       *loopListener
+	ufe      *loopUDP  // a UDP frontend's socket
+	ufl      *loopFlow // a UDP flow's backend socket
 }
 
 // worker is one event loop. Everything but mu, tasks and woken belongs to
@@ -230,6 +234,14 @@ type worker struct {
 	free   []*relay        // finished, for reuse
 	again  []*loopListener // listeners with more connections to accept
 	busy   []relayRef      // relays that used up a turn with bytes still to move
+
+	// UDP (udp_loop_linux.go), allocated with the first UDP frontend.
+	udpRx     *udpBatchBufs // clients' datagrams
+	udpTx     *udpBatchBufs // replies gathered for one sendmmsg
+	udpTxN    int           // replies in udpTx
+	udpTxFE   *loopUDP      // the frontend they go out of
+	udpTxFlow [udpBatch]*loopFlow
+	udpAgain  []*loopUDP // frontends that used up a turn with datagrams maybe left
 
 	rsa unix.RawSockaddrAny // accept's peer address
 	sa4 unix.RawSockaddrInet4
@@ -303,6 +315,9 @@ func (w *worker) run() {
 		if ln := w.fds[fd].ln; ln != nil {
 			ln.closeNow()
 		}
+		if fe := w.fds[fd].ufe; fe != nil {
+			w.udpClose(fe)
+		}
 	}
 	w.file.Close()
 	unix.Close(w.evfd)
@@ -330,10 +345,12 @@ func (w *worker) poll(uintptr) bool {
 			w.dispatch(n)
 			w.fire()
 		}
-		if len(w.again) > 0 || len(w.busy) > 0 {
+		if len(w.again) > 0 || len(w.busy) > 0 || len(w.udpAgain) > 0 {
 			w.acceptAgain()
 			w.pumpBusy()
-			if len(w.again) > 0 || len(w.busy) > 0 {
+			w.udpReadAgain()
+			w.udpFlush()
+			if len(w.again) > 0 || len(w.busy) > 0 || len(w.udpAgain) > 0 {
 				// Still more: let the goroutines sharing this P run first
 				// (the loop's raw system calls never yield).
 				w.yield = true
@@ -394,8 +411,13 @@ func (w *worker) dispatch(n int) {
 			e.r.event(e.upstream, ev.Events)
 		case e.ln != nil:
 			w.accept(e.ln)
+		case e.ufl != nil:
+			w.udpReply(e.ufl)
+		case e.ufe != nil:
+			w.udpRead(e.ufe)
 		}
 	}
+	w.udpFlush()
 }
 
 // fire runs the timers that are due.
@@ -421,6 +443,8 @@ func (w *worker) fire() {
 		case timerAccept:
 			t.ln.paused = false
 			w.accept(t.ln)
+		case timerUDPIdle:
+			w.udpIdle(t.u)
 		}
 	}
 }

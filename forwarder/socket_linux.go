@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -65,16 +66,23 @@ func adoptSocket(file *os.File) (int, error) {
 	if err != nil {
 		return -1, err
 	}
+	return dupNonblock(rc)
+}
+
+// dupNonblock duplicates the socket behind rc as a non-blocking descriptor
+// of the caller's own.
+func dupNonblock(rc syscall.RawConn) (int, error) {
 	fd := -1
+	var err error
 	if cerr := rc.Control(func(s uintptr) { fd, err = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); cerr != nil {
 		return -1, cerr
 	}
 	if err != nil {
-		return -1, fmt.Errorf("duplicating inherited socket: %w", err)
+		return -1, fmt.Errorf("duplicating socket: %w", err)
 	}
 	if err := unix.SetNonblock(fd, true); err != nil {
 		unix.Close(fd)
-		return -1, fmt.Errorf("making inherited socket non-blocking: %w", err)
+		return -1, fmt.Errorf("making socket non-blocking: %w", err)
 	}
 	return fd, nil
 }

@@ -16,6 +16,7 @@ type timer struct {
 	kind timerKind
 	c    *relay        // the connection it belongs to (dial, idle, drain)
 	ln   *loopListener // the listener it belongs to (accept back-off)
+	u    *loopFlow     // the UDP flow it belongs to (idle)
 }
 
 type timerKind uint8
@@ -28,6 +29,7 @@ const (
 	timerKeepalive
 	timerFirstByte
 	timerOffload // an offloaded half waits for the kernel's bytes to be out before its FIN
+	timerUDPIdle
 )
 
 func (t *timer) armed() bool { return t.idx >= 0 }

@@ -38,6 +38,11 @@ import (
 // datagrams either way, or when its backend answers ICMP port unreachable,
 // which also counts as a failure for passive health: the client's next
 // datagram opens a new flow to another backend.
+//
+// This file serves UDP with goroutines: a reader per frontend socket and
+// one per flow for its replies. On Linux the event loop serves the same
+// flows itself (udp_loop_linux.go); openUDPFlow and udpFlowDone are what
+// the two share.
 
 const (
 	maxDatagram = 64 << 10 // never truncate: larger than any UDP payload
@@ -79,7 +84,26 @@ func releaseDatagram(bp *[]byte) {
 	}
 }
 
-// udpFrontend is one UDP frontend's socket and its flows.
+// udpSocket is one UDP frontend's socket and its flows, served by
+// goroutines (udpFrontend: a reader per frontend, one per flow for the
+// replies) or, on Linux, by an event loop (loopUDP, udp_loop_linux.go).
+// Its methods are called with Forwarder.mu held.
+type udpSocket interface {
+	localPort() uint16
+	file() (*os.File, error) // a duplicate of the socket, for a successor
+	dropStale(snap *lb.Snapshot)
+	readDrops() // brings the drop counters up to date
+	close()     // ends the flows and closes the socket
+}
+
+// udpServer is an engine that serves UDP frontends itself: serveUDP takes
+// over pc, already bound and optioned.
+type udpServer interface {
+	serveUDP(k lb.Frontend, pc *net.UDPConn, v6 bool) (udpSocket, error)
+}
+
+// udpFrontend is one UDP frontend's socket and its flows, served by
+// goroutines.
 type udpFrontend struct {
 	f        *Forwarder
 	frontend lb.Frontend
@@ -103,10 +127,13 @@ type dropMeter struct {
 
 // read adds what the socket behind raw dropped since the last read to c.
 func (d *dropMeter) read(raw syscall.RawConn, c prometheus.Counter) {
-	n, ok := socketDrops(raw)
-	if !ok {
-		return
+	if n, ok := socketDrops(raw); ok {
+		d.add(n, c)
 	}
+}
+
+// add adds to c what n, the socket's cumulative drop count, says is new.
+func (d *dropMeter) add(n uint32, c prometheus.Counter) {
 	d.mu.Lock()
 	delta := n - d.seen // wraps correctly past 2^32
 	d.seen = n
@@ -123,11 +150,6 @@ func (f *Forwarder) readDrops() {
 	defer f.mu.Unlock()
 	for _, fe := range f.udp {
 		fe.readDrops()
-		fe.mu.Lock()
-		for _, fl := range fe.flows {
-			fl.drops.read(fl.raw, f.m.udpDropsReply)
-		}
-		fe.mu.Unlock()
 	}
 }
 
@@ -135,7 +157,15 @@ func (fe *udpFrontend) readDrops() {
 	if raw, err := fe.conn.SyscallConn(); err == nil {
 		fe.drops.read(raw, fe.f.m.udpDropsFrontend)
 	}
+	fe.mu.Lock()
+	for _, fl := range fe.flows {
+		fl.drops.read(fl.raw, fe.f.m.udpDropsReply)
+	}
+	fe.mu.Unlock()
 }
+
+func (fe *udpFrontend) localPort() uint16       { return fe.port }
+func (fe *udpFrontend) file() (*os.File, error) { return fe.conn.File() }
 
 // batchConn is what ipv4.PacketConn and ipv6.PacketConn share.
 type batchConn interface {
@@ -205,7 +235,7 @@ func (f *Forwarder) UDPPorts() map[lb.Frontend]uint16 {
 	defer f.mu.Unlock()
 	out := make(map[lb.Frontend]uint16, len(f.udp))
 	for k, fe := range f.udp {
-		out[k] = fe.port
+		out[k] = fe.localPort()
 	}
 	return out
 }
@@ -243,7 +273,7 @@ func (f *Forwarder) reconcileUDP(snap *lb.Snapshot) []error {
 	return errs
 }
 
-func (f *Forwarder) openUDP(k lb.Frontend) (*udpFrontend, error) {
+func (f *Forwarder) openUDP(k lb.Frontend) (udpSocket, error) {
 	bind := k.Addr
 	v6 := k.Addr.Addr().Is6()
 	if !f.cfg.BindFrontends { // redirect mode: an ephemeral port of the family
@@ -276,6 +306,14 @@ func (f *Forwarder) openUDP(k lb.Frontend) (*udpFrontend, error) {
 			pc.Close()
 			return nil, fmt.Errorf("setting the receive buffer of UDP socket for %v: %w", k, err)
 		}
+	}
+	if srv, ok := f.tcp.(udpServer); ok {
+		s, err := srv.serveUDP(k, pc, v6)
+		if err != nil {
+			return nil, fmt.Errorf("serving UDP socket for %v: %w", k, err)
+		}
+		f.m.Listeners.Inc()
+		return s, nil
 	}
 	fe := &udpFrontend{f: f, frontend: k, conn: pc, v6: v6, flows: map[netip.AddrPort]*udpFlow{}, done: make(chan struct{}),
 		port: pc.LocalAddr().(*net.UDPAddr).AddrPort().Port()}
@@ -447,7 +485,6 @@ func (fe *udpFrontend) localAddr(oob []byte) netip.Addr {
 // client. Nil means the datagram is dropped (no Service, no endpoints, no
 // backend reachable, or the flow limit reached).
 func (fe *udpFrontend) flow(client netip.AddrPort, local netip.Addr, now time.Time) *udpFlow {
-	f := fe.f
 	fe.mu.Lock()
 	fl := fe.flows[client]
 	n := len(fe.flows)
@@ -455,31 +492,69 @@ func (fe *udpFrontend) flow(client netip.AddrPort, local netip.Addr, now time.Ti
 	if fl != nil {
 		return fl
 	}
-	rec := connlog.Record{Start: now, ID: f.nextID.Add(1), Protocol: "UDP", Client: client, Frontend: fe.frontend.Addr}
-	if fe.frontend.Addr.Addr().IsUnspecified() && local.IsValid() {
-		rec.Frontend = netip.AddrPortFrom(local, fe.frontend.Addr.Port())
+	var up *net.UDPConn
+	var raw syscall.RawConn
+	pool, b, rec, ok := fe.f.openUDPFlow(fe.frontend, client, local, n, now, func(b *lb.Backend) error {
+		var err error
+		if up, err = fe.f.dialUDP(b); err != nil {
+			return err
+		}
+		if raw, err = up.SyscallConn(); err != nil {
+			up.Close()
+		}
+		return err
+	})
+	if !ok {
+		return nil
 	}
-	pool := f.snap.Load().Route(lb.UDP, fe.frontend.Addr)
+	fl = &udpFlow{fe: fe, client: client, local: local, pool: pool, backend: b, upstream: up, raw: raw, start: now}
+	if b.Addr.Addr().Is4() || b.Addr.Addr().Is4In6() {
+		fl.out = ipv4.NewPacketConn(up)
+	} else {
+		fl.out = ipv6.NewPacketConn(up)
+	}
+	fl.last.Store(now.UnixNano())
+	fe.mu.Lock()
+	fe.flows[client] = fl
+	fe.mu.Unlock()
+	fe.f.handlers.Add(1)
+	go fl.replyLoop(rec)
+	return fl
+}
+
+// openUDPFlow routes a new flow from client on frontend k (which holds
+// flows flows already) and dials its backend with dial, trying others the
+// way a TCP dial is retried. On success the backend is acquired and
+// counted, and rec is the flow's connection log record so far; ok false
+// means the datagram is dropped, counted and, for a failed dial, logged.
+// local is the address the client wrote to, when k is unspecified.
+func (f *Forwarder) openUDPFlow(k lb.Frontend, client netip.AddrPort, local netip.Addr, flows int, now time.Time,
+	dial func(*lb.Backend) error) (pool *lb.Pool, b *lb.Backend, rec connlog.Record, ok bool) {
+	rec = connlog.Record{Start: now, ID: f.nextID.Add(1), Protocol: "UDP", Client: client, Frontend: k.Addr}
+	if k.Addr.Addr().IsUnspecified() && local.IsValid() {
+		rec.Frontend = netip.AddrPortFrom(local, k.Addr.Port())
+	}
+	pool = f.snap.Load().Route(lb.UDP, k.Addr)
 	switch {
 	case pool == nil:
 		f.m.udpNoService.Inc()
-		return nil
+		return nil, nil, rec, false
 	case len(pool.Backends()) == 0:
 		f.m.udpNoEndpoints.Inc()
-		return nil
-	case f.cfg.MaxUDPFlows > 0 && int64(n) >= f.cfg.MaxUDPFlows:
+		return nil, nil, rec, false
+	case f.cfg.MaxUDPFlows > 0 && int64(flows) >= f.cfg.MaxUDPFlows:
 		f.m.udpLimit.Inc()
-		return nil
+		return nil, nil, rec, false
 	}
 	rec.Service = pool.Service.Name.String()
 	var tried lb.Tried
 	for range f.cfg.DialTimeouts {
-		b := pool.Pick(client.Addr(), &tried, now)
+		b = pool.Pick(client.Addr(), &tried, now)
 		if b == nil {
 			break
 		}
 		tried.Add(b)
-		up, err := f.dialUDP(b)
+		err := dial(b)
 		if rec.NAttempts < len(rec.Attempts) {
 			rec.Attempts[rec.NAttempts] = connlog.Attempt{Backend: b.Addr, Err: err}
 			rec.NAttempts++
@@ -491,33 +566,32 @@ func (fe *udpFrontend) flow(client netip.AddrPort, local netip.Addr, now time.Ti
 			b.ReportFailure(now)
 			continue
 		}
-		raw, err := up.SyscallConn()
-		if err != nil {
-			up.Close()
-			continue
-		}
-		fl = &udpFlow{fe: fe, client: client, local: local, pool: pool, backend: b, upstream: up, raw: raw, start: now}
-		if b.Addr.Addr().Is4() || b.Addr.Addr().Is4In6() {
-			fl.out = ipv4.NewPacketConn(up)
-		} else {
-			fl.out = ipv6.NewPacketConn(up)
-		}
-		fl.last.Store(now.UnixNano())
 		rec.Backend = b.Addr
-		fe.mu.Lock()
-		fe.flows[client] = fl
-		fe.mu.Unlock()
 		b.Acquire()
 		f.m.udpFlowsOK.Inc()
 		f.m.activeUDP.Inc()
-		f.handlers.Add(1)
-		go fl.replyLoop(rec)
-		return fl
+		return pool, b, rec, true
 	}
 	f.m.udpDialFailed.Inc()
 	rec.Failed, rec.CloseReason = true, "dial_failed"
 	f.cfg.ConnLog.Log(&rec)
-	return nil
+	return nil, nil, rec, false
+}
+
+// udpFlowDone accounts for a flow that ended for reason: it releases its
+// backend, counts it and its bytes, and logs rec.
+func (f *Forwarder) udpFlowDone(rec *connlog.Record, b *lb.Backend, reason closeReason, in, out int64, start time.Time) {
+	b.Release()
+	f.m.activeUDP.Dec()
+	f.m.closes[reason].Inc()
+	rec.BytesIn, rec.BytesOut = in, out
+	f.m.bytesIn.Add(float64(in))
+	f.m.bytesOut.Add(float64(out))
+	rec.Duration = time.Since(start)
+	rec.CloseReason = closeReasons[reason]
+	if f.cfg.ConnLog.Sampled(rec.ID) {
+		f.cfg.ConnLog.Log(rec)
+	}
 }
 
 func (f *Forwarder) dialUDP(b *lb.Backend) (*net.UDPConn, error) {
@@ -635,16 +709,5 @@ func (fl *udpFlow) finish(rec connlog.Record) {
 		delete(fe.flows, fl.client)
 	}
 	fe.mu.Unlock()
-	fl.backend.Release()
-	f.m.activeUDP.Dec()
-	reason := closeReason(fl.reason.Load())
-	f.m.closes[reason].Inc()
-	rec.BytesIn, rec.BytesOut = fl.bytesIn.Load(), fl.bytesOut.Load()
-	f.m.bytesIn.Add(float64(rec.BytesIn))
-	f.m.bytesOut.Add(float64(rec.BytesOut))
-	rec.Duration = time.Since(fl.start)
-	rec.CloseReason = closeReasons[reason]
-	if f.cfg.ConnLog.Sampled(rec.ID) {
-		f.cfg.ConnLog.Log(&rec)
-	}
+	f.udpFlowDone(&rec, fl.backend, closeReason(fl.reason.Load()), fl.bytesIn.Load(), fl.bytesOut.Load(), fl.start)
 }

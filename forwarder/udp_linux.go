@@ -89,15 +89,19 @@ func (b *replyBatch) readFn(fd uintptr) bool {
 // socket for want of receive-buffer room (sk_drops, read with SO_MEMINFO:
 // the count SO_RXQ_OVFL would attach to the next datagram, available
 // without waiting for one).
-func socketDrops(raw syscall.RawConn) (uint32, bool) {
+func socketDrops(raw syscall.RawConn) (n uint32, ok bool) {
+	if raw.Control(func(fd uintptr) { n, ok = fdDrops(int(fd)) }) != nil {
+		return 0, false
+	}
+	return n, ok
+}
+
+// fdDrops is socketDrops for a raw descriptor.
+func fdDrops(fd int) (uint32, bool) {
 	const skMeminfoDrops = 8 // SK_MEMINFO_DROPS, linux/sock_diag.h (since 4.7)
 	var info [skMeminfoDrops + 1]uint32
-	var err error
 	l := uint32(unsafe.Sizeof(info))
-	cerr := raw.Control(func(fd uintptr) {
-		err = getsockopt(int(fd), unix.SOL_SOCKET, unix.SO_MEMINFO, unsafe.Pointer(&info), &l)
-	})
-	if cerr != nil || err != nil || l < uint32(unsafe.Sizeof(info)) {
+	if err := getsockopt(fd, unix.SOL_SOCKET, unix.SO_MEMINFO, unsafe.Pointer(&info), &l); err != nil || l < uint32(unsafe.Sizeof(info)) {
 		return 0, false
 	}
 	return info[skMeminfoDrops], true

@@ -359,3 +359,88 @@ func TestUDPBurstsKeepOrder(t *testing.T) {
 		t.Errorf("datagrams forwarded = %v, want %d", n, clients*burst)
 	}
 }
+
+// Two frontends served by one worker, their clients' datagrams interleaved
+// and the backend holding every answer until it has all the queries: the
+// replies reach the worker together, from the flows of both frontends, and
+// each must go out of the socket its client wrote to (a connected client
+// socket drops anything else), in order.
+func TestUDPFrontendsShareAWorker(t *testing.T) {
+	leakCheck(t)
+	fe1, fe2 := freeUDPFrontend(t), freeUDPFrontend(t)
+	const clients, burst = 6, 5 // a flow's replies fill part of a batch: the next flow's join them
+	be := startUDPGather(t, clients*burst)
+	h := newHarness(t, Config{Workers: 1}, udpService("one", fe1, be), udpService("two", fe2, be))
+	var conns []*net.UDPConn
+	for k := range clients {
+		fe := fe1
+		if k%2 == 1 {
+			fe = fe2
+		}
+		c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(fe))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns = append(conns, c)
+	}
+	for i := range burst {
+		for k, c := range conns {
+			if _, err := fmt.Fprintf(c, "%d-%d", k, i); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	buf := make([]byte, 100)
+	for k, c := range conns {
+		for i := range burst {
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			n, err := c.Read(buf)
+			if err != nil {
+				t.Fatalf("client %d, reply %d: %v", k, i, err)
+			}
+			if got, want := string(buf[:n]), fmt.Sprintf("%d-%d", k, i); got != want {
+				t.Fatalf("client %d: reply %q, want %q", k, got, want)
+			}
+		}
+	}
+	if n := testutil.ToFloat64(h.m.udpOut); n != clients*burst {
+		t.Errorf("replies sent = %v, want %d", n, clients*burst)
+	}
+}
+
+// startUDPGather starts a UDP backend that reads n datagrams and then
+// echoes them all back, in the order they came.
+func startUDPGather(t testing.TB, n int) netip.AddrPort {
+	t.Helper()
+	pc, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pc.SetReadBuffer(4 << 20); err != nil {
+		t.Fatal(err)
+	}
+	type dgram struct {
+		b    []byte
+		from netip.AddrPort
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var got []dgram
+		buf := make([]byte, 1<<16)
+		for len(got) < n {
+			k, from, err := pc.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			got = append(got, dgram{bytes.Clone(buf[:k]), from})
+		}
+		for _, d := range got {
+			_, _ = pc.WriteToUDPAddrPort(d.b, d.from)
+		}
+	}()
+	t.Cleanup(func() { pc.Close(); wg.Wait() })
+	return pc.LocalAddr().(*net.UDPAddr).AddrPort()
+}

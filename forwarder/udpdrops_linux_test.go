@@ -37,33 +37,35 @@ func TestUDPReceiveDrops(t *testing.T) {
 			if front == nil {
 				t.Fatalf("no UDP frontend socket for %v", fe)
 			}
-			raw, err := front.conn.SyscallConn()
+			file, err := front.file()
 			if err != nil {
 				t.Fatal(err)
 			}
 			var got int
-			_ = raw.Control(func(fd uintptr) { got, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF) })
+			if raw, err := file.SyscallConn(); err == nil { // not Fd(): it would make the shared socket blocking
+				_ = raw.Control(func(fd uintptr) { got, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF) })
+			}
+			file.Close()
 			if got < tc.buffer { // the kernel doubles what it is given
 				t.Errorf("SO_RCVBUF = %d, want at least %d", got, tc.buffer)
 			}
 
-			// Stall the frontend's reader: it takes front.mu for each new
-			// flow, so it stops after the first datagram and the rest
-			// queue in the socket's buffer.
+			// Stall the frontend's reader, so the burst queues in the
+			// socket's buffer.
 			c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(fe))
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer c.Close()
-			front.mu.Lock()
+			release := stallUDP(t, front)
 			payload := make([]byte, 1000)
 			for range tc.burst {
 				if _, err := c.Write(payload); err != nil {
-					front.mu.Unlock()
+					release()
 					t.Fatal(err)
 				}
 			}
-			front.mu.Unlock()
+			release()
 
 			count := func() float64 {
 				t.Helper()
@@ -95,4 +97,22 @@ func TestUDPReceiveDrops(t *testing.T) {
 			}
 		})
 	}
+}
+
+// stallUDP stops s from reading until release is called: the goroutine
+// path's reader takes its frontend's lock for each new flow, so it stops
+// after the first datagram; the event loop's worker is held in a task.
+func stallUDP(t *testing.T, s udpSocket) (release func()) {
+	switch s := s.(type) {
+	case *udpFrontend:
+		s.mu.Lock()
+		return s.mu.Unlock
+	case *loopUDP:
+		held, free := make(chan struct{}), make(chan struct{})
+		s.w.post(func(*worker) { close(held); <-free })
+		<-held
+		return func() { close(free) }
+	}
+	t.Fatalf("cannot stall a %T", s)
+	return nil
 }
