@@ -481,9 +481,14 @@ func (w *worker) udpFlush() {
 	b := w.udpTx
 	for sent := 0; sent < n; {
 		k, err := sysSendmmsg(fe.fd, b.hdrs[sent:n])
-		if err != nil {
+		if err == unix.EAGAIN { // the socket's send buffer is full: drop the rest, as the kernel would
 			w.log.Debug("sending UDP replies", zap.Stringer("frontend", fe.frontend), zap.Int("dropped", n-sent), zap.Error(err))
 			break
+		}
+		if err != nil { // this reply's own failure (its client unreachable, say): skip it, send the others
+			w.log.Debug("sending a UDP reply", zap.Stringer("frontend", fe.frontend), zap.Stringer("client", w.udpTxFlow[sent].client), zap.Error(err))
+			sent++
+			continue
 		}
 		for i := sent; i < sent+k; i++ {
 			fl := w.udpTxFlow[i]
