@@ -594,10 +594,13 @@ func (r *modeRound) perf(ctx context.Context) error {
 		}()
 		settle(ctx, 1500*time.Millisecond)
 		data := filepath.Join(r.c.Dir, "perf-"+load.name+".data")
-		args := []string{"record", "-q", "-F", "999", "-g", "-o", data}
+		var pids []string
 		for _, p := range r.pids() {
-			args = append(args, "-p", strconv.Itoa(p))
+			pids = append(pids, strconv.Itoa(p))
 		}
+		// One -p with a comma-separated list: perf keeps only the last of
+		// several -p options (nginx's profiles covered one worker).
+		args := []string{"record", "-q", "-F", "999", "-g", "-o", data, "-p", strings.Join(pids, ",")}
 		args = append(args, "--", "sleep", "3")
 		out, err := exec.CommandContext(ctx, r.e.Tools.Perf, args...).CombinedOutput()
 		if lerr := <-done; err == nil {
