@@ -41,6 +41,12 @@ import (
 //     shutdown: the same reasons, records and metrics as the goroutine
 //     path (udp.go).
 //
+// One frontend is one worker's: a single very busy UDP Service (cluster
+// DNS on a large node) is served by one core, as the goroutine path's
+// single reader per frontend was. SO_REUSEPORT sockets per worker would
+// spread it (the kernel keeps a client's datagrams on one socket, so its
+// flow stays on one worker); not done yet.
+//
 // Measured in a three-namespace rig joined by veths (dnsperf, 16 clients,
 // 200 queries outstanding, one dnsmasq behind; 3 interleaved turns of 5 s,
 // 2026-11-26), against nginx stream's UDP proxy configured as the bench's:
