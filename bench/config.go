@@ -33,7 +33,7 @@ type Config struct {
 	Note     string // free text for the head of results.md ("HEAD abc123, quiet machine")
 	Syscalls bool   // profile syscalls of each proxy (strace) in round 1
 	// Perf records a CPU profile of each proxy (perf record -g) during
-	// keep-alive and new-connection load in round 1, saved as
+	// keep-alive, new-connection, 1 MiB and DNS load in round 1, saved as
 	// perf-<mode>-<load>.txt with the results.
 	Perf bool
 	// IPVSVM runs svcproxy-ipvs inside a QEMU VM (this machine's kernel has

@@ -577,19 +577,29 @@ func (r *modeRound) syscalls(ctx context.Context) error {
 }
 
 // perf records a CPU profile of the proxy (perf record -g, 3 s) in the
-// middle of keep-alive, new-connection and 1 MiB load, and saves the
-// report.
+// middle of keep-alive, new-connection, 1 MiB and (where the mode proxies
+// UDP) DNS load, and saves the report.
 func (r *modeRound) perf(ctx context.Context) error {
 	client := r.c.Topo.Clients[0]
 	paths := r.c.paths()
+	dns, dnsOK := r.run.Targets[svcDNS]
+	dnsOK = dnsOK && r.e.Tools.Dnsperf != "" && r.e.Tools.Dnsmasq != ""
 	for _, load := range []struct {
 		name, path string
 		conns      int
 		closeEach  bool
-	}{{"keepalive", paths.small, 64, false}, {"connrate", paths.small, 64, true}, {"mib", paths.mib, 8, false}} {
+	}{{"keepalive", paths.small, 64, false}, {"connrate", paths.small, 64, true}, {"mib", paths.mib, 8, false}, {"udp", "", 0, false}} {
+		if load.name == "udp" && !dnsOK {
+			continue
+		}
 		done := make(chan error, 1)
 		go func() {
-			_, err := runHTTPLoad(ctx, r.e, client, r.run.Targets[svcHTTP], load.path, load.conns, 6*time.Second, load.closeEach)
+			var err error
+			if load.name == "udp" { // DNS as fast as answers come, as the udp test's peak
+				_, err = runDNSPerf(ctx, r.e, client, dns, 6*time.Second, 0)
+			} else {
+				_, err = runHTTPLoad(ctx, r.e, client, r.run.Targets[svcHTTP], load.path, load.conns, 6*time.Second, load.closeEach)
+			}
 			done <- err
 		}()
 		settle(ctx, 1500*time.Millisecond)
