@@ -320,7 +320,14 @@ func (t *Topology) AddNodeAddress(prefix netip.Prefix) error {
 	if t.closed {
 		return fmt.Errorf("topology: node address %s: topology closed", prefix)
 	}
-	if err := ipBatch(t.Node.NS, fmt.Sprintf("addr add %s dev lo\n", prefix)); err != nil {
+	// nodad: a new IPv6 address is tentative (binding it fails) until the
+	// kernel's duplicate-address work runs, even on lo where DAD is off;
+	// under load that can come after the caller binds.
+	nodad := ""
+	if prefix.Addr().Is6() {
+		nodad = " nodad"
+	}
+	if err := ipBatch(t.Node.NS, fmt.Sprintf("addr add %s dev lo%s\n", prefix, nodad)); err != nil {
 		return fmt.Errorf("topology: adding node address %s: %w", prefix, err)
 	}
 	return nil
