@@ -226,7 +226,7 @@ func (t *Topology) build() error {
 	// inside the node with the peer put straight into the host's namespace.
 	// IPv6 has no peer addresses: each host gets a route instead.
 	b.Reset()
-	fmt.Fprintf(&b, "link set lo up\naddr add %s/32 dev lo\naddr add %s/128 dev lo\n", NodeAddr, NodeAddr6)
+	fmt.Fprintf(&b, "link set lo up\naddr add %s/32 dev lo\naddr add %s/128 dev lo nodad\n", NodeAddr, NodeAddr6)
 	for _, h := range hosts[1:] {
 		fmt.Fprintf(&b, "link add %s type veth peer name %s netns %s\n", h.NodeLink, HostLink, h.NS)
 		fmt.Fprintf(&b, "addr add %s/32 peer %s/32 dev %s\n", NodeAddr, h.Addr, h.NodeLink)
