@@ -24,11 +24,7 @@ import (
 // copies them from the listener to every connection it accepts:
 // TCP_NODELAY and the keepalive settings (keepalive < 0: off).
 func listenSocket(addr netip.AddrPort, v6only bool, keepalive time.Duration) (int, error) {
-	family := unix.AF_INET
-	if addr.Addr().Is6() {
-		family = unix.AF_INET6
-	}
-	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	fd, err := newSocket(addr.Addr(), unix.SOCK_STREAM, 0)
 	if err != nil {
 		return -1, fmt.Errorf("creating socket: %w", err)
 	}
@@ -40,7 +36,7 @@ func listenSocket(addr netip.AddrPort, v6only bool, keepalive time.Duration) (in
 	switch {
 	case v6only:
 		opts = append(opts, sockopt{unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 1, "IPV6_V6ONLY"})
-	case family == unix.AF_INET6 && addr.Addr().IsUnspecified():
+	case addr.Addr().Is6() && addr.Addr().IsUnspecified():
 		opts = append(opts, sockopt{unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 0, "IPV6_V6ONLY"}) // dual-stack, as Go's "tcp"
 	}
 	opts = append(opts, keepaliveOpts(keepalive, true)...)
@@ -179,19 +175,9 @@ func setPort(p *uint16, port uint16) {
 // relay.keepalive). A nil error means the connect is under way (or done); its
 // outcome arrives as EPOLLOUT or EPOLLERR. sa4 and sa6 are scratch space.
 func connectSocket(a netip.AddrPort, mark int, sa4 *unix.RawSockaddrInet4, sa6 *unix.RawSockaddrInet6) (int, error) {
-	family := unix.AF_INET
-	if a.Addr().Is6() {
-		family = unix.AF_INET6
-	}
-	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	fd, err := newSocket(a.Addr(), unix.SOCK_STREAM, mark)
 	if err != nil {
 		return -1, err
-	}
-	if mark > 0 {
-		if err := sysSetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_MARK, mark); err != nil {
-			sysClose(fd)
-			return -1, err
-		}
 	}
 	if err := sysSetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
 		sysClose(fd)
@@ -199,7 +185,7 @@ func connectSocket(a netip.AddrPort, mark int, sa4 *unix.RawSockaddrInet4, sa6 *
 	}
 	var p unsafe.Pointer
 	var l uintptr
-	if family == unix.AF_INET {
+	if a.Addr().Is4() {
 		sa4.Family = unix.AF_INET
 		sa4.Addr = a.Addr().As4()
 		setPort(&sa4.Port, a.Port())
@@ -221,6 +207,27 @@ func connectSocket(a netip.AddrPort, mark int, sa4 *unix.RawSockaddrInet4, sa6 *
 		sysClose(fd)
 		return -1, e
 	}
+}
+
+// newSocket opens a non-blocking socket of typ (SOCK_STREAM, SOCK_DGRAM)
+// in a's family, with SO_MARK when mark > 0. Errors are the bare errno:
+// a dial's lands in the connection log as it is.
+func newSocket(a netip.Addr, typ, mark int) (int, error) {
+	family := unix.AF_INET
+	if a.Is6() {
+		family = unix.AF_INET6
+	}
+	fd, err := unix.Socket(family, typ|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	if mark > 0 {
+		if err := sysSetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_MARK, mark); err != nil {
+			sysClose(fd)
+			return -1, err
+		}
+	}
+	return fd, nil
 }
 
 // soError reads and clears fd's pending error.

@@ -107,20 +107,25 @@ func fdDrops(fd int) (uint32, bool) {
 	return info[skMeminfoDrops], true
 }
 
-// setReceiveBuffer sets pc's receive buffer to n bytes: SO_RCVBUFFORCE,
-// which may exceed net.core.rmem_max (CAP_NET_ADMIN), else SO_RCVBUF,
-// which the kernel caps there.
+// setReceiveBuffer sets pc's receive buffer to n bytes (fdReceiveBuffer).
 func setReceiveBuffer(pc *net.UDPConn, n int) error {
 	raw, err := pc.SyscallConn()
 	if err != nil {
 		return err
 	}
 	var serr error
-	if err := raw.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, n) }); err != nil {
+	if err := raw.Control(func(fd uintptr) { serr = fdReceiveBuffer(int(fd), n) }); err != nil {
 		return err
 	}
-	if serr == nil {
+	return serr
+}
+
+// fdReceiveBuffer sets fd's receive buffer to n bytes: SO_RCVBUFFORCE,
+// which may exceed net.core.rmem_max (CAP_NET_ADMIN), else SO_RCVBUF,
+// which the kernel caps there.
+func fdReceiveBuffer(fd, n int) error {
+	if sysSetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, n) == nil {
 		return nil
 	}
-	return pc.SetReadBuffer(n)
+	return sysSetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, n)
 }

@@ -142,22 +142,10 @@ func (b *udpBatchBufs) forRecv(from, to int, named, ctl bool) {
 	}
 }
 
-func sysRecvmmsg(fd int, hdrs []unix.Mmsghdr) (int, error) {
+// sysMmsg is recvmmsg or sendmmsg (trap) on fd, non-blocking.
+func sysMmsg(trap uintptr, fd int, hdrs []unix.Mmsghdr) (int, error) {
 	for {
-		n, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(hdrs))), uintptr(len(hdrs)), unix.MSG_DONTWAIT, 0, 0)
-		if e == unix.EINTR {
-			continue
-		}
-		if e != 0 {
-			return 0, e
-		}
-		return int(n), nil
-	}
-}
-
-func sysSendmmsg(fd int, hdrs []unix.Mmsghdr) (int, error) {
-	for {
-		n, _, e := unix.RawSyscall6(unix.SYS_SENDMMSG, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(hdrs))), uintptr(len(hdrs)), unix.MSG_DONTWAIT, 0, 0)
+		n, _, e := unix.RawSyscall6(trap, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(hdrs))), uintptr(len(hdrs)), unix.MSG_DONTWAIT, 0, 0)
 		if e == unix.EINTR {
 			continue
 		}
@@ -292,7 +280,7 @@ func (w *worker) udpRead(fe *loopUDP) {
 	var wall time.Time // read once per batch that opens a flow
 	for range udpRounds {
 		b.forRecv(0, udpBatch, true, fe.pktinfo)
-		n, err := sysRecvmmsg(fe.fd, b.hdrs[:])
+		n, err := sysMmsg(unix.SYS_RECVMMSG, fe.fd, b.hdrs[:])
 		if err != nil {
 			if err != unix.EAGAIN {
 				w.log.Debug("reading UDP frontend", zap.Stringer("frontend", fe.frontend), zap.Error(err))
@@ -383,30 +371,18 @@ func (w *worker) udpOpen(fe *loopUDP, client netip.AddrPort, name *unix.RawSocka
 	return fl
 }
 
-// dialUDP opens a non-blocking UDP socket connected to a, with SO_MARK and
-// the receive buffer the configuration asks for.
+// dialUDP opens a non-blocking UDP socket connected to a, with the mark
+// and receive buffer the configuration asks for.
 func (w *worker) dialUDP(a netip.AddrPort) (int, error) {
 	a = netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
-	family := unix.AF_INET
-	if a.Addr().Is6() {
-		family = unix.AF_INET6
-	}
-	fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	fd, err := newSocket(a.Addr(), unix.SOCK_DGRAM, w.f.cfg.Mark)
 	if err != nil {
-		return -1, fmt.Errorf("creating UDP socket: %w", err)
-	}
-	if m := w.f.cfg.Mark; m > 0 {
-		if err := sysSetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_MARK, m); err != nil {
-			sysClose(fd)
-			return -1, fmt.Errorf("setting SO_MARK %#x on UDP socket: %w", m, err)
-		}
+		return -1, fmt.Errorf("opening UDP socket (SO_MARK %#x): %w", w.f.cfg.Mark, err)
 	}
 	if n := w.f.cfg.UDPReceiveBuffer; n > 0 {
-		if sysSetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, n) != nil {
-			if err := sysSetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, n); err != nil {
-				sysClose(fd)
-				return -1, fmt.Errorf("setting a UDP flow's receive buffer: %w", err)
-			}
+		if err := fdReceiveBuffer(fd, n); err != nil {
+			sysClose(fd)
+			return -1, fmt.Errorf("setting a UDP flow's receive buffer: %w", err)
 		}
 	}
 	if err := unix.Connect(fd, sockaddr(a)); err != nil {
@@ -447,7 +423,7 @@ func (w *worker) udpReply(fl *loopFlow) {
 		}
 		from := w.udpTxN
 		b.forRecv(from, udpBatch, false, false)
-		n, err := sysRecvmmsg(fl.fd, b.hdrs[from:])
+		n, err := sysMmsg(unix.SYS_RECVMMSG, fl.fd, b.hdrs[from:])
 		if err != nil {
 			switch {
 			case err == unix.EAGAIN:
@@ -486,7 +462,7 @@ func (w *worker) udpFlush() {
 	}
 	b := w.udpTx
 	for sent := 0; sent < n; {
-		k, err := sysSendmmsg(fe.fd, b.hdrs[sent:n])
+		k, err := sysMmsg(unix.SYS_SENDMMSG, fe.fd, b.hdrs[sent:n])
 		if err == unix.EAGAIN { // the socket's send buffer is full: drop the rest, as the kernel would
 			w.log.Debug("sending UDP replies", zap.Stringer("frontend", fe.frontend), zap.Int("dropped", n-sent), zap.Error(err))
 			break

@@ -342,19 +342,7 @@ func TestUDPBurstsKeepOrder(t *testing.T) {
 			}
 		}
 	}
-	buf := make([]byte, 100)
-	for k, c := range conns {
-		for i := range burst {
-			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-			n, err := c.Read(buf)
-			if err != nil {
-				t.Fatalf("client %d, reply %d: %v", k, i, err)
-			}
-			if got, want := string(buf[:n]), fmt.Sprintf("a %d-%d", k, i); got != want {
-				t.Fatalf("client %d: reply %q, want %q (every datagram, in order)", k, got, want)
-			}
-		}
-	}
+	expectReplies(t, conns, burst, func(k, i int) string { return fmt.Sprintf("a %d-%d", k, i) })
 	if n := testutil.ToFloat64(h.m.udpIn); n != clients*burst {
 		t.Errorf("datagrams forwarded = %v, want %d", n, clients*burst)
 	}
@@ -391,6 +379,18 @@ func TestUDPFrontendsShareAWorker(t *testing.T) {
 			}
 		}
 	}
+	expectReplies(t, conns, burst, func(k, i int) string { return fmt.Sprintf("%d-%d", k, i) })
+	// Counted once the send returns, which can be after the client has
+	// the reply.
+	waitFor(t, fmt.Sprintf("%d replies counted as sent", clients*burst), func() bool {
+		return testutil.ToFloat64(h.m.udpOut) == clients*burst
+	})
+}
+
+// expectReplies reads burst replies on each of conns and checks that reply
+// i on conn k is want(k, i): every datagram, in order.
+func expectReplies(t *testing.T, conns []*net.UDPConn, burst int, want func(k, i int) string) {
+	t.Helper()
 	buf := make([]byte, 100)
 	for k, c := range conns {
 		for i := range burst {
@@ -399,16 +399,11 @@ func TestUDPFrontendsShareAWorker(t *testing.T) {
 			if err != nil {
 				t.Fatalf("client %d, reply %d: %v", k, i, err)
 			}
-			if got, want := string(buf[:n]), fmt.Sprintf("%d-%d", k, i); got != want {
-				t.Fatalf("client %d: reply %q, want %q", k, got, want)
+			if got, w := string(buf[:n]), want(k, i); got != w {
+				t.Fatalf("client %d: reply %q, want %q (every datagram, in order)", k, got, w)
 			}
 		}
 	}
-	// Counted once the send returns, which can be after the client has
-	// the reply.
-	waitFor(t, fmt.Sprintf("%d replies counted as sent", clients*burst), func() bool {
-		return testutil.ToFloat64(h.m.udpOut) == clients*burst
-	})
 }
 
 // startUDPGather starts a UDP backend that reads n datagrams and then
