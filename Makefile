@@ -51,6 +51,7 @@ test: test-deps
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 60m $(PKGS)
 	SVCPROXY_FORWARDER_ENGINE=goroutines $(GO) test -race -count=1 -timeout 10m ./forwarder/
+	SVCPROXY_FORWARDER_IO_URING=off $(GO) test -race -count=1 -timeout 10m ./forwarder/
 	$(MAKE) fuzz FUZZEXECS=10000
 	$(MAKE) test-kube
 

@@ -194,6 +194,10 @@ type Svcproxy struct {
 	// Offload moves established TCP connections' bytes in the kernel in
 	// the userspace mode: none (default) or sockmap.
 	Offload string `yaml:"offload"`
+	// IOUring lets the userspace mode's event loop move small messages in
+	// batches through io_uring: auto (default, where the kernel allows
+	// it) or off.
+	IOUring string `yaml:"ioUring"`
 	// MasterWorker runs a master process that keeps the sockets and
 	// restarts the serving process (the worker) when it dies; default off.
 	MasterWorker bool `yaml:"masterWorker"`
@@ -513,6 +517,9 @@ func (c *Config) problems() []error {
 	}
 	if s.Offload != "" && s.Offload != "none" && s.Offload != "sockmap" {
 		bad("svcproxy.offload", "want none or sockmap, got %q", s.Offload)
+	}
+	if s.IOUring != "" && s.IOUring != "auto" && s.IOUring != "off" {
+		bad("svcproxy.ioUring", "want auto or off, got %q", s.IOUring)
 	}
 	if _, err := lb.ParseAlgorithm(s.Algorithm); err != nil {
 		bad("svcproxy.algorithm", "%v", err)

@@ -120,10 +120,25 @@ type Config struct {
 	// close it.
 	Offloader Offloader
 
+	// IOUring says whether the event loop moves small messages in batches
+	// through io_uring (batch_linux.go): IOUringAuto (empty) where the
+	// kernel allows it, IOUringOff never. Where the kernel or a sandbox
+	// refuses io_uring, the reason is logged and the loop makes a read and
+	// a write per message. Offload turns it off.
+	IOUring IOUring
+
 	Logger  *zap.Logger  // nil: no logging
 	ConnLog *connlog.Log // nil: no connection log
 	Metrics *Metrics     // nil: metrics kept but not registered
 }
+
+// IOUring says whether the event loop may use io_uring (see Config.IOUring).
+type IOUring string
+
+const (
+	IOUringAuto IOUring = "auto"
+	IOUringOff  IOUring = "off"
+)
 
 // Engine names a TCP engine (see Config.Engine).
 type Engine string
@@ -157,6 +172,13 @@ func (c Config) withDefaults() (Config, error) {
 		}
 	default:
 		return c, fmt.Errorf("offload: want %q or %q, got %q", OffloadNone, OffloadSockmap, c.Offload)
+	}
+	switch c.IOUring {
+	case "":
+		c.IOUring = IOUringAuto
+	case IOUringAuto, IOUringOff:
+	default:
+		return c, fmt.Errorf("ioUring: want %q or %q, got %q", IOUringAuto, IOUringOff, c.IOUring)
 	}
 	if c.Workers < 0 {
 		return c, fmt.Errorf("workers: must not be negative, got %d", c.Workers)

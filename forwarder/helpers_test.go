@@ -146,11 +146,18 @@ type harness struct {
 // or SVCPROXY_FORWARDER_ENGINE (make test runs the package on both).
 var testEngine = Engine(os.Getenv("SVCPROXY_FORWARDER_ENGINE"))
 
+// testIOUring is the event loop's io_uring setting in tests: auto, or
+// SVCPROXY_FORWARDER_IO_URING (make test runs the package with it off too).
+var testIOUring = IOUring(os.Getenv("SVCPROXY_FORWARDER_IO_URING"))
+
 func newHarness(t testing.TB, cfg Config, services ...lb.Service) *harness {
 	t.Helper()
 	cfg.BindFrontends = true
 	if cfg.Engine == "" {
 		cfg.Engine = testEngine
+	}
+	if cfg.IOUring == "" {
+		cfg.IOUring = testIOUring
 	}
 	if cfg.Mark == 0 {
 		cfg.Mark = -1

@@ -128,11 +128,22 @@ func newLoopEngine(f *Forwarder) (*loopEngine, error) {
 	if f.cfg.Offload == OffloadSockmap {
 		e.startOffload()
 	}
+	uring := e.off == nil && f.cfg.IOUring == IOUringAuto
 	for i := 0; i < f.cfg.Workers; i++ {
 		w, err := newWorker(e, i)
 		if err != nil {
 			e.stop()
 			return nil, err
+		}
+		if uring {
+			if w.batch, err = newBatch(); err != nil {
+				// A kernel without io_uring, io_uring_disabled, or a seccomp
+				// profile that refuses it (container runtimes' defaults do).
+				f.log.Info("io_uring refused; the event loop makes a read and a write per message", zap.Error(err))
+				uring = false
+			} else {
+				f.m.IOUringWorkers.Inc()
+			}
 		}
 		e.workers = append(e.workers, w)
 		e.wg.Add(1)
@@ -243,6 +254,8 @@ type worker struct {
 	udpTxFlow [udpBatch]*loopFlow
 	udpAgain  []*loopUDP // frontends that used up a turn with datagrams maybe left
 
+	batch *batch // batched relay I/O (batch_linux.go); nil: a system call per message
+
 	rsa unix.RawSockaddrAny // accept's peer address
 	sa4 unix.RawSockaddrInet4
 	sa6 unix.RawSockaddrInet6
@@ -318,6 +331,10 @@ func (w *worker) run() {
 		if fe := w.fds[fd].ufe; fe != nil {
 			w.udpClose(fe)
 		}
+	}
+	if w.batch != nil {
+		w.batch.close()
+		w.f.m.IOUringWorkers.Dec()
 	}
 	w.file.Close()
 	unix.Close(w.evfd)
@@ -416,6 +433,9 @@ func (w *worker) dispatch(n int) {
 		case e.ufe != nil:
 			w.udpRead(e.ufe)
 		}
+	}
+	if w.batch != nil && len(w.batch.noted) > 0 {
+		w.runBatch()
 	}
 	w.udpFlush()
 }

@@ -20,6 +20,8 @@ type Metrics struct {
 	Datagrams       *prometheus.CounterVec // UDP, by direction
 	UDPDrops        *prometheus.CounterVec // UDP datagrams the kernel dropped at svcproxy's sockets, by socket
 	Offloaded       *prometheus.CounterVec // TCP connections handed to the kernel offload, by result
+	IOUringMessages prometheus.Counter     // TCP messages read and written in io_uring batches
+	IOUringWorkers  prometheus.Gauge       // event-loop workers batching through io_uring
 	Listeners       prometheus.Gauge
 	ListenErrors    prometheus.Counter
 	Draining        prometheus.Gauge
@@ -98,6 +100,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "UDP datagrams the kernel dropped because a socket's receive buffer was full, by socket: frontend (from clients) or reply (from backends). See --udp-receive-buffer."}, []string{"socket"}),
 		Offloaded: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "offloaded_connections_total",
 			Help: "TCP connections whose sockets were put into the kernel offload (--offload=sockmap), by result (ok; failed: left on the user-space path)."}, []string{"result"}),
+		IOUringMessages: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "io_uring_messages_total",
+			Help: "TCP messages read and written in io_uring batches (--io-uring); the rest took a read and a write each, or a splice."}),
+		IOUringWorkers: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "io_uring_workers",
+			Help: "Event-loop workers moving small messages in io_uring batches; 0 with --io-uring=auto: the kernel or a sandbox refused io_uring (the log says why)."}),
 		Listeners: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "listeners",
 			Help: "Listening sockets open."}),
 		ListenErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "listen_errors_total",
@@ -145,7 +151,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Connections, m.Active, m.DialAttempts, m.DialRetries, m.ConnectLatency, m.Bytes, m.Datagrams,
-			m.Closes, m.AcceptErrors, m.Offloaded, m.Listeners, m.ListenErrors, m.Draining, m.SnapshotVersion, m.LastApply, dropsCollector{m})
+			m.Closes, m.AcceptErrors, m.Offloaded, m.IOUringMessages, m.IOUringWorkers, m.Listeners, m.ListenErrors, m.Draining, m.SnapshotVersion, m.LastApply, dropsCollector{m})
 	}
 	return m
 }

@@ -102,6 +102,7 @@ type relay struct {
 	reason   closeReason
 	draining bool
 	queued   bool  // in the worker's later list
+	noted    bool  // in the worker's batch, to be pumped after the harvest
 	last     int64 // monotime bytes last moved
 
 	dialT, idleT, drainT, keepT timer
@@ -306,6 +307,10 @@ func (r *relay) event(upstream bool, ev uint32) {
 	}
 	if r.state == relayDialling {
 		r.dialEvent(upstream, ev)
+		return
+	}
+	if r.w.batch != nil {
+		r.w.note(r)
 		return
 	}
 	r.pump()

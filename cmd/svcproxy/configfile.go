@@ -58,6 +58,7 @@ func applyConfigFile(fs *flag.FlagSet, path string) (*config.Config, error) {
 		"max-conns-per-service": strconv.FormatInt(sp.MaxConnsPerService, 10),
 		"udp-receive-buffer":    strconv.Itoa(sp.UDPReceiveBuffer),
 		"offload":               sp.Offload,
+		"io-uring":              sp.IOUring,
 		"master-worker":         strconv.FormatBool(sp.MasterWorker),
 		"algorithm":             sp.Algorithm,
 		"conn-log":              sp.ConnLog,
@@ -136,7 +137,7 @@ func writeConfig(o *options, path string) error {
 	}
 	sp.MaxConns, sp.MaxConnsPerService = o.maxConns, o.maxConnsPerService
 	sp.UDPReceiveBuffer, sp.MasterWorker = o.udpReceiveBuffer, o.masterWorker
-	sp.Offload = string(o.offload)
+	sp.Offload, sp.IOUring = string(o.offload), string(o.ioUring)
 	sp.Algorithm = o.algorithm.String()
 	sp.ConnLog, sp.ConnLogSample, sp.Zone, sp.HandoverSocket = o.connLog, o.connLogSample, o.zone, o.handoverSocket
 	sp.ProxyName = o.proxyName

@@ -124,6 +124,7 @@ func newUserspace(o *options, reg prometheus.Registerer, log *zap.Logger, clog *
 			MaxConnsPerService: o.maxConnsPerService,
 			UDPReceiveBuffer:   o.udpReceiveBuffer,
 			Offload:            o.offload,
+			IOUring:            o.ioUring,
 			Logger:             log,
 			ConnLog:            clog,
 			UDPIdleTimeout:     o.udpIdleTimeout,

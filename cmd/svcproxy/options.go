@@ -74,6 +74,7 @@ type options struct {
 	maxConnsPerService int64
 	udpReceiveBuffer   int
 	offload            forwarder.Offload
+	ioUring            forwarder.IOUring
 	masterWorker       bool
 	algorithm          lb.Algorithm
 
@@ -279,7 +280,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 		iptSync, iptMinSync, ipvsSync, ipvsMinSync                                                                              *time.Duration
 		version                                                                                                                 *bool
 		qps                                                                                                                     *float64
-		loggingFormat, steeringBackend, offload                                                                                 *string
+		loggingFormat, steeringBackend, offload, ioUring                                                                        *string
 	)
 	secs.section("Configuration", false, func() {
 		configPath = fs.String("config", "", "a KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1, with an svcproxy: section); flags given on the command line win over it")
@@ -331,6 +332,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 		fs.Int64Var(&o.maxConnsPerService, "max-conns-per-service", 0, "cap on open connections per Service port; 0: none")
 		fs.BoolVar(&o.masterWorker, "master-worker", false, "run a master process that keeps the listening sockets and starts a new serving process (the worker) when it dies, so a crash queues new connections instead of refusing them (HAProxy's master-worker); needs --handover-socket; the master's PID goes to --pid-file, SIGUSR2 to it starts a new worker")
 		offload = fs.String("offload", string(forwarder.OffloadNone), "userspace mode: move established TCP connections' bytes in the kernel: none, or sockmap (a BPF sockmap; needs CAP_BPF and CAP_NET_ADMIN, falls back to none with a warning where the kernel refuses it)")
+		ioUring = fs.String("io-uring", string(forwarder.IOUringAuto), "userspace mode: move small messages in batches through io_uring, two system calls per batch instead of two per message: auto (where the kernel allows it; refused, it logs why and goes on without) or off")
 		fs.IntVar(&o.udpReceiveBuffer, "udp-receive-buffer", 0, "userspace mode: SO_RCVBUF of UDP frontend and flow sockets in bytes (past net.core.rmem_max with CAP_NET_ADMIN); 0: the kernel's default")
 		algorithm = fs.String("algorithm", "round-robin", "default picker: round-robin, random, least-conn or maglev")
 		fs.StringVar(&o.connLog, "conn-log", connlog.DefaultPath, "per-connection JSON log file; '-': stdout; empty: off")
@@ -454,6 +456,11 @@ func parseFlags(args []string, env environment) (*options, error) {
 	case forwarder.OffloadNone, forwarder.OffloadSockmap:
 	default:
 		return nil, fmt.Errorf("--offload: want %q or %q, got %q", forwarder.OffloadNone, forwarder.OffloadSockmap, *offload)
+	}
+	switch o.ioUring = forwarder.IOUring(*ioUring); o.ioUring {
+	case forwarder.IOUringAuto, forwarder.IOUringOff:
+	default:
+		return nil, fmt.Errorf("--io-uring: want %q or %q, got %q", forwarder.IOUringAuto, forwarder.IOUringOff, *ioUring)
 	}
 	if o.clusterCIDRs, err = parsePrefixes(*clusterCIDRs); err != nil {
 		return nil, fmt.Errorf("--cluster-cidr: %w", err)

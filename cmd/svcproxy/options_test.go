@@ -47,6 +47,7 @@ func TestParseFlags(t *testing.T) {
 		{"bad sample", []string{"--conn-log-sample=0"}, outsidePod, "--conn-log-sample"},
 		{"negative UDP receive buffer", []string{"--udp-receive-buffer=-1"}, outsidePod, "--udp-receive-buffer: must not be negative"},
 		{"unknown offload", []string{"--offload=xdp"}, outsidePod, `--offload: want "none" or "sockmap", got "xdp"`},
+		{"unknown io-uring", []string{"--io-uring=on"}, outsidePod, `--io-uring: want "auto" or "off", got "on"`},
 		{"min sync above sync", []string{"--sync-period=1s", "--min-sync-period=2s"}, outsidePod, "--min-sync-period"},
 		{"stray argument", []string{"extra"}, outsidePod, "unexpected argument"},
 		{"unknown flag", []string{"--bogus"}, outsidePod, "-bogus"},
@@ -146,6 +147,8 @@ func TestParseFlagsValues(t *testing.T) {
 		{"udp receive buffer", []string{"--udp-receive-buffer=4194304"}, outsidePod, func(o *options) bool { return o.udpReceiveBuffer == 4<<20 }},
 		{"offload default", nil, outsidePod, func(o *options) bool { return o.offload == forwarder.OffloadNone }},
 		{"offload sockmap", []string{"--offload=sockmap"}, outsidePod, func(o *options) bool { return o.offload == forwarder.OffloadSockmap }},
+		{"io-uring default", nil, outsidePod, func(o *options) bool { return o.ioUring == forwarder.IOUringAuto }},
+		{"io-uring off", []string{"--io-uring=off"}, outsidePod, func(o *options) bool { return o.ioUring == forwarder.IOUringOff }},
 		{"proxy name", []string{"--proxy-name=svcproxy-b"}, outsidePod, func(o *options) bool { return o.proxyName == "svcproxy-b" }},
 		{"init only", []string{"--init-only"}, outsidePod, func(o *options) bool { return o.initOnly }},
 		{"in a pod: the in-cluster config", nil, environment{inPod: true}, func(o *options) bool { return o.inCluster }},
@@ -247,7 +250,7 @@ ipvs: {scheduler: mh, strictARP: true}
 conntrack: {udpTimeout: 45s}
 clientConnection: {kubeconfig: /k, qps: 30, burst: 60, contentType: application/json}
 configSyncPeriod: 1m
-svcproxy: {proxyName: svcproxy-b, steeringBackend: nftables, offload: sockmap}
+svcproxy: {proxyName: svcproxy-b, steeringBackend: nftables, offload: sockmap, ioUring: "off"}
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -275,6 +278,7 @@ svcproxy: {proxyName: svcproxy-b, steeringBackend: nftables, offload: sockmap}
 		{"svcproxy.proxyName", o.proxyName == "svcproxy-b"},
 		{"svcproxy.steeringBackend", o.steeringBackend == redirect.BackendNFTables},
 		{"svcproxy.offload", o.offload == forwarder.OffloadSockmap},
+		{"svcproxy.ioUring", o.ioUring == forwarder.IOUringOff},
 		{"ipvs.strictARP warned", slices.ContainsFunc(o.warnings, func(w string) bool { return strings.HasPrefix(w, "--config "+path+": line 8: ipvs.strictARP") })},
 	} {
 		if !c.ok {
