@@ -182,6 +182,7 @@ func (w *worker) batchRead(tag uint64, res int32) {
 		return
 	case res == 0:
 		h.eof = true
+		r.passEOF(h, op.dst) // h holds nothing: batchable
 		return
 	}
 	n := int(res)
@@ -192,7 +193,18 @@ func (w *worker) batchRead(tag uint64, res int32) {
 		// the last of it.
 		src.readable = false
 		if src.rdhup {
+			// The last bytes go now, and the FIN right after them, as
+			// readIn and flow would do: batched, they would leave with
+			// the round's other writes and the FIN after the round, and a
+			// peer that reads them and closes in between would close
+			// first (with a connection per request, the client would
+			// collect the TIME_WAITs, and its connects slow down as its
+			// ports fill).
 			h.eof = true
+			if sent, _ := r.send(h, op.dst, b.slot(int(tag))[:n]); sent {
+				r.passEOF(h, op.dst)
+			}
+			return
 		}
 	}
 	op.n = n
@@ -222,15 +234,8 @@ func (w *worker) batchWritten(tag uint64, res int32) {
 	h.bytes += int64(m)
 	if m < op.n {
 		op.dst.writable = false
-		w.hold(h, w.batch.slot(int(tag))[m:op.n])
+		r.hold(h, w.batch.slot(int(tag))[m:op.n])
 	}
-}
-
-// hold keeps p, the bytes of h its sink did not take, in a borrowed buffer.
-func (w *worker) hold(h *half, p []byte) {
-	bp := bufferPool.Get().(*[]byte)
-	h.n = copy(*bp, p)
-	h.buf, h.off = bp, 0
 }
 
 // batchFailed gives the ring up: a write whose read ran but which did not
@@ -242,7 +247,7 @@ func (w *worker) batchFailed(err error) {
 	for i := range b.nops {
 		op := &b.ops[i]
 		if !op.ran && op.n > 0 && op.r.state == relayOpen {
-			w.hold(op.h, b.slot(i)[:op.n])
+			op.r.hold(op.h, b.slot(i)[:op.n])
 		}
 	}
 	b.close()

@@ -463,19 +463,7 @@ func (r *relay) flow(h *half, src, dst *side) bool {
 			if r.offOn && !r.offloadFlushed(h, dst) {
 				return true // the kernel's bytes first
 			}
-			// The sink's FIN: by shutdown while the other direction still
-			// flows, by the close that follows at once when it is done
-			// too (its source is drained, so close sends a FIN, not a
-			// reset).
-			if other := r.other(h); !other.done {
-				sysShutdownWrite(dst.fd)
-			}
-			h.done = true
-			if h == &r.in {
-				r.setReason(reasonClientEOF)
-			} else {
-				r.setReason(reasonBackendEOF)
-			}
+			r.passEOF(h, dst)
 			return true
 		}
 		if !src.readable {
@@ -502,6 +490,22 @@ func (r *relay) flow(h *half, src, dst *side) bool {
 		if !r.readIn(h, src, dst) {
 			return false
 		}
+	}
+}
+
+// passEOF gives dst, h's sink, its FIN once h's source has ended and
+// every byte is out: by shutdown while the other direction still flows,
+// by the close that follows at once when it is done too (its source is
+// drained, so close sends a FIN, not a reset).
+func (r *relay) passEOF(h *half, dst *side) {
+	if other := r.other(h); !other.done {
+		sysShutdownWrite(dst.fd)
+	}
+	h.done = true
+	if h == &r.in {
+		r.setReason(reasonClientEOF)
+	} else {
+		r.setReason(reasonBackendEOF)
 	}
 }
 
@@ -627,26 +631,38 @@ func (r *relay) readIn(h *half, src, dst *side) bool {
 	} else {
 		h.splicing = true // a full buffer: a bulk stream
 	}
-	off := 0
-	for off < n {
-		m, err := sysWrite(dst.fd, buf[off:n])
+	_, alive := r.send(h, dst, buf[:n])
+	return alive
+}
+
+// send writes p, bytes taken from h's source, to dst; what dst does not
+// take waits in a borrowed buffer. It reports whether all of p went, and
+// false for alive when the relay ended.
+func (r *relay) send(h *half, dst *side, p []byte) (sent, alive bool) {
+	for len(p) > 0 {
+		m, err := sysWrite(dst.fd, p)
 		switch {
 		case err == unix.EINTR:
 			continue
 		case err == unix.EAGAIN:
 			dst.writable = false
-			bp := bufferPool.Get().(*[]byte)
-			h.n = copy(*bp, buf[off:n])
-			h.buf, h.off = bp, 0
-			return true
+			r.hold(h, p)
+			return false, true
 		case err != nil:
 			r.fail(h, err)
-			return false
+			return false, false
 		}
-		off += m
+		p = p[m:]
 		h.bytes += int64(m)
 	}
-	return true
+	return true, true
+}
+
+// hold keeps p, bytes of h its sink did not take, in a borrowed buffer.
+func (r *relay) hold(h *half, p []byte) {
+	bp := bufferPool.Get().(*[]byte)
+	h.n = copy(*bp, p)
+	h.buf, h.off = bp, 0
 }
 
 // setReason records why the relay ends, if nothing has yet; it reports
