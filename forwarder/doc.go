@@ -43,8 +43,11 @@
 // deadlines live in the worker's timer heap, which sets the loop's wait.
 // Small messages pass through the worker's one read buffer; bulk streams
 // move with splice(2) through a pipe borrowed while bytes are in it; a
-// sink that cannot keep up holds its source unread until it drains. Idle
-// connections hold no buffer, no pipe and no goroutine stack. UDP
+// sink that cannot keep up holds its source unread until it drains. Where
+// the kernel allows io_uring (Config.IOUring), the small messages of every
+// connection one harvest found ready are read with one io_uring_enter and
+// written with another (batch_linux.go). Idle connections hold no buffer,
+// no pipe and no goroutine stack. UDP
 // frontends and their flows' sockets are spread over the same workers
 // (udp_loop_linux.go): recvmmsg from the frontend, a write per query, and
 // the replies of every flow the harvest found ready sent with one

@@ -81,6 +81,34 @@ import (
 // bytes is known from the event, so the relay half-closes without another
 // read.
 //
+// # Batching through io_uring
+//
+// With Config.IOUring (the default where the kernel allows it) a worker
+// does not read and write each message as epoll reports it: it notes the
+// connections the harvest found ready and then, in rounds of up to 64
+// halves, reads every ready half into a slot of its own with one
+// io_uring_enter and writes what it read with a second (batch_linux.go).
+// Two system calls per round instead of two per message; perf and strace
+// put the rest of the cost in the TCP stack either way. The operations
+// carry MSG_DONTWAIT on non-blocking sockets, so the kernel runs them
+// inline in the submit and never arms io_uring's own poll: readiness
+// stays epoll's, nothing completes later, and no task_work or kernel
+// thread is involved. Anything other than a small message between two idle
+// halves (bytes held back, a bulk stream, an end to pass on, an offloaded
+// connection) goes through the relay's pump as before, and the pump runs
+// after each round to finish what the round began.
+//
+// Measured first with a throwaway program (32 connected loopback TCP
+// pairs, a 1 KiB write on each then a read on each, CPU time per
+// operation, 3 turns): write(2)/read(2) 3.9–4.5 µs, io_uring batches of
+// 32 3.1–3.5 µs, batches of 8 3.4–3.9 µs against 4.0–4.3 µs — about
+// 0.7 µs less per operation, several times a bare system call's 0.19 µs on
+// this machine (the write path's file layers, and the mitigations' cost
+// at every kernel exit). In the keep-alive rig above (4 turns of 5 s, the
+// same binary with --io-uring=off, then on, then nginx stream): CPU per
+// request 15.3–18.5 µs against 20.4–27.1 µs without, and nginx's
+// 24.1–25.6 µs; context switches per request 0.15–0.31 against 0.37–0.47.
+//
 // # Why not gnet or cloudwego/netpoll
 //
 // Both run their own epoll loops in Go, but they own the sockets: neither
