@@ -251,6 +251,10 @@ func (w *worker) batchFailed(err error) {
 		}
 	}
 	b.close()
+	// An operation that did not complete before the ring was closed is
+	// cancelled by the kernel in its own time: its slot stays allocated
+	// for as long as the worker lives, never reused.
+	w.retired = b.slots
 	w.batch = nil
 	w.f.m.IOUringWorkers.Dec()
 }

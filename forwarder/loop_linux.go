@@ -282,7 +282,8 @@ type worker struct {
 	udpTxFlow [udpBatch]*loopFlow
 	udpAgain  []*loopUDP // frontends that used up a turn with datagrams maybe left
 
-	batch *batch // batched relay I/O (batch_linux.go); nil: a system call per message
+	batch   *batch // batched relay I/O (batch_linux.go); nil: a system call per message
+	retired []byte // the slots of a ring given up (batchFailed)
 
 	rsa unix.RawSockaddrAny // accept's peer address
 	sa4 unix.RawSockaddrInet4

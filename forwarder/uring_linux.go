@@ -137,9 +137,6 @@ func (u *uring) close() {
 	unix.Close(u.fd)
 }
 
-// space is how many more operations can be queued before a submit.
-func (u *uring) space() int { return len(u.sqes) - int(u.queued) }
-
 // queue prepares a send or receive of p on fd, tagged with tag. p must stay
 // alive and in place until submit returns.
 func (u *uring) queue(op uint8, fd int, p []byte, tag uint64) {
