@@ -115,16 +115,17 @@ func (w *worker) runBatch() {
 	if w.batch != nil {
 		w.batchRound()
 	}
-	for _, ref := range noted { // only when the ring failed part way
-		if ref.r.id == ref.id && ref.r.noted && ref.r.state == relayOpen {
-			ref.r.noted = false
-			ref.r.pump()
+	if w.batch == nil { // the ring failed part way: the rest is pumped
+		for _, ref := range noted {
+			if ref.r.id == ref.id && ref.r.noted && ref.r.state == relayOpen {
+				ref.r.noted = false
+				ref.r.pump()
+			}
 		}
+		return
 	}
 	clear(noted)
-	if w.batch != nil {
-		w.batch.noted = noted[:0]
-	}
+	w.batch.noted = noted[:0]
 }
 
 func (b *batch) add(r *relay, h *half, src, dst *side) {
