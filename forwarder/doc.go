@@ -60,7 +60,7 @@
 // tests (make test runs the package on both engines).
 //
 // With Config.Offload = OffloadSockmap (--offload=sockmap) an established
-// connection's sockets go into a BPF sockmap (package offload) and the
+// connection's sockets go into a BPF sockmap once it is 100 ms old (package offload) and the
 // kernel moves its bytes; the relay keeps its state machine for FIN, RST,
 // timeouts and the log (offload_linux.go). It is off by default: measured
 // slower than the event loop (see package offload).

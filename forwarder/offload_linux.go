@@ -10,9 +10,10 @@ import (
 
 // Offloaded relays
 //
-// With Config.Offload = OffloadSockmap, a relay whose backend connected and
-// whose halves hold no bytes (what the client sent while the backend was
-// dialled is written first) puts its two sockets into the offloader: from
+// With Config.Offload = OffloadSockmap, a relay whose backend connected
+// offloadAfter ago or more and whose halves hold no bytes (what the client
+// sent while the backend was dialled is written first) puts its two
+// sockets into the offloader the next time it moves bytes: from
 // then on the kernel sends what each receives out of the other, and the
 // relay sees no events for data. It stays in its worker as before and
 // still reacts to what reaches it:
@@ -35,6 +36,24 @@ import (
 //
 // A failed insertion (map full, a socket the kernel will not take) leaves
 // the relay on the user-space path and is counted.
+//
+// Why not at once: a connection per request gains nothing from the kernel
+// path (the insertion and removal cost more map updates than its few
+// messages save), and loses the order of its end. Offloaded, the backend's
+// response reaches the client from the kernel at once while its FIN waits
+// for the worker to see EPOLLRDHUP; a client that reads the response and
+// closes in between closes first and collects the TIME_WAIT. Measured
+// (2026-11-27, wrk, 64 connections each sending one request, the churn
+// rig): offloaded at once, the client held 14,000 TIME_WAITs after 6 s,
+// its connects slowed as they filled its ports, and the rate fell from
+// 4.4k to 700–890 connections/s; the bench's svcproxy-sockmap row showed
+// it in every full run (566–878/s in round 1, after the profile's churn).
+// A connection older than offloadAfter is one that carries more than a
+// request: it is offloaded at its next bytes.
+
+// offloadAfter is how long a relay is open before it may be offloaded
+// (see above); a variable for tests.
+var offloadAfter = 100 * time.Millisecond
 
 const (
 	offloadPoll    = 100 * time.Microsecond // a half waiting for the kernel's bytes looks again after this, doubling
@@ -62,13 +81,17 @@ func (e *loopEngine) startOffload() {
 }
 
 // maybeOffload inserts an open relay's sockets into the offloader once it
-// may: the halves hold nothing, neither has ended, and a Service with a
-// first-byte timeout has had its answer (the loop must see it). pump calls
+// may: it is offloadAfter old, the halves hold nothing, neither has ended,
+// and a Service with a first-byte timeout has had its answer (the loop
+// must see it). pump calls
 // it until offDone.
 func (r *relay) maybeOffload() {
 	if r.in.eof || r.out.eof || r.in.done || r.out.done {
 		r.offDone = true // half-closed already: little left to move
 		return
+	}
+	if r.w.now-r.opened < int64(offloadAfter) {
+		return // young: looked at again when it next moves bytes
 	}
 	if r.pool.Service.FirstByteTimeout > 0 && !r.answered {
 		return

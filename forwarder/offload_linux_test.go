@@ -48,7 +48,16 @@ func newOffloadHarness(t *testing.T, cfg Config, services ...lb.Service) *harnes
 		}
 	})
 	cfg.Engine, cfg.Offload, cfg.Offloader = EngineEventLoop, OffloadSockmap, s
+	offloadAt(t, 0)
 	return newHarness(t, cfg, services...)
+}
+
+// offloadAt sets offloadAfter to d until t ends; call it before starting
+// the forwarder.
+func offloadAt(t *testing.T, d time.Duration) {
+	old := offloadAfter
+	offloadAfter = d
+	t.Cleanup(func() { offloadAfter = old })
 }
 
 // offloaded is how many connections h's forwarder offloaded.
@@ -392,6 +401,7 @@ func TestOffloadFallback(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			leakCheck(t)
+			offloadAt(t, 0)
 			fe := freeFrontend(t)
 			be := startBackend(t, "fb", modeName)
 			h := newHarness(t, Config{Engine: EngineEventLoop, Offload: OffloadSockmap, Offloader: tc.fake}, service("fb", fe, be.addr))
@@ -411,6 +421,58 @@ func TestOffloadFallback(t *testing.T) {
 	}
 }
 
+// TestOffloadWaitsForAge: a connection younger than offloadAfter stays in
+// user space however many bytes it moves; one that is older is offloaded
+// when it next moves bytes, and one that is older but silent is not
+// offloaded until it does.
+func TestOffloadWaitsForAge(t *testing.T) {
+	if testEngine == EngineGoroutines {
+		t.Skip("offload runs on the event loop only")
+	}
+	leakCheck(t)
+	const age = 300 * time.Millisecond
+	offloadAt(t, age)
+	fe := freeFrontend(t)
+	be := startBackend(t, "echo", modeEcho)
+	fake := &offloadtest.Fake{}
+	h := newHarness(t, Config{Engine: EngineEventLoop, Offload: OffloadSockmap, Offloader: fake, Workers: 1}, service("echo", fe, be.addr))
+	echo := func(c net.Conn, msg string) {
+		t.Helper()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write([]byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, make([]byte, len(msg))); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	short := dial(t, fe)
+	for range 20 { // a connection per request and its first moments: many exchanges, young
+		echo(short, "ping")
+	}
+	short.Close()
+	old := dial(t, fe)
+	defer old.Close()
+	echo(old, "a")
+	start := time.Now()
+	time.Sleep(age + 100*time.Millisecond)
+	if got := h.offloaded(); got != 0 {
+		t.Fatalf("%v offloaded before any connection was %v old and moved bytes; want 0", got, age)
+	}
+	echo(old, "b") // old now: offloaded at these bytes
+	waitFor(t, "the old connection offloaded", func() bool { return h.offloaded() == 1 })
+	if time.Since(start) < age {
+		t.Fatalf("offloaded %v after its first bytes; want at least %v", time.Since(start), age)
+	}
+	echo(old, "c") // the fake moves nothing: user space still relays
+	old.Close()
+	h.settle()
+	if ins, rem, open := fake.Stats(); ins != 1 || rem != 1 || open != 0 {
+		t.Errorf("fake: %d inserted, %d removed, %d still in; want 1, 1, 0", ins, rem, open)
+	}
+}
+
 // TestPrivilegedOffloadHandover: restart under load. The predecessor
 // loads its own Sockmap (Config.Offload alone, the daemon's path); its
 // offloaded connection keeps flowing while it drains after handing its
@@ -426,6 +488,7 @@ func TestPrivilegedOffloadHandover(t *testing.T) {
 		s.Close()
 	}
 	leakCheck(t)
+	offloadAt(t, 0)
 	bpf0 := bpfFDs(t)
 	echo := startBackend(t, "echo", modeEcho)
 	fe := freeFrontend(t)

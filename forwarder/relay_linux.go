@@ -104,6 +104,7 @@ type relay struct {
 	queued   bool  // in the worker's later list
 	noted    bool  // in the worker's batch, to be pumped after the harvest
 	last     int64 // monotime bytes last moved
+	opened   int64 // monotime the backend connection opened
 
 	dialT, idleT, drainT, keepT timer
 	firstT                      timer // the Service's FirstByteTimeout, from the client's first bytes delivered
@@ -371,7 +372,7 @@ func (r *relay) connected() {
 	if !f.snap.Load().HasEndpoint(r.pool.Service.Name, b.Addr) {
 		r.startDrain()
 	}
-	r.last = w.now
+	r.last, r.opened = w.now, w.now
 	if idle := f.cfg.IdleTimeout; idle > 0 {
 		w.timers.set(&r.idleT, w.now+int64(idle))
 	}

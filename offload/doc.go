@@ -23,7 +23,10 @@
 // egress.
 //
 // The forwarder (forwarder/offload_linux.go) inserts a pair once the
-// backend is connected and the relay holds no bytes, removes it when the
+// backend connection is 100 ms old, at its next bytes, when the relay
+// holds none (a connection per request stays in user space: offloaded, its
+// FIN came after its bytes by another path and its client closed first),
+// removes it when the
 // relay finishes, and reads the counts for the connection log, the bytes
 // metric and idle detection. It asks New once at start: New is the
 // capability probe (map creation, program load, attach); an error is
