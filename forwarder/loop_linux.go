@@ -68,6 +68,19 @@ import (
 //     switches at every wait, where the runtime, before it blocks in the
 //     netpoller, spins briefly and often finds the next event first.
 //
+// Not parking at all was measured too (2026-11-27, io_uring on): when a
+// harvest comes back empty, one sched_yield and one more harvest before
+// parking, or more harvests for up to 20 µs. In the rig above both served
+// 10–19 % more keep-alive requests at a quarter less CPU per request (a
+// park and its wake cost more than the yield or the spin), but the bench
+// (4 rounds, against nginx stream and HAProxy in the same runs) put the
+// keep-alive p99 at 1.2–420× the better peer's (median 26×) with the
+// yield and 3–19× (median 13×) with the spin, where the parking loop is
+// at 0.8–1.2×: under EEVDF each yield pushes the thread's deadline a slice
+// later, and a spinning thread spends the slice the client and backend
+// need, so some connections wait tens to hundreds of milliseconds. Both
+// dropped.
+//
 // In the same rig, over 12 turns against nginx stream, svcproxy served
 // 0.93–1.24× its keep-alive requests (median 1.08×) at 0.75–1.10× its CPU
 // per request (median 0.88×); the bench, 10 rounds, says 1.02× and 0.94×.
