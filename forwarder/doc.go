@@ -59,10 +59,10 @@
 // per flow (udp.go): the same behaviour, slower, and run by the same
 // tests (make test runs the package on both engines).
 //
-// With Config.Offload = OffloadSockmap (--offload=sockmap) an established
-// connection's sockets go into a BPF sockmap once it is 100 ms old (package offload) and the
-// kernel moves its bytes; the relay keeps its state machine for FIN, RST,
-// timeouts and the log (offload_linux.go). It is off by default: measured
+// With Config.Offload = OffloadSockmap (--offload=sockmap) the sockets of a
+// connection 100 ms old or more go into a BPF sockmap (package offload) and
+// the kernel moves its bytes; the relay keeps its state machine for FIN,
+// RST, timeouts and the log (offload_linux.go). It is off by default: measured
 // slower than the event loop (see package offload).
 //
 // The connection log takes a copy of a fixed-size record; metrics children

@@ -83,8 +83,7 @@ func (e *loopEngine) startOffload() {
 // maybeOffload inserts an open relay's sockets into the offloader once it
 // may: it is offloadAfter old, the halves hold nothing, neither has ended,
 // and a Service with a first-byte timeout has had its answer (the loop
-// must see it). pump calls
-// it until offDone.
+// must see it). pump calls it until offDone.
 func (r *relay) maybeOffload() {
 	if r.in.eof || r.out.eof || r.in.done || r.out.done {
 		r.offDone = true // half-closed already: little left to move
