@@ -477,11 +477,13 @@ func (m svcproxyMode) ProgramServices(ctx context.Context, e *Env, c *Cluster, s
 		return nil, err
 	case by == "iptables":
 		if got, err := ipsetEntries(ctx, c, "svcproxy-svc-v4"); err != nil || got != n {
-			return nil, sp.fail(fmt.Errorf("after the first sync the ipset svcproxy-svc-v4 has %d members (%v), want %d", got, err, n))
+			return nil, sp.fail(fmt.Errorf("after the first sync the ipset svcproxy-svc-v4 has %d members (%v), want %d%s", got, err, n,
+				readAgain(func() (int, error) { return ipsetEntries(ctx, c, "svcproxy-svc-v4") })))
 		}
 	case by == "nftables":
 		if got, err := steeringFrontends(ctx, c); err != nil || got != n {
-			return nil, sp.fail(fmt.Errorf("after the first sync the map %s of table ip %s has %d elements (%v), want %d", steertable.SetFrontends, steeringTable, got, err, n))
+			return nil, sp.fail(fmt.Errorf("after the first sync the map %s of table ip %s has %d elements (%v), want %d%s", steertable.SetFrontends, steeringTable, got, err, n,
+				readAgain(func() (int, error) { return steeringFrontends(ctx, c) })))
 		}
 	}
 	res.Notes = append(res.Notes, "the services file is re-read and re-parsed whole on every change (SIGHUP); 'own' is store→rules live")
@@ -510,6 +512,19 @@ func (m svcproxyMode) ProgramServices(ctx context.Context, e *Env, c *Cluster, s
 		res.took(ch, applied.time().Sub(loaded.time()), applied.time().Sub(start))
 	}
 	return res, nil
+}
+
+// readAgain counts again, after a pause, what a check found short, and
+// says what it found: the same count points at the rules, the full count
+// at the first read (a dump that raced something) or at rules completed
+// after the log line. The check fails either way.
+func readAgain(count func() (int, error)) string {
+	time.Sleep(500 * time.Millisecond)
+	n, err := count()
+	if err != nil {
+		return fmt.Sprintf("; read again 0.5 s later: %v", err)
+	}
+	return fmt.Sprintf("; read again 0.5 s later: %d", n)
 }
 
 // live tells whether ev says a snapshot is programmed: the redirector's
