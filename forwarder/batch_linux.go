@@ -187,26 +187,17 @@ func (w *worker) batchRead(tag uint64, res int32) {
 		return
 	}
 	n := int(res)
-	r.last = w.now
-	h.turn += n
-	if n < batchSlotSize {
-		// The socket is empty now; with its FIN already queued, this was
-		// the last of it.
-		src.readable = false
-		if src.rdhup {
-			// The last bytes go now, and the FIN right after them, as
-			// readIn and flow would do: batched, they would leave with
-			// the round's other writes and the FIN after the round, and a
-			// peer that reads them and closes in between would close
-			// first (with a connection per request, the client would
-			// collect the TIME_WAITs, and its connects slow down as its
-			// ports fill).
-			h.eof = true
-			if sent, _ := r.send(h, op.dst, b.slot(int(tag))[:n]); sent {
-				r.passEOF(h, op.dst)
-			}
-			return
+	if r.took(h, src, n, batchSlotSize) && h.eof {
+		// The last bytes go now, and the FIN right after them, as readIn
+		// and flow would do: batched, they would leave with the round's
+		// other writes and the FIN after the round, and a peer that reads
+		// them and closes in between would close first (with a connection
+		// per request, the client would collect the TIME_WAITs, and its
+		// connects slow down as its ports fill).
+		if sent, _ := r.send(h, op.dst, b.slot(int(tag))[:n]); sent {
+			r.passEOF(h, op.dst)
 		}
+		return
 	}
 	op.n = n
 	op.ran = false

@@ -620,20 +620,28 @@ func (r *relay) readIn(h *half, src, dst *side) bool {
 		h.eof = true
 		return true
 	}
-	r.last = r.w.now
-	h.turn += n
-	if n < len(buf) {
-		// The socket is empty now; with its FIN already queued, this was
-		// the last of it: no read to see EOF.
-		src.readable = false
-		if src.rdhup {
-			h.eof = true
-		}
-	} else {
+	if !r.took(h, src, n, len(buf)) {
 		h.splicing = true // a full buffer: a bulk stream
 	}
 	_, alive := r.send(h, dst, buf[:n])
 	return alive
+}
+
+// took accounts n bytes just read from src into a buffer of size for h,
+// and reports whether they emptied the socket (a short read). With src's
+// FIN already queued they were the last of it: h ends with them, and no
+// read is spent to see EOF.
+func (r *relay) took(h *half, src *side, n, size int) (emptied bool) {
+	r.last = r.w.now
+	h.turn += n
+	if n == size {
+		return false
+	}
+	src.readable = false
+	if src.rdhup {
+		h.eof = true
+	}
+	return true
 }
 
 // send writes p, bytes taken from h's source, to dst; what dst does not
