@@ -30,7 +30,26 @@ import (
 // (EPOLLOUT): an idle connection holds neither buffer nor pipe. A half
 // whose source ends (a read of 0, or a short read after EPOLLRDHUP) shuts
 // its sink's write side once its bytes are out: half-close passes through
-// in both orders. The relay closes when both halves are done, or at once
+// in both orders. The relay relies on what it knows comes next to spare
+// segments, each of which costs a transmit and a receive (on veth, both
+// on the sender's CPU time):
+//
+//   - The client's first bytes are read as it is accepted (readFirst):
+//     most clients speak first, and theirs are there by then. With bytes
+//     in hand the dial turns TCP_QUICKACK off, so the handshake's last ACK
+//     waits for them and leaves in their segment. Without, the dial is
+//     ordinary: a server that speaks first must not wait for an ACK held
+//     for bytes that never come (the kernel's bound is 200 ms).
+//   - When a source's FIN came with its last bytes, they are written with
+//     MSG_MORE, and the shutdown or close right after puts the FIN in
+//     their segment instead of one of its own.
+//
+// Measured with a connection per request (wrk, 64 connections, 1 KiB
+// responses, client, node and backend namespaces on veths): segments
+// through the node per connection 19.0 → 18.0 (the FIN) → 17.3 (the ACK,
+// 73 % of connections had their bytes in hand at accept); in 4 turns
+// against the build before, 0.5–17 % more connections/s (median 8.6 %) at
+// 1–16 % less CPU each (median 7 %). The relay closes when both halves are done, or at once
 // on an error, which it passes on as a reset.
 
 type relayState uint8
@@ -194,6 +213,7 @@ func (w *worker) open(ln *loopListener, fd int) {
 		r.reject("limit")
 		return
 	}
+	r.readFirst()
 	if err := w.register(fd, fdEntry{r: r}, unix.EPOLLIN|unix.EPOLLOUT|unix.EPOLLRDHUP|unix.EPOLLET); err != nil {
 		w.log.Warn("cannot watch a client connection", zap.Error(err))
 		f.unadmit(pool)
@@ -202,6 +222,22 @@ func (w *worker) open(ln *loopListener, fd int) {
 		return
 	}
 	r.dial(start)
+}
+
+// readFirst reads what the client sent with its connection, before it is
+// registered (so epoll reports no bytes already taken). Most clients speak
+// first, and their first bytes are there by the time the connection is
+// accepted: held, they let the dial send the handshake's last ACK with
+// them (see dial). A client that sent nothing costs one read that says
+// EAGAIN; an end or an error is left for the events to report.
+func (r *relay) readFirst() {
+	buf := r.w.buf
+	n, err := sysRead(r.client.fd, buf)
+	if err != nil || n == 0 {
+		return
+	}
+	r.took(&r.in, &r.client, n, len(buf))
+	r.hold(&r.in, buf[:n])
 }
 
 // dial starts the next attempt, each to a backend not tried yet, until one
@@ -221,9 +257,15 @@ func (r *relay) dial(now time.Time) {
 		r.attempt++
 		r.backend = b
 		r.dialFrom = monotime()
-		fd, err := connectSocket(b.Addr, f.cfg.Mark, &w.sa4, &w.sa6)
+		// With the client's first bytes in hand, the handshake's last
+		// ACK waits for them (TCP_QUICKACK off until connected) and they
+		// leave together as soon as the connect completes: one segment
+		// less. Never without them: a server that speaks first would
+		// wait for that ACK up to the kernel's 200 ms delayed-ACK bound.
+		smart := r.in.buf != nil
+		fd, err := connectSocket(b.Addr, f.cfg.Mark, smart, &w.sa4, &w.sa6)
 		if isFDLimit(err) && shedPipes() > 0 { // idle splice pipes hold descriptors
-			fd, err = connectSocket(b.Addr, f.cfg.Mark, &w.sa4, &w.sa6)
+			fd, err = connectSocket(b.Addr, f.cfg.Mark, smart, &w.sa4, &w.sa6)
 		}
 		if err == nil {
 			if err = w.register(fd, fdEntry{r: r, upstream: true}, unix.EPOLLIN|unix.EPOLLOUT|unix.EPOLLRDHUP|unix.EPOLLET); err != nil {
@@ -320,8 +362,10 @@ func (r *relay) event(upstream bool, ev uint32) {
 func (r *relay) dialEvent(upstream bool, ev uint32) {
 	if !upstream {
 		// The client may send before the backend answers; that waits. But
-		// a client that left cancels the dial.
-		if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 && peerGone(r.client.fd) {
+		// a client that left cancels the dial; one whose first bytes are
+		// held (readFirst) has only half-closed after them, as one that
+		// left bytes to read.
+		if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 && r.in.buf == nil && peerGone(r.client.fd) {
 			w, f := r.w, r.w.f
 			w.timers.stop(&r.dialT)
 			w.closeFD(r.up.fd)
@@ -521,7 +565,7 @@ func (r *relay) flushHeld(h *half, dst *side) (empty, alive bool) {
 		case h.p != nil && h.p.data > 0:
 			m, err = sysSplice(h.p.r, dst.fd, h.p.data)
 		case h.buf != nil && h.off < h.n:
-			m, err = sysWrite(dst.fd, (*h.buf)[h.off:h.n])
+			m, err = r.write(h, dst, (*h.buf)[h.off:h.n])
 		default:
 			if h.p != nil {
 				putPipe(h.p)
@@ -649,7 +693,7 @@ func (r *relay) took(h *half, src *side, n, size int) (emptied bool) {
 // false for alive when the relay ended.
 func (r *relay) send(h *half, dst *side, p []byte) (sent, alive bool) {
 	for len(p) > 0 {
-		m, err := sysWrite(dst.fd, p)
+		m, err := r.write(h, dst, p)
 		switch {
 		case err == unix.EINTR:
 			continue
@@ -665,6 +709,17 @@ func (r *relay) send(h *half, dst *side, p []byte) (sent, alive bool) {
 		h.bytes += int64(m)
 	}
 	return true, true
+}
+
+// write writes p, h's bytes, to dst. When h's source has ended they are
+// its last, and passEOF sends the FIN right after (flow, batchRead): they
+// go with MSG_MORE so that the FIN leaves in the same segment. Not while
+// offloaded bytes may still be in the kernel: the FIN waits for those.
+func (r *relay) write(h *half, dst *side, p []byte) (int, error) {
+	if h.eof && !r.offOn {
+		return sysWriteLast(dst.fd, p)
+	}
+	return sysWrite(dst.fd, p)
 }
 
 // hold keeps p, bytes of h its sink did not take, in a borrowed buffer.
@@ -789,6 +844,9 @@ func (r *relay) finish() {
 // reject resets the client: a prompt RST, never a hang. The caller has
 // undone admission.
 func (r *relay) reject(why string) {
+	if r.in.buf != nil { // the client's first bytes (readFirst)
+		bufferPool.Put(r.in.buf)
+	}
 	linger0(r.client.fd)
 	r.w.closeFD(r.client.fd)
 	r.rec.Failed = true

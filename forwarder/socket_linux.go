@@ -172,9 +172,11 @@ func setPort(p *uint16, port uint16) {
 
 // connectSocket starts a non-blocking connect to a from a new socket with
 // SO_MARK (mark > 0) and TCP_NODELAY (keepalive comes later, see
-// relay.keepalive). A nil error means the connect is under way (or done); its
-// outcome arrives as EPOLLOUT or EPOLLERR. sa4 and sa6 are scratch space.
-func connectSocket(a netip.AddrPort, mark int, sa4 *unix.RawSockaddrInet4, sa6 *unix.RawSockaddrInet6) (int, error) {
+// relay.keepalive), and with holdACK the handshake's last ACK held back for
+// the first bytes written. A nil error means the connect is under way (or
+// done); its outcome arrives as EPOLLOUT or EPOLLERR. sa4 and sa6 are
+// scratch space.
+func connectSocket(a netip.AddrPort, mark int, holdACK bool, sa4 *unix.RawSockaddrInet4, sa6 *unix.RawSockaddrInet6) (int, error) {
 	fd, err := newSocket(a.Addr(), unix.SOCK_STREAM, mark)
 	if err != nil {
 		return -1, err
@@ -182,6 +184,14 @@ func connectSocket(a netip.AddrPort, mark int, sa4 *unix.RawSockaddrInet4, sa6 *
 	if err := sysSetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
 		sysClose(fd)
 		return -1, err
+	}
+	if holdACK {
+		// Delayed-ACK mode: the SYN-ACK's ACK waits for the first bytes
+		// written (the kernel leaves the mode once connected).
+		if err := sysSetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_QUICKACK, 0); err != nil {
+			sysClose(fd)
+			return -1, err
+		}
 	}
 	var p unsafe.Pointer
 	var l uintptr
@@ -272,6 +282,19 @@ func sysRead(fd int, p []byte) (int, error) {
 
 func sysWrite(fd int, p []byte) (int, error) {
 	n, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
+	if e != 0 {
+		return 0, e
+	}
+	return int(n), nil
+}
+
+// sysWriteLast writes p, the last bytes before a FIN that follows at once,
+// with MSG_MORE: the kernel holds the tail it would have sent on its own,
+// and the shutdown or close that follows sends it with the FIN in one
+// segment. Nothing waits on it: with bytes still in flight, the ACKs that
+// come back push the tail as they would any other.
+func sysWriteLast(fd int, p []byte) (int, error) {
+	n, _, e := unix.RawSyscall6(unix.SYS_SENDTO, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)), unix.MSG_MORE, 0, 0)
 	if e != 0 {
 		return 0, e
 	}
