@@ -46,7 +46,9 @@
 // sink that cannot keep up holds its source unread until it drains. Where
 // the proxy knows what comes next it saves a segment: the first bytes of a
 // client that speaks first ride with the backend handshake's last ACK, and
-// a source's last bytes leave with the FIN that follows them. Where
+// a source's last bytes leave with the FIN that follows them; a spliced
+// source that runs dry sends the ACK the kernel held back at once, not
+// 20–40 ms later from the delayed-ACK timer. Where
 // the kernel allows io_uring (Config.IOUring), the small messages of every
 // connection one harvest found ready are read with one io_uring_enter and
 // written with another (batch_linux.go). Idle connections hold no buffer,

@@ -53,6 +53,17 @@ import (
 // 73 % of connections had their bytes in hand at accept); in 4 turns
 // against the build before, 0.5–17 % more connections/s (median 8.6 %) at
 // 1–16 % less CPU each (median 7 %).
+//
+// A spliced source that runs dry (EAGAIN after bytes) is told to send the
+// ACK it holds back, at once (ackNow). Read by splice while more kept
+// arriving, a socket does not acknowledge at the read, and a sender that
+// then waits on that ACK, as at the end of every response, waits for the
+// delayed-ACK timer: 20–40 ms. Measured in the same rig with 1 MiB
+// responses over 8 keep-alive connections, 3 turns: 2,160–2,330
+// transfers/s against 1,690–1,850 without (HAProxy 1,780–1,880), the p99
+// 19–29 ms against 58 ms; one setsockopt per drain, and bulk streams
+// unchanged within the rig's noise. Setting it after every splice instead
+// cost bulk 5–15 % of its throughput.
 
 type relayState uint8
 
@@ -90,6 +101,7 @@ type half struct {
 	buf      *[]byte // buffered bytes not yet written: (*buf)[off:n]
 	off, n   int
 	splicing bool // the direction looks like bulk
+	unacked  bool // bytes spliced from the source since it last said EAGAIN
 	small    int  // small spliced chunks in a row
 	turn     int  // bytes read in this turn (see turnBudget)
 	eof      bool // the source ended; shut the sink once the bytes are out
@@ -615,6 +627,10 @@ func (r *relay) spliceIn(h *half, p *pipe, src *side) bool {
 		case err == unix.EAGAIN:
 			src.readable = false
 			putPipe(p)
+			if h.unacked {
+				h.unacked = false
+				ackNow(src.fd)
+			}
 			return true
 		case err != nil:
 			putPipe(p)
@@ -631,6 +647,7 @@ func (r *relay) spliceIn(h *half, p *pipe, src *side) bool {
 		h.turn += m
 		p.data = m
 		h.p = p
+		h.unacked = true
 		if m < smallChunk {
 			if h.small++; h.small >= smallRun {
 				h.splicing, h.small = false, 0

@@ -254,3 +254,113 @@ func readLine(c net.Conn) (string, error) {
 		}
 	}
 }
+
+// TestDrainedSourceAckedAtOnce: bytes the proxy spliced from a backend
+// are acknowledged as soon as it has drained the backend's socket, not
+// when the kernel's delayed-ACK timer fires (20–40 ms later): a sender
+// waiting on that ACK, as at the end of every response, would stall for
+// as long. Under load the kernel holds such ACKs back whenever the proxy
+// reads later than bytes arrive; here the proxy's backend socket is put in
+// delayed-ACK mode (TCP_QUICKACK off) to hold them back every time.
+func TestDrainedSourceAckedAtOnce(t *testing.T) {
+	if testEngine == EngineGoroutines {
+		t.Skip("the goroutine engine's splice is Go's own")
+	}
+	leakCheck(t)
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	fe := freeFrontend(t)
+	h := newHarness(t, Config{}, service("bulk", fe, ln.Addr().(*net.TCPAddr).AddrPort()))
+	unacked := func(c *net.TCPConn) (uint32, error) {
+		rc, err := c.SyscallConn()
+		if err != nil {
+			return 0, err
+		}
+		var info *unix.TCPInfo
+		if cerr := rc.Control(func(fd uintptr) { info, err = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); cerr != nil {
+			return 0, cerr
+		}
+		if err != nil {
+			return 0, err
+		}
+		return info.Unacked, nil
+	}
+	// delayACKs puts the backend socket of every open relay in delayed-ACK
+	// mode, and reports whether the relay splices what the backend sends.
+	delayACKs := func() (splicing bool) {
+		for _, w := range h.fwd.tcp.(*loopEngine).workers {
+			done := make(chan struct{})
+			w.post(func(w *worker) {
+				defer close(done)
+				for _, r := range w.relays {
+					if r.state == relayOpen {
+						splicing = r.out.splicing
+						_ = unix.SetsockoptInt(r.up.fd, unix.IPPROTO_TCP, unix.TCP_QUICKACK, 0)
+					}
+				}
+			})
+			<-done
+		}
+		return splicing
+	}
+	// Three connections, two of which must be acknowledged within 10 ms
+	// (microseconds, unless the machine is very busy); the timer takes
+	// 20–40 ms.
+	var waits []time.Duration
+	for range 3 {
+		c := dial(t, fe)
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		_ = ln.SetDeadline(time.Now().Add(5 * time.Second))
+		b, err := ln.AcceptTCP()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = b.SetDeadline(time.Now().Add(10 * time.Second))
+		// A bulk start: the proxy splices from here on.
+		const bulk = 1 << 20
+		go func() { _, _ = b.Write(make([]byte, bulk)) }()
+		if _, err := io.CopyN(io.Discard, c, bulk); err != nil {
+			t.Fatalf("client reading: %v", err)
+		}
+		if !delayACKs() {
+			t.Fatal("the relay does not splice after 1 MiB from the backend")
+		}
+		// The end of a response, spliced, then nothing.
+		if _, err := b.Write(make([]byte, 1000)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.CopyN(io.Discard, c, 1000); err != nil {
+			t.Fatalf("client reading: %v", err)
+		}
+		got := time.Now()
+		for {
+			n, err := unacked(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 {
+				break
+			}
+			if time.Since(got) > 2*time.Second {
+				t.Fatalf("backend still has %d segments unacknowledged 2 s after the client read everything", n)
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		waits = append(waits, time.Since(got))
+		b.Close()
+		c.Close()
+	}
+	fast := 0
+	for _, w := range waits {
+		if w < 10*time.Millisecond {
+			fast++
+		}
+	}
+	t.Logf("acknowledged %v after the client read the last byte", waits)
+	if fast < 2 {
+		t.Errorf("the backend's last bytes were acknowledged %v after the client read them: the delayed-ACK timer's wait, not the drain's", waits)
+	}
+}

@@ -301,6 +301,14 @@ func sysWriteLast(fd int, p []byte) (int, error) {
 	return int(n), nil
 }
 
+// ackNow sends the ACK the kernel holds back for fd, if any, at once
+// (TCP_QUICKACK: the mode lasts a few segments, the flush is what counts).
+// A socket read by splice whose queue held more than it took does not ACK
+// at the read; when the sender then waits on that ACK (its window or
+// congestion window full, as at the end of every response), it comes
+// from the delayed-ACK timer, 20–40 ms later.
+func ackNow(fd int) { _ = sysSetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_QUICKACK, 1) }
+
 func sysSplice(in, out, n int) (int, error) {
 	m, _, e := unix.RawSyscall6(unix.SYS_SPLICE, uintptr(in), 0, uintptr(out), 0, uintptr(n), unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
 	if e != 0 {
