@@ -37,12 +37,14 @@ import (
 // which costs a transmit and a receive (on veth, both on the sender's CPU
 // time):
 //
-//   - The client's first bytes are read as it is accepted (readFirst):
-//     most clients speak first, and theirs are there by then. With bytes
-//     in hand the dial turns TCP_QUICKACK off, so the handshake's last ACK
-//     waits for them and leaves in their segment. Without, the dial is
-//     ordinary: a server that speaks first must not wait for an ACK held
-//     for bytes that never come (the kernel's bound is 200 ms).
+//   - As it is accepted, the client is asked whether it has sent bytes
+//     (clientSpoke: a one-byte MSG_PEEK; they stay in its socket, so a
+//     dial that waits holds no buffer). Most clients speak first, and
+//     theirs are there by then. When they are, the dial turns TCP_QUICKACK
+//     off, so the handshake's last ACK waits for them and leaves in their
+//     segment. Otherwise the dial is ordinary: a server that speaks first
+//     must not wait for an ACK held for bytes that never come (the
+//     kernel's bound is 200 ms).
 //   - When a source's FIN came with its last bytes, they are written with
 //     MSG_MORE, and the shutdown or close right after puts the FIN in
 //     their segment instead of one of its own.
@@ -129,6 +131,7 @@ type relay struct {
 	tried    lb.Tried
 	attempt  int   // attempts started
 	dialFrom int64 // monotime the current attempt started
+	spoke    bool  // the client had sent bytes when accepted (clientSpoke)
 	clientIP netip.Addr
 	ln       *loopListener // where it was accepted
 
@@ -227,7 +230,7 @@ func (w *worker) open(ln *loopListener, fd int) {
 		r.reject("limit")
 		return
 	}
-	r.readFirst()
+	r.spoke = clientSpoke(fd, w.buf)
 	if err := w.register(fd, fdEntry{r: r}, unix.EPOLLIN|unix.EPOLLOUT|unix.EPOLLRDHUP|unix.EPOLLET); err != nil {
 		w.log.Warn("cannot watch a client connection", zap.Error(err))
 		f.unadmit(pool)
@@ -236,22 +239,6 @@ func (w *worker) open(ln *loopListener, fd int) {
 		return
 	}
 	r.dial(start)
-}
-
-// readFirst reads what the client sent with its connection, before it is
-// registered (so epoll reports no bytes already taken). Most clients speak
-// first, and their first bytes are there by the time the connection is
-// accepted: held, they let the dial send the handshake's last ACK with
-// them (see dial). A client that sent nothing costs one read that says
-// EAGAIN; an end or an error is left for the events to report.
-func (r *relay) readFirst() {
-	buf := r.w.buf
-	n, err := sysRead(r.client.fd, buf)
-	if err != nil || n == 0 {
-		return
-	}
-	r.took(&r.in, &r.client, n, len(buf))
-	r.hold(&r.in, buf[:n])
 }
 
 // dial starts the next attempt, each to a backend not tried yet, until one
@@ -271,15 +258,14 @@ func (r *relay) dial(now time.Time) {
 		r.attempt++
 		r.backend = b
 		r.dialFrom = monotime()
-		// With the client's first bytes in hand, the handshake's last
-		// ACK waits for them (TCP_QUICKACK off until connected) and they
-		// leave together as soon as the connect completes: one segment
-		// less. Never without them: a server that speaks first would
-		// wait for that ACK up to the kernel's 200 ms delayed-ACK bound.
-		smart := r.in.buf != nil
-		fd, err := connectSocket(b.Addr, f.cfg.Mark, smart, &w.sa4, &w.sa6)
+		// When the client has spoken, the handshake's last ACK waits
+		// for its bytes (TCP_QUICKACK off until connected), which leave
+		// as soon as the connect completes: one segment less. Never
+		// otherwise: a server that speaks first would wait for that ACK
+		// up to the kernel's 200 ms delayed-ACK bound.
+		fd, err := connectSocket(b.Addr, f.cfg.Mark, r.spoke, &w.sa4, &w.sa6)
 		if isFDLimit(err) && shedPipes() > 0 { // idle splice pipes hold descriptors
-			fd, err = connectSocket(b.Addr, f.cfg.Mark, smart, &w.sa4, &w.sa6)
+			fd, err = connectSocket(b.Addr, f.cfg.Mark, r.spoke, &w.sa4, &w.sa6)
 		}
 		if err == nil {
 			if err = w.register(fd, fdEntry{r: r, upstream: true}, unix.EPOLLIN|unix.EPOLLOUT|unix.EPOLLRDHUP|unix.EPOLLET); err != nil {
@@ -376,10 +362,8 @@ func (r *relay) event(upstream bool, ev uint32) {
 func (r *relay) dialEvent(upstream bool, ev uint32) {
 	if !upstream {
 		// The client may send before the backend answers; that waits. But
-		// a client that left cancels the dial; one whose first bytes are
-		// held (readFirst) has only half-closed after them, as one that
-		// left bytes to read.
-		if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 && r.in.buf == nil && peerGone(r.client.fd) {
+		// a client that left cancels the dial.
+		if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 && peerGone(r.client.fd) {
 			w, f := r.w, r.w.f
 			w.timers.stop(&r.dialT)
 			w.closeFD(r.up.fd)
@@ -863,9 +847,6 @@ func (r *relay) finish() {
 // reject resets the client: a prompt RST, never a hang. The caller has
 // undone admission.
 func (r *relay) reject(why string) {
-	if r.in.buf != nil { // the client's first bytes (readFirst)
-		bufferPool.Put(r.in.buf)
-	}
 	linger0(r.client.fd)
 	r.w.closeFD(r.client.fd)
 	r.rec.Failed = true

@@ -301,6 +301,14 @@ func sysWriteLast(fd int, p []byte) (int, error) {
 	return int(n), nil
 }
 
+// clientSpoke reports whether the client on fd has sent bytes, leaving
+// them in its socket (a one-byte MSG_PEEK into buf). Nothing, an end or
+// an error says no; the events report those.
+func clientSpoke(fd int, buf []byte) bool {
+	n, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(buf))), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+	return e == 0 && n > 0
+}
+
 // ackNow sends the ACK the kernel holds back for fd, if any, at once
 // (TCP_QUICKACK: the mode lasts a few segments, the flush is what counts).
 // A socket read by splice whose queue held more than it took does not ACK
