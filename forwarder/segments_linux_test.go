@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,21 +16,44 @@ import (
 // it lets the kernel put a FIN or an ACK in the segment of the bytes it
 // goes with. The receiving end counts what it got with TCP_INFO.
 
-// segmentsIn reports how many segments c received, and how many of them
-// carried bytes.
-func segmentsIn(c *net.TCPConn) (segs, data uint32, err error) {
+// tcpInfo reads c's TCP_INFO.
+func tcpInfo(c *net.TCPConn) (*unix.TCPInfo, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	var info *unix.TCPInfo
 	if cerr := rc.Control(func(fd uintptr) { info, err = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); cerr != nil {
-		return 0, 0, cerr
+		return nil, cerr
 	}
 	if err != nil {
-		return 0, 0, fmt.Errorf("reading TCP_INFO: %w", err)
+		return nil, fmt.Errorf("reading TCP_INFO: %w", err)
+	}
+	return info, nil
+}
+
+// segmentsIn reports how many segments c received, and how many of them
+// carried bytes.
+func segmentsIn(c *net.TCPConn) (segs, data uint32, err error) {
+	info, err := tcpInfo(c)
+	if err != nil {
+		return 0, 0, err
 	}
 	return info.Segs_in, info.Data_segs_in, nil
+}
+
+// proxiedBackend starts a forwarder (harness) with one Service whose one
+// backend is a listener on loopback, and returns them with the frontend.
+func proxiedBackend(t *testing.T, name string) (*net.TCPListener, netip.AddrPort, *harness) {
+	t.Helper()
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	fe := freeFrontend(t)
+	h := newHarness(t, Config{}, service(name, fe, ln.Addr().(*net.TCPAddr).AddrPort()))
+	return ln, fe, h
 }
 
 // lastWrite sends msg and then the FIN, both in one segment.
@@ -90,11 +115,7 @@ func TestFINLeavesWithLastBytes(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			leakCheck(t)
-			ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
+			ln, fe, h := proxiedBackend(t, "last-words")
 			type result struct {
 				got        string
 				segs, data uint32
@@ -121,8 +142,6 @@ func TestFINLeavesWithLastBytes(t *testing.T) {
 				}
 				backend <- res
 			}()
-			fe := freeFrontend(t)
-			h := newHarness(t, Config{}, service("last-words", fe, ln.Addr().(*net.TCPAddr).AddrPort()))
 			var release func()
 			if tc.clientLast {
 				release = stallWorkers(t, h)
@@ -169,13 +188,7 @@ func TestFirstBytesCarryHandshakeACK(t *testing.T) {
 		t.Skip("the goroutine engine dials before it reads the client")
 	}
 	leakCheck(t)
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	fe := freeFrontend(t)
-	h := newHarness(t, Config{}, service("first-words", fe, ln.Addr().(*net.TCPAddr).AddrPort()))
+	ln, fe, h := proxiedBackend(t, "first-words")
 
 	t.Run("client speaks first", func(t *testing.T) {
 		const req = "the client's first words\n"
@@ -273,44 +286,20 @@ func TestDrainedSourceAckedAtOnce(t *testing.T) {
 		t.Skip("the goroutine engine's splice is Go's own")
 	}
 	leakCheck(t)
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	fe := freeFrontend(t)
-	h := newHarness(t, Config{}, service("bulk", fe, ln.Addr().(*net.TCPAddr).AddrPort()))
-	unacked := func(c *net.TCPConn) (uint32, error) {
-		rc, err := c.SyscallConn()
-		if err != nil {
-			return 0, err
-		}
-		var info *unix.TCPInfo
-		if cerr := rc.Control(func(fd uintptr) { info, err = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); cerr != nil {
-			return 0, cerr
-		}
-		if err != nil {
-			return 0, err
-		}
-		return info.Unacked, nil
-	}
+	ln, fe, h := proxiedBackend(t, "bulk")
 	// delayACKs puts the backend socket of every open relay in delayed-ACK
 	// mode, and reports whether the relay splices what the backend sends.
-	delayACKs := func() (splicing bool) {
-		for _, w := range h.fwd.tcp.(*loopEngine).workers {
-			done := make(chan struct{})
-			w.post(func(w *worker) {
-				defer close(done)
-				for _, r := range w.relays {
-					if r.state == relayOpen {
-						splicing = r.out.splicing
-						_ = unix.SetsockoptInt(r.up.fd, unix.IPPROTO_TCP, unix.TCP_QUICKACK, 0)
-					}
+	delayACKs := func() bool {
+		var splicing atomic.Bool
+		h.fwd.tcp.(*loopEngine).each(func(w *worker) {
+			for _, r := range w.relays {
+				if r.state == relayOpen {
+					splicing.Store(r.out.splicing)
+					_ = unix.SetsockoptInt(r.up.fd, unix.IPPROTO_TCP, unix.TCP_QUICKACK, 0)
 				}
-			})
-			<-done
-		}
-		return splicing
+			}
+		})
+		return splicing.Load()
 	}
 	// Three connections, two of which must be acknowledged within 10 ms
 	// (microseconds, unless the machine is very busy); the timer takes
@@ -343,10 +332,11 @@ func TestDrainedSourceAckedAtOnce(t *testing.T) {
 		}
 		got := time.Now()
 		for {
-			n, err := unacked(b)
+			info, err := tcpInfo(b)
 			if err != nil {
 				t.Fatal(err)
 			}
+			n := info.Unacked
 			if n == 0 {
 				break
 			}

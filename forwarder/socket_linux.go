@@ -187,11 +187,9 @@ func connectSocket(a netip.AddrPort, mark int, holdACK bool, sa4 *unix.RawSockad
 	}
 	if holdACK {
 		// Delayed-ACK mode: the SYN-ACK's ACK waits for the first bytes
-		// written (the kernel leaves the mode once connected).
-		if err := sysSetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_QUICKACK, 0); err != nil {
-			sysClose(fd)
-			return -1, err
-		}
+		// written (the kernel leaves the mode once connected). A saving
+		// only: refused, the dial goes on as an ordinary one.
+		_ = sysSetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_QUICKACK, 0)
 	}
 	var p unsafe.Pointer
 	var l uintptr
