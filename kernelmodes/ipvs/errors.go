@@ -3,6 +3,7 @@ package ipvs
 import (
 	"errors"
 
+	"github.com/svcproxy/svcproxy/iface"
 	"github.com/svcproxy/svcproxy/netfilter"
 )
 
@@ -12,7 +13,7 @@ var (
 	// built in nor loadable). Mode selection falls back on it.
 	ErrUnavailable = errors.New("IPVS is not available")
 	// ErrNoLink: the network interface does not exist.
-	ErrNoLink = errors.New("no such interface")
+	ErrNoLink = iface.ErrNoLink
 	// ErrNoSet: the named ipset does not exist (netfilter's, which
 	// netfilter.Exec wraps).
 	ErrNoSet = netfilter.ErrNoSet

@@ -2,12 +2,9 @@ package ipvs
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os/exec"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -16,6 +13,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/svcproxy/svcproxy/iface"
 )
 
 // Available reports whether this kernel has IPVS: nil when its generic
@@ -64,141 +63,14 @@ func NewIPVS() (*ipvs.Handle, error) {
 	return h, nil
 }
 
-// NetlinkLinks is the real Links, over rtnetlink.
-type NetlinkLinks struct {
-	h *netlink.Handle
-}
+// NetlinkLinks is the real Links: package iface's, over rtnetlink.
+type NetlinkLinks = iface.Netlink
 
 var _ Links = (*NetlinkLinks)(nil)
 
 // NewLinks opens an rtnetlink socket in network namespace ns
-// (netns.None(): the caller's). Only NETLINK_ROUTE is opened: asking
-// netlink for every family fails on kernels missing some of them.
-func NewLinks(ns netns.NsHandle) (*NetlinkLinks, error) {
-	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
-	if err != nil {
-		return nil, fmt.Errorf("opening rtnetlink socket: %w", err)
-	}
-	return &NetlinkLinks{h: h}, nil
-}
-
-// Close closes the socket.
-func (l *NetlinkLinks) Close() { l.h.Close() }
-
-func (l *NetlinkLinks) link(name string) (netlink.Link, error) {
-	link, err := l.h.LinkByName(name)
-	var nf netlink.LinkNotFoundError
-	if errors.As(err, &nf) || errors.Is(err, unix.ENODEV) {
-		return nil, fmt.Errorf("%s: %w", name, ErrNoLink)
-	}
-	return link, err
-}
-
-// EnsureDummy implements Links.
-func (l *NetlinkLinks) EnsureDummy(ctx context.Context, name string) error {
-	link, err := l.link(name)
-	switch {
-	case err == nil && link.Type() != "dummy":
-		return fmt.Errorf("interface %s exists and is a %s, not a dummy", name, link.Type())
-	case err == nil:
-		return nil
-	case !errors.Is(err, ErrNoLink):
-		return err
-	}
-	err = l.h.LinkAdd(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: name}})
-	if errors.Is(err, unix.EEXIST) {
-		return nil
-	}
-	return err
-}
-
-// DeleteLink implements Links.
-func (l *NetlinkLinks) DeleteLink(ctx context.Context, name string) error {
-	link, err := l.link(name)
-	if errors.Is(err, ErrNoLink) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	return l.h.LinkDel(link)
-}
-
-// Addrs implements Links.
-func (l *NetlinkLinks) Addrs(ctx context.Context, name string) ([]netip.Addr, error) {
-	link, err := l.link(name)
-	if err != nil {
-		return nil, err
-	}
-	addrs, err := l.h.AddrList(link, netlink.FAMILY_ALL)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]netip.Addr, 0, len(addrs))
-	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok {
-			out = append(out, ip.Unmap())
-		}
-	}
-	return out, nil
-}
-
-func hostNet(a netip.Addr) *net.IPNet {
-	return &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}
-}
-
-// AddAddr implements Links.
-func (l *NetlinkLinks) AddAddr(ctx context.Context, name string, addr netip.Addr) error {
-	link, err := l.link(name)
-	if err != nil {
-		return err
-	}
-	err = l.h.AddrAdd(link, &netlink.Addr{IPNet: hostNet(addr)})
-	if errors.Is(err, unix.EEXIST) {
-		return nil
-	}
-	return err
-}
-
-// DelAddr implements Links.
-func (l *NetlinkLinks) DelAddr(ctx context.Context, name string, addr netip.Addr) error {
-	link, err := l.link(name)
-	if err != nil {
-		return err
-	}
-	err = l.h.AddrDel(link, &netlink.Addr{IPNet: hostNet(addr)})
-	if errors.Is(err, unix.EADDRNOTAVAIL) || errors.Is(err, unix.ENOENT) {
-		return nil
-	}
-	return err
-}
-
-// NodeAddrs implements Links.
-func (l *NetlinkLinks) NodeAddrs(ctx context.Context, exclude string) ([]netip.Addr, error) {
-	links, err := l.h.LinkList()
-	if err != nil {
-		return nil, err
-	}
-	var out []netip.Addr
-	for _, link := range links {
-		attrs := link.Attrs()
-		if attrs.Name == exclude || attrs.Flags&net.FlagLoopback != 0 {
-			continue
-		}
-		addrs, err := l.h.AddrList(link, netlink.FAMILY_ALL)
-		if err != nil {
-			return nil, fmt.Errorf("listing addresses of %s: %w", attrs.Name, err)
-		}
-		for _, a := range addrs {
-			ip, ok := netip.AddrFromSlice(a.IP)
-			if ip = ip.Unmap(); ok && ip.IsGlobalUnicast() && !slices.Contains(out, ip) {
-				out = append(out, ip)
-			}
-		}
-	}
-	slices.SortFunc(out, netip.Addr.Compare)
-	return out, nil
-}
+// (netns.None(): the caller's).
+func NewLinks(ns netns.NsHandle) (*NetlinkLinks, error) { return iface.New(ns) }
 
 // NetlinkConntrack is the real Conntrack, over ctnetlink. The socket is
 // opened on first use, so a node without ctnetlink fails only then.

@@ -1,0 +1,129 @@
+package iface_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/svcproxy/svcproxy/iface"
+	"github.com/svcproxy/svcproxy/internal/kerneltest"
+)
+
+var gate = kerneltest.Gate{Package: "./iface/", Prefix: "svcproxy-if-", Tools: []string{"ip"}}
+
+// inNS opens a Netlink in a fresh namespace.
+func inNS(t *testing.T) (*iface.Netlink, string) {
+	t.Helper()
+	gate.Require(t)
+	ns := gate.NewNS(t)
+	h, err := netns.GetFromName(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	l, err := iface.New(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	return l, ns
+}
+
+// TestPrivilegedVirtualIPs: the dummy interface (an empty bridge where the
+// kernel has no dummy driver) takes host addresses of both families that
+// can be listened on at once, left down; adding twice and removing what is
+// not there are no-ops; deleting it takes its addresses.
+func TestPrivilegedVirtualIPs(t *testing.T) {
+	ctx := context.Background()
+	l, ns := inNS(t)
+	const dev = "svcproxy-t0"
+	if _, err := l.Addrs(ctx, dev); !errors.Is(err, iface.ErrNoLink) {
+		t.Fatalf("Addrs of a missing interface: %v, want ErrNoLink", err)
+	}
+	for range 2 {
+		if err := l.EnsureDummy(ctx, dev); err != nil {
+			t.Fatalf("EnsureDummy: %v", err)
+		}
+	}
+	out := kerneltest.Run(t, "ip", "-n", ns, "-d", "link", "show", dev)
+	if !strings.Contains(out, "dummy") && !strings.Contains(out, "bridge") {
+		t.Errorf("%s is neither a dummy nor a bridge:\n%s", dev, out)
+	}
+	vips := []netip.Addr{netip.MustParseAddr("198.18.7.1"), netip.MustParseAddr("fd00:7::1")}
+	for _, a := range vips {
+		for range 2 {
+			if err := l.AddAddr(ctx, dev, a); err != nil {
+				t.Fatalf("AddAddr %v: %v", a, err)
+			}
+		}
+	}
+	got, err := l.Addrs(ctx, dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range vips {
+		if !slices.Contains(got, a) {
+			t.Errorf("Addrs: %v, want %v among them", got, a)
+		}
+	}
+	// Listened on at once, the IPv6 one too (no duplicate address
+	// detection keeping it tentative), and reached.
+	kerneltest.Do(t, ns, func() {
+		for _, a := range vips {
+			ln, err := net.Listen("tcp", netip.AddrPortFrom(a, 80).String())
+			if err != nil {
+				t.Errorf("listening on %v right after adding it: %v", a, err)
+				continue
+			}
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Errorf("connecting to %v: %v", a, err)
+			} else {
+				c.Close()
+			}
+			ln.Close()
+		}
+	})
+	if err := l.DelAddr(ctx, dev, vips[0]); err != nil {
+		t.Fatalf("DelAddr: %v", err)
+	}
+	if err := l.DelAddr(ctx, dev, vips[0]); err != nil {
+		t.Fatalf("DelAddr of an address not there: %v", err)
+	}
+	if got, _ := l.Addrs(ctx, dev); slices.Contains(got, vips[0]) {
+		t.Errorf("%v still there after DelAddr: %v", vips[0], got)
+	}
+	for range 2 {
+		if err := l.DeleteLink(ctx, dev); err != nil {
+			t.Fatalf("DeleteLink: %v", err)
+		}
+	}
+	if out := kerneltest.Run(t, "ip", "-n", ns, "addr"); strings.Contains(out, "fd00:7::1") {
+		t.Errorf("the address outlived its interface:\n%s", out)
+	}
+}
+
+// TestPrivilegedEnsureDummyRefusesOthers: an interface of the name that is
+// something else (a veth, a bridge with a port) is not taken over.
+func TestPrivilegedEnsureDummyRefusesOthers(t *testing.T) {
+	ctx := context.Background()
+	l, ns := inNS(t)
+	kerneltest.Run(t, "ip", "-n", ns, "link", "add", "vethx", "type", "veth", "peer", "name", "vethy")
+	if err := l.EnsureDummy(ctx, "vethx"); err == nil || !strings.Contains(err.Error(), "not a dummy") {
+		t.Errorf("EnsureDummy over a veth: %v, want refused", err)
+	}
+	kerneltest.Run(t, "ip", "-n", ns, "link", "add", "brx", "type", "bridge")
+	if err := l.EnsureDummy(ctx, "brx"); err != nil {
+		t.Errorf("EnsureDummy over an empty bridge (its stand-in): %v", err)
+	}
+	kerneltest.Run(t, "ip", "-n", ns, "link", "set", "vethy", "master", "brx")
+	if err := l.EnsureDummy(ctx, "brx"); err == nil {
+		t.Error("EnsureDummy over a bridge with a port: nil, want refused")
+	}
+}
