@@ -161,8 +161,9 @@ type ClientConnection struct {
 // Svcproxy is what only svcproxy has.
 type Svcproxy struct {
 	// Steering is how Service traffic reaches the userspace proxy: redirect
-	// (iptables REDIRECT) or none (listen on each frontend). Default
-	// redirect.
+	// (REDIRECT rules), local (the virtual IPs on a dummy interface, the
+	// forwarder listening on each frontend) or none (listen on each
+	// frontend). Default redirect.
 	Steering string `yaml:"steering"`
 	// SteeringBackend is what writes redirect steering: nftables (one
 	// owned table per family, over netlink), iptables (iptables + ipset)
@@ -478,8 +479,8 @@ func (c *Config) problems() []error {
 	}
 
 	s := &c.Svcproxy
-	if s.Steering != "redirect" && s.Steering != "none" {
-		bad("svcproxy.steering", "want redirect or none, got %q", s.Steering)
+	if s.Steering != "redirect" && s.Steering != "local" && s.Steering != "none" {
+		bad("svcproxy.steering", "want redirect, local or none, got %q", s.Steering)
 	}
 	switch s.SteeringBackend {
 	case "", "auto", "nftables", "iptables":

@@ -192,7 +192,7 @@ func TestParseErrors(t *testing.T) {
 		{"client connection", header + "clientConnection: {qps: -1, contentType: text/plain}\n", []string{"clientConnection.qps: must not be negative", "clientConnection.contentType: want"}},
 		{"qps NaN", header + "clientConnection: {qps: .nan}\n", []string{"clientConnection.qps: want a number"}},
 		{"svcproxy values", header + "svcproxy: {steering: tproxy, workers: -1, dialTimeouts: [], drainTimeout: -1s, maxConns: -1, maxConnsPerService: -2, algorithm: best, connLogSample: 0}\n",
-			[]string{`svcproxy.steering: want redirect or none, got "tproxy"`, "svcproxy.workers: want 0-1024", "svcproxy.dialTimeouts: want 1 to 16 timeouts, got 0",
+			[]string{`svcproxy.steering: want redirect, local or none, got "tproxy"`, "svcproxy.workers: want 0-1024", "svcproxy.dialTimeouts: want 1 to 16 timeouts, got 0",
 				"svcproxy.drainTimeout: must not be negative", "svcproxy.maxConns: must not be negative", "svcproxy.maxConnsPerService: must not be negative",
 				`svcproxy.algorithm: unknown algorithm "best"`, "svcproxy.connLogSample: want 1 or more, got 0"}},
 		{"steering backend", header + "svcproxy: {steeringBackend: bpf}\n", []string{`svcproxy.steeringBackend: want auto, nftables or iptables, got "bpf"`}},

@@ -53,8 +53,9 @@ type Config struct {
 	Modes      proxymode.Table
 	Mode       proxymode.Name
 	Annotation string // the Node's proxymode.Annotation
-	// Steering is the userspace mode's: "redirect" writes rules, so the
-	// other modes' are removed first and IPv6 needs ip6tables.
+	// Steering is the userspace mode's: "redirect" writes rules and
+	// "local" puts the virtual IPs on a device, so the other modes' rules
+	// are removed first (with "none" they are left alone).
 	Steering string
 	// IPv6 decides whether mode serves IPv6 on this node: nil if it does,
 	// else why not.
@@ -285,9 +286,9 @@ func startSource(ctx context.Context, cfg Config, m *daemonMetrics) (loaded <-ch
 // newMode builds the chosen mode, after removing what other modes may
 // have left installed (switching modes must not leave two sets of rules
 // fighting over the same traffic): unless it is the userspace mode without
-// steering, which writes no rules.
+// steering, which changes nothing on the node.
 func newMode(ctx context.Context, cfg Config, name proxymode.Name, inherited map[string]*os.File) (proxymode.Mode, error) {
-	if cfg.Steering == "redirect" || name != proxymode.Userspace {
+	if cfg.Steering == "redirect" || cfg.Steering == "local" || name != proxymode.Userspace {
 		if err := cfg.Modes.Cleanup(ctx, name); err != nil {
 			return nil, err
 		}

@@ -1,7 +1,17 @@
 // Package userspace is the userspace proxy mode: the forwarder serving
-// every Service, and, with steering, REDIRECT rules (package redirect)
-// that bring Service traffic to it. Without steering the forwarder listens
-// on each frontend directly.
+// every Service, and what brings Service traffic to it. Three steerings:
+//
+//   - redirect: REDIRECT rules (package redirect) send every frontend to
+//     the forwarder's redirect port, where it reads the original
+//     destination from conntrack. Every packet of a proxied connection's
+//     client side is tracked and NATed.
+//   - local: the frontends' virtual IPs become local addresses of the node
+//     on a dummy interface (LocalVIPs, as kube-proxy's IPVS mode puts them
+//     on kube-ipvs0) and the forwarder listens on each frontend: no rule,
+//     no NAT, so no per-packet netfilter work where nothing else asks for
+//     conntrack. It costs a listening socket per frontend and worker.
+//   - none: the forwarder listens on each frontend, whose addresses must
+//     be the node's already (loopback, a static services file).
 package userspace
 
 import (
@@ -13,9 +23,11 @@ import (
 	"os/exec"
 	"time"
 
+	"github.com/vishvananda/netns"
 	"go.uber.org/zap"
 
 	"github.com/svcproxy/svcproxy/forwarder"
+	"github.com/svcproxy/svcproxy/iface"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/proxymode"
 	"github.com/svcproxy/svcproxy/redirect"
@@ -29,6 +41,10 @@ type Config struct {
 	// Steering configures the REDIRECT rules. Nil: no steering, the
 	// forwarder binds every frontend itself.
 	Steering *redirect.Config
+	// LocalVIPs, without Steering, puts the frontends' virtual IPs on a
+	// dummy interface for the forwarder to listen on (local steering).
+	// Nil: the addresses are left as they are.
+	LocalVIPs *LocalVIPs
 	// RedirectPort is the TCP port redirected connections arrive on, on
 	// 0.0.0.0 and, when Steering.IPv6, on [::].
 	RedirectPort uint16
@@ -41,6 +57,7 @@ type Mode struct {
 	fwd   *forwarder.Forwarder
 	red   *redirect.Redirector // nil without steering
 	steer redirect.Config      // what red was made from
+	vips  *vips                // nil without local steering
 	port  uint16
 	log   *zap.Logger
 }
@@ -55,6 +72,16 @@ func New(cfg Config) (*Mode, error) {
 	steer := cfg.Steering != nil
 	fc.BindFrontends, fc.ClaimNodePorts = !steer, steer
 	m := &Mode{port: cfg.RedirectPort, log: cfg.Logger}
+	if cfg.LocalVIPs != nil {
+		if steer {
+			return nil, errors.New("userspace mode: REDIRECT and local steering are exclusive")
+		}
+		v, err := newVIPs(*cfg.LocalVIPs, cfg.Logger)
+		if err != nil {
+			return nil, err
+		}
+		m.vips = v
+	}
 	if steer {
 		fc.Redirect = RedirectAddrs(cfg.RedirectPort, cfg.Steering.IPv6)
 		red, err := redirect.New(*cfg.Steering)
@@ -120,9 +147,27 @@ func Available(ctx context.Context, steering *redirect.Config) error {
 	return nil
 }
 
+// LocalAvailable reports why this node cannot steer locally: it needs
+// Linux's rtnetlink (and CAP_NET_ADMIN, which only the first Apply finds
+// out without touching the node).
+func LocalAvailable() error {
+	if err := proxymode.LinuxOnly("--steering=local"); err != nil {
+		return err
+	}
+	l, err := iface.New(netns.None())
+	if err != nil {
+		return fmt.Errorf("local steering: %w", err)
+	}
+	l.Close()
+	return nil
+}
+
 // Available reports why this node cannot run m (the package's Available,
 // for the steering backend m chose).
 func (m *Mode) Available(ctx context.Context) error {
+	if m.vips != nil {
+		return LocalAvailable()
+	}
 	if m.red == nil {
 		return Available(ctx, nil)
 	}
@@ -132,11 +177,23 @@ func (m *Mode) Available(ctx context.Context) error {
 }
 
 // Apply makes the forwarder serve snap and steers its frontends to it.
+// With local steering the virtual IPs are added before the forwarder binds
+// them and removed after it closed their listeners; one that cannot be
+// added fails the Apply (to be retried) once the rest is applied.
 func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
+	var vipErr error
+	var vips map[netip.Addr]bool
+	if m.vips != nil {
+		vips = virtualIPs(snap)
+		vipErr = m.vips.add(ctx, vips, full)
+	}
 	if err := m.fwd.Apply(ctx, snap); err != nil {
 		// Frontends that cannot be bound are reported, not fatal: the
 		// rest of the snapshot is served.
 		m.log.Warn("applied snapshot with errors", zap.Uint64("version", snap.Version), zap.Error(err))
+	}
+	if m.vips != nil {
+		return errors.Join(vipErr, m.vips.prune(ctx, vips))
 	}
 	if m.red == nil {
 		return nil
@@ -144,8 +201,12 @@ func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
 	return m.red.Apply(ctx, snap, redirect.Ports{TCP: m.port, UDP: m.fwd.UDPPorts()}, full)
 }
 
-// Cleanup removes the steering rules and sets, if m steers.
+// Cleanup removes the steering rules and sets, or local steering's
+// device, if m steers.
 func (m *Mode) Cleanup(ctx context.Context) error {
+	if m.vips != nil {
+		return m.vips.remove(ctx)
+	}
 	if m.red == nil {
 		return nil
 	}
@@ -165,11 +226,34 @@ func CleanupSteering(ctx context.Context, log *zap.Logger) error {
 	return red.Cleanup(ctx)
 }
 
-// Close drains the forwarder, then removes the steering rules unless a
-// successor relies on them: during the drain, new connections to Services
-// are refused at once by the closed redirect port rather than blackholed.
+// CleanupLocal deletes local steering's dummy interface (DefaultVIPDevice)
+// and the virtual IPs on it, if it exists.
+func CleanupLocal(ctx context.Context, log *zap.Logger) error {
+	l, err := iface.New(netns.None())
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	v, err := newVIPs(LocalVIPs{Links: l}, log)
+	if err != nil {
+		return err
+	}
+	return v.remove(ctx)
+}
+
+// Close drains the forwarder, then removes the steering rules (or local
+// steering's device) unless a successor relies on them: during the drain,
+// new connections to Services are refused at once by the closed listeners
+// rather than blackholed.
 func (m *Mode) Close(ctx context.Context, handedOver bool) error {
 	err := m.fwd.Shutdown(ctx)
+	if m.vips != nil && !handedOver {
+		if cerr := m.vips.remove(ctx); cerr != nil {
+			err = errors.Join(err, cerr)
+		} else {
+			m.log.Info("removed the virtual IPs", zap.String("device", m.vips.dev))
+		}
+	}
 	if m.red != nil && !handedOver {
 		if cerr := m.red.Cleanup(ctx); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("removing steering rules: %w", cerr))

@@ -33,11 +33,18 @@ func modes(o *options, reg prometheus.Registerer, log *zap.Logger, clog *connlog
 	nft := kernelEntry("nftables", o, reg, func() (*nftables.Mode, error) { return nftables.New(nftablesConfig(o, log)) }, nil)
 	t := proxymode.Table{
 		proxymode.Userspace: {
-			New: func(_ context.Context, inherited map[string]*os.File) (proxymode.Mode, error) {
-				return newUserspace(o, reg, log, clog, inherited)
+			New: func(ctx context.Context, inherited map[string]*os.File) (proxymode.Mode, error) {
+				return newUserspace(ctx, o, reg, log, clog, inherited)
 			},
-			Probe:   func(ctx context.Context) error { return userspace.Available(ctx, steeringConfig(o, log)) },
-			Cleanup: func(ctx context.Context) error { return userspace.CleanupSteering(ctx, log) },
+			Probe: func(ctx context.Context) error {
+				if o.steering == "local" {
+					return userspace.LocalAvailable()
+				}
+				return userspace.Available(ctx, steeringConfig(o, log))
+			},
+			Cleanup: func(ctx context.Context) error {
+				return errors.Join(userspace.CleanupLocal(ctx, log), userspace.CleanupSteering(ctx, log))
+			},
 		},
 		proxymode.IPTables: linuxOnly(ipt, "the iptables mode"),
 		proxymode.IPVS:     kernelEntry("ipvs", o, reg, func() (*ipvs.Mode, error) { return ipvs.New(ipvsConfig(o, log)) }, nil),
@@ -52,10 +59,11 @@ func modes(o *options, reg prometheus.Registerer, log *zap.Logger, clog *connlog
 				// The nftables steering backend needs no iptables-restore
 				// either: its tables are removed where nftables works.
 				e.Cleanup = func(ctx context.Context) error {
-					if _, err := redirect.Available(ctx, redirect.Config{Backend: redirect.BackendNFTables}); err != nil {
-						return nil // neither backend can have installed anything
+					err := userspace.CleanupLocal(ctx, log)
+					if _, nerr := redirect.Available(ctx, redirect.Config{Backend: redirect.BackendNFTables}); nerr != nil {
+						return err // neither steering backend can have installed anything
 					}
-					return userspace.CleanupSteering(ctx, log)
+					return errors.Join(err, userspace.CleanupSteering(ctx, log))
 				}
 			default:
 				e.Cleanup = nil // no mode can have installed anything
@@ -112,7 +120,7 @@ func kernelEntry[M kernelMode](name string, o *options, reg prometheus.Registere
 	return e
 }
 
-func newUserspace(o *options, reg prometheus.Registerer, log *zap.Logger, clog *connlog.Log, inherited map[string]*os.File) (*userspace.Mode, error) {
+func newUserspace(ctx context.Context, o *options, reg prometheus.Registerer, log *zap.Logger, clog *connlog.Log, inherited map[string]*os.File) (*userspace.Mode, error) {
 	cfg := userspace.Config{
 		Forwarder: forwarder.Config{
 			Workers:            o.workers,
@@ -135,9 +143,31 @@ func newUserspace(o *options, reg prometheus.Registerer, log *zap.Logger, clog *
 		Logger:       log,
 	}
 	cfg.Steering = steeringConfig(o, log)
+	// Switching steering leaves nothing of the other behind: REDIRECT
+	// rules would take the virtual IPs' connections to a port nobody
+	// listens on, and virtual IPs left on the device would answer for
+	// Services that are gone. (Connections open across such a switch
+	// end with it.)
+	switch o.steering {
+	case "local":
+		cfg.LocalVIPs = &userspace.LocalVIPs{}
+		if err := userspace.CleanupSteering(ctx, log); err != nil {
+			return nil, fmt.Errorf("removing REDIRECT steering left by an earlier run: %w", err)
+		}
+	case "redirect":
+		if err := userspace.CleanupLocal(ctx, log); err != nil {
+			return nil, fmt.Errorf("removing local steering left by an earlier run: %w", err)
+		}
+	}
 	m, err := userspace.New(cfg)
 	if err != nil {
 		return nil, err
+	}
+	if o.steering != "redirect" && (len(o.nodePortAddresses) > 0 || o.nodePortPrimary) {
+		log.Warn("--nodeport-addresses is not applied with --steering=" + o.steering + ": the forwarder listens on each NodePort at every address of the node")
+	}
+	if o.steering == "local" {
+		log.Info("steering with local addresses: the virtual IPs on dummy interface "+userspace.DefaultVIPDevice+", the forwarder listening on each frontend", zap.String("device", userspace.DefaultVIPDevice))
 	}
 	if red := m.Steering(); red != nil {
 		o.steeredBy = red.Backend()

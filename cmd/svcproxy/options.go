@@ -41,7 +41,7 @@ type options struct {
 	kubeAPIContentType string
 	configSyncPeriod   time.Duration // informer resync; 0: none
 
-	steering          string           // "none" or "redirect"
+	steering          string           // "none", "redirect" or "local"
 	steeringBackend   redirect.Backend // what writes --steering=redirect's rules: auto, nftables or iptables
 	redirectPort      uint16
 	bindAddress       netip.Addr // kube-proxy's --bind-address: this node's primary IP of its family; unspecified: from the Node
@@ -319,7 +319,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 		fs.StringVar(&o.ipvsScheduler, "ipvs-scheduler", "rr", "ipvs mode: the default scheduler: "+strings.Join(config.IPVSSchedulers, ", "))
 	})
 	secs.section("Userspace proxy", false, func() {
-		fs.StringVar(&o.steering, "steering", "none", "how Service traffic reaches the forwarder: redirect (REDIRECT of every ClusterIP, ExternalIP, LoadBalancer IP and NodePort, written by --steering-backend; needs root or CAP_NET_ADMIN) or none (listen on each frontend directly: for loopback and static files)")
+		fs.StringVar(&o.steering, "steering", "none", "how Service traffic reaches the forwarder: redirect (REDIRECT of every ClusterIP, ExternalIP, LoadBalancer IP and NodePort, written by --steering-backend; needs root or CAP_NET_ADMIN), local (the virtual IPs put on dummy interface svcproxy-vips as local addresses, as kube-proxy's IPVS mode does, and the forwarder listening on each frontend and NodePort: no rules, no NAT; needs CAP_NET_ADMIN) or none (listen on each frontend directly: for loopback and static files)")
 		steeringBackend = fs.String("steering-backend", "auto", "what writes --steering=redirect's rules: nftables (one table, svcproxy-steering, per family, over netlink: no iptables, ipset or nft binary), iptables (iptables + ipset) or auto (nftables when the kernel takes the table, else iptables)")
 		redirectPort = fs.Uint("redirect-port", 15001, "TCP port the redirect rules send connections to (with --steering=redirect)")
 		fs.IntVar(&o.workers, "workers", 0, "listening sockets (and accept loops) per address, sharing it with SO_REUSEPORT; 0: GOMAXPROCS")
@@ -468,8 +468,8 @@ func parseFlags(args []string, env environment) (*options, error) {
 	if o.handoverSocket, err = handover.SocketPath(o.handoverSocket); err != nil {
 		return nil, fmt.Errorf("--handover-socket: %w", err)
 	}
-	if o.steering != "none" && o.steering != "redirect" {
-		return nil, fmt.Errorf("--steering: want redirect or none, got %q", o.steering)
+	if o.steering != "none" && o.steering != "redirect" && o.steering != "local" {
+		return nil, fmt.Errorf("--steering: want redirect, local or none, got %q", o.steering)
 	}
 	if o.steeringBackend, err = redirect.ParseBackend(*steeringBackend); err != nil {
 		return nil, fmt.Errorf("--steering-backend: %w", err)

@@ -32,6 +32,8 @@ func TestParseFlags(t *testing.T) {
 	}{
 		{"defaults", nil, outsidePod, ""},
 		{"redirect steering", []string{"--steering=redirect"}, outsidePod, ""},
+		{"local steering", []string{"--steering=local"}, outsidePod, ""},
+		{"local steering needs no mark", []string{"--steering=local", "--mark=0"}, outsidePod, ""},
 		{"unknown steering", []string{"--steering=tproxy"}, outsidePod, "--steering"},
 		{"steering backend", []string{"--steering=redirect", "--steering-backend=iptables"}, outsidePod, ""},
 		{"unknown steering backend", []string{"--steering=redirect", "--steering-backend=ebpf"}, outsidePod, "--steering-backend"},

@@ -32,10 +32,37 @@ const dnsVIPService = `
 %s`
 
 // TestPrivilegedUserspaceMode: every Service type, from a pod and from the
-// node itself, reaches every backend through REDIRECT and the forwarder.
+// node itself, reaches every backend through the forwarder, steered by
+// REDIRECT rules (iptables + ipset, as the suite's other tests) and by
+// local addresses (the virtual IPs on a dummy interface, no rules).
 func TestPrivilegedUserspaceMode(t *testing.T) {
-	c := newCluster(t, 3, "")
+	for _, steering := range []string{"redirect", "local"} {
+		t.Run(steering, func(t *testing.T) { testUserspaceMode(t, steering) })
+	}
+}
+
+func testUserspaceMode(t *testing.T, steering string) {
+	c := newCluster(t, 3, "", "--steering="+steering)
 	client := c.topo.Clients[0]
+	if steering == "local" {
+		t.Run("virtual IPs on the dummy interface, no steering rules", func(t *testing.T) {
+			out, err := c.topo.Node.Command(context.Background(), "ip", "-o", "addr", "show", "dev", "svcproxy-vips").CombinedOutput()
+			if err != nil {
+				t.Fatalf("ip addr show dev svcproxy-vips: %v: %s", err, out)
+			}
+			for _, vip := range []string{webVIP, webExtIP, webLBIP, echoVIP, udpVIP, emptyVIP} {
+				if !strings.Contains(string(out), " "+vip+"/32 ") {
+					t.Errorf("%s is not on svcproxy-vips:\n%s", vip, out)
+				}
+			}
+			if rules := c.nodeRules(); rules != c.saved {
+				t.Errorf("local steering changed the node's rules:\n%s\nwas:\n%s", rules, c.saved)
+			}
+			if out, err := c.topo.Node.Command(context.Background(), "nft", "list", "tables").CombinedOutput(); err != nil || strings.Contains(string(out), "svcproxy") {
+				t.Errorf("nft list tables: %v: %s (want no svcproxy table)", err, out)
+			}
+		})
+	}
 	for _, tc := range []struct {
 		name string
 		from *topology.Host
@@ -59,9 +86,27 @@ func TestPrivilegedUserspaceMode(t *testing.T) {
 		}
 	})
 
-	t.Run("no endpoints is refused at once", func(t *testing.T) {
+	t.Run("no endpoints is turned away at once", func(t *testing.T) {
 		for i := 0; i < 5; i++ {
+			start := time.Now()
 			conn, took, err := dialTimed(client, "tcp", emptyVIP+":80")
+			if steering == "local" {
+				// The forwarder listens on the frontend: it accepts, logs
+				// the connection as no_endpoints and resets it, which the
+				// client sees at connect or at its first read.
+				if err == nil {
+					_ = conn.SetReadDeadline(time.Now().Add(time.Second))
+					_, err = conn.Read(make([]byte, 1))
+					conn.Close()
+				}
+				if took = time.Since(start); !errors.Is(err, syscall.ECONNRESET) {
+					t.Fatalf("read from a Service with no endpoints: %v, want connection reset", err)
+				}
+				if took > 100*time.Millisecond {
+					t.Errorf("reset took %v, want under 100ms", took)
+				}
+				continue
+			}
 			if err == nil {
 				conn.Close()
 				t.Fatal("connected to a Service with no endpoints")
@@ -114,6 +159,18 @@ func TestPrivilegedUserspaceMode(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	})
+
+	if steering == "local" {
+		t.Run("stopping removes the virtual IPs", func(t *testing.T) {
+			c.stopProxy()
+			if out, err := c.topo.Node.Command(context.Background(), "ip", "link", "show", "svcproxy-vips").CombinedOutput(); err == nil {
+				t.Errorf("svcproxy-vips is still there after svcproxy stopped:\n%s", out)
+			}
+			if _, _, err := dialTimed(client, "tcp", webVIP+":80"); err == nil {
+				t.Error("the ClusterIP still answers after svcproxy stopped")
+			}
+		})
+	}
 }
 
 // TestPrivilegedBackendKilledMidRun: a backend process is killed under

@@ -20,9 +20,17 @@ import (
 // TestPrivilegedRestartUnderLoad restarts svcproxy three times (SIGUSR2:
 // the binary on disk starts and takes the running one's sockets) under a
 // steady load of new connections and a few long-lived streams: no
-// connection fails, and every stream arrives byte-exact.
+// connection fails, and every stream arrives byte-exact: with REDIRECT
+// steering, and with local steering (the successor adopts the dummy
+// interface and its virtual IPs as they are).
 func TestPrivilegedRestartUnderLoad(t *testing.T) {
-	c := newCluster(t, 3, "", "--drain-timeout", "60s")
+	for _, steering := range []string{"redirect", "local"} {
+		t.Run(steering, func(t *testing.T) { testRestartUnderLoad(t, steering) })
+	}
+}
+
+func testRestartUnderLoad(t *testing.T, steering string) {
+	c := newCluster(t, 3, "", "--drain-timeout", "60s", "--steering="+steering)
 	client := c.topo.Clients[0]
 
 	// Long-lived streams through the echo Service, checked byte for byte.

@@ -59,6 +59,8 @@ func TestImportBoundaries(t *testing.T) {
 		mod + "redirect":             {"k8s.io/client-go", "k8s.io/api", mod + "forwarder", mod + "kernelmodes", mod + "source"},
 		mod + "connlog":              {mod + "lb", mod + "forwarder"},
 		mod + "offload":              {"k8s.io/client-go", mod + "lb", mod + "forwarder", mod + "connlog", mod + "redirect", mod + "kernelmodes", mod + "source"},
+		mod + "iface":                {"k8s.io/client-go", "k8s.io/api", mod + "lb", mod + "forwarder", mod + "redirect", mod + "kernelmodes", mod + "source"},
+		mod + "userspace":            {mod + "kernelmodes", mod + "source"},
 		mod + "netfilter":            {"k8s.io/client-go", mod + "forwarder", mod + "redirect", mod + "kernelmodes", mod + "source"},
 		mod + "kernelmodes/iptables": {"k8s.io/client-go", mod + "forwarder", mod + "redirect", mod + "source"},
 		mod + "kernelmodes/ipvs":     {"k8s.io/client-go", mod + "forwarder", mod + "redirect", mod + "source"},

@@ -1,0 +1,186 @@
+package userspace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/vishvananda/netns"
+	"go.uber.org/zap"
+
+	"github.com/svcproxy/svcproxy/iface"
+	"github.com/svcproxy/svcproxy/lb"
+)
+
+// DefaultVIPDevice is the dummy interface --steering=local puts the
+// virtual IPs on (the IPVS mode's is svcproxy-ipvs0; kube-proxy's
+// kube-ipvs0).
+const DefaultVIPDevice = "svcproxy-vips"
+
+// LocalVIPs configures local steering: every TCP and UDP frontend's
+// virtual IP (ClusterIPs, ExternalIPs, LoadBalancer IPs) becomes a local
+// address of the node on a dummy interface, as kube-proxy's IPVS mode puts
+// them on kube-ipvs0, and the forwarder listens on each frontend. Packets
+// to a Service reach its socket as they would a local server's: no
+// steering rule, no NAT, no original destination to look up. NodePorts are
+// listened on at every node address.
+type LocalVIPs struct {
+	// Device is the dummy interface's name; "": DefaultVIPDevice.
+	Device string
+	// Links manages it; nil: rtnetlink in the caller's network namespace
+	// (package iface).
+	Links Links
+}
+
+// Links is what local steering calls of the node's interfaces: package
+// iface's Netlink, or ipvstest.Links in tests.
+type Links interface {
+	// EnsureDummy creates the dummy interface name unless it exists.
+	EnsureDummy(ctx context.Context, name string) error
+	// DeleteLink deletes interface name; a missing one is not an error.
+	DeleteLink(ctx context.Context, name string) error
+	// Addrs lists the addresses on interface name; iface.ErrNoLink when it
+	// does not exist.
+	Addrs(ctx context.Context, name string) ([]netip.Addr, error)
+	// AddAddr adds addr as a host address (/32, /128) to interface name;
+	// one that is there is not an error.
+	AddAddr(ctx context.Context, name string, addr netip.Addr) error
+	// DelAddr removes addr from interface name; a missing one is not an
+	// error.
+	DelAddr(ctx context.Context, name string, addr netip.Addr) error
+}
+
+// vips keeps the dummy interface holding exactly the snapshot's virtual
+// IPs.
+type vips struct {
+	dev   string
+	links Links
+	log   *zap.Logger
+	on    map[netip.Addr]bool // on the device as last read or written; nil: read it first
+}
+
+func newVIPs(cfg LocalVIPs, log *zap.Logger) (*vips, error) {
+	v := &vips{dev: cfg.Device, links: cfg.Links, log: log}
+	if v.dev == "" {
+		v.dev = DefaultVIPDevice
+	}
+	if v.links == nil {
+		l, err := iface.New(netns.None())
+		if err != nil {
+			return nil, fmt.Errorf("local steering: %w", err)
+		}
+		v.links = l
+	}
+	return v, nil
+}
+
+// virtualIPs are the addresses the forwarder's TCP and UDP frontends in
+// snap listen on: what local steering puts on the device. Loopback and
+// unspecified addresses (a static file's) are the node's already.
+func virtualIPs(snap *lb.Snapshot) map[netip.Addr]bool {
+	want := map[netip.Addr]bool{}
+	for _, b := range snap.Balancers() {
+		if b.Service.Protocol != lb.TCP && b.Service.Protocol != lb.UDP {
+			continue // SCTP is not served by the forwarder
+		}
+		for fe := range snap.Frontends(b) {
+			if a := fe.Addr.Addr().Unmap(); !a.IsLoopback() && !a.IsUnspecified() {
+				want[a] = true
+			}
+		}
+	}
+	return want
+}
+
+// add puts every address of want on the device, creating it when missing;
+// before the forwarder binds them. full (or the first call) reads the
+// device first and puts back what someone else removed. An address that
+// cannot be added is reported and the rest are added regardless.
+func (v *vips) add(ctx context.Context, want map[netip.Addr]bool, full bool) error {
+	if v.on == nil || full {
+		if err := v.read(ctx); err != nil {
+			return err
+		}
+	}
+	var missing []netip.Addr
+	for a := range want {
+		if !v.on[a] {
+			missing = append(missing, a)
+		}
+	}
+	slices.SortFunc(missing, netip.Addr.Compare)
+	var errs []error
+	added := 0
+	for _, a := range missing {
+		if err := v.links.AddAddr(ctx, v.dev, a); err != nil {
+			errs = append(errs, fmt.Errorf("adding virtual IP %v to %s: %w", a, v.dev, err))
+			continue
+		}
+		v.on[a] = true
+		added++
+	}
+	if added > 0 {
+		v.log.Debug("added virtual IPs", zap.String("device", v.dev), zap.Int("added", added), zap.Int("total", len(v.on)))
+	}
+	return errors.Join(errs...)
+}
+
+// read learns what is on the device, creating it when missing.
+func (v *vips) read(ctx context.Context) error {
+	have, err := v.links.Addrs(ctx, v.dev)
+	if errors.Is(err, iface.ErrNoLink) {
+		if err := v.links.EnsureDummy(ctx, v.dev); err != nil {
+			return fmt.Errorf("creating dummy interface %s: %w", v.dev, err)
+		}
+		have, err = v.links.Addrs(ctx, v.dev)
+	}
+	if err != nil {
+		return fmt.Errorf("listing addresses of %s: %w", v.dev, err)
+	}
+	if v.on != nil {
+		for a := range v.on {
+			if !slices.Contains(have, a) {
+				v.log.Warn("virtual IP was removed from the device by someone else: adding it back", zap.String("device", v.dev), zap.Stringer("address", a))
+			}
+		}
+	}
+	v.on = map[netip.Addr]bool{}
+	for _, a := range have {
+		if !a.IsLinkLocalUnicast() { // the kernel's own (IPv6 fe80::), were the link ever up
+			v.on[a] = true
+		}
+	}
+	return nil
+}
+
+// prune removes the addresses want no longer has; after the forwarder
+// closed their listeners.
+func (v *vips) prune(ctx context.Context, want map[netip.Addr]bool) error {
+	var gone []netip.Addr
+	for a := range v.on {
+		if !want[a] {
+			gone = append(gone, a)
+		}
+	}
+	slices.SortFunc(gone, netip.Addr.Compare)
+	var errs []error
+	for _, a := range gone {
+		if err := v.links.DelAddr(ctx, v.dev, a); err != nil {
+			errs = append(errs, fmt.Errorf("removing virtual IP %v from %s: %w", a, v.dev, err))
+			continue
+		}
+		delete(v.on, a)
+	}
+	return errors.Join(errs...)
+}
+
+// remove deletes the device and every address on it.
+func (v *vips) remove(ctx context.Context) error {
+	if err := v.links.DeleteLink(ctx, v.dev); err != nil {
+		return fmt.Errorf("deleting dummy interface %s: %w", v.dev, err)
+	}
+	v.on = nil
+	return nil
+}
