@@ -169,6 +169,11 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		succ.Deposit(ctx, sockets, gen)
 	})
+	syncer.OnSync = func(full bool, took time.Duration, err error) {
+		if err != nil { // counted too (kubeproxy_sync_proxy_rules_*); retried
+			log.Error("sync failed; retrying", zap.Bool("full", full), zap.Duration("took", took), zap.Error(err))
+		}
+	}
 	changes := store.Subscribe() // before any source can publish
 	go func() {
 		for range changes {

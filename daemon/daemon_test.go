@@ -8,11 +8,15 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/svcproxy/svcproxy/handover"
 	"github.com/svcproxy/svcproxy/health"
@@ -25,6 +29,7 @@ type recorder struct {
 	name  proxymode.Name
 	mu    *sync.Mutex
 	calls *[]string
+	fails *atomic.Int32 // Apply fails while positive, counting down
 }
 
 func (r recorder) record(call string) {
@@ -36,6 +41,9 @@ func (r recorder) record(call string) {
 func (r recorder) Apply(_ context.Context, _ *lb.Snapshot, full bool) error {
 	if full {
 		r.record("apply full")
+	}
+	if r.fails.Add(-1) >= 0 {
+		return errors.New("injected: the kernel refused the rules")
 	}
 	return nil
 }
@@ -64,6 +72,7 @@ func TestRun(t *testing.T) {
 		source     func(ctx context.Context, feed Feed) error
 		successor  bool // a successor takes over after the first sync
 		tampered   bool // after the first sync, WatchRules reports the rules changed by another process
+		failFirst  bool // the first sync fails: logged, then retried in full
 		wantErr    string
 		wantChosen proxymode.Name
 		want       []string // the modes' calls, in order
@@ -86,6 +95,12 @@ func TestRun(t *testing.T) {
 		{name: "userspace with steering removes the kernel modes' rules",
 			mode: proxymode.Userspace, steering: "redirect", wantChosen: proxymode.Userspace,
 			want: []string{"iptables cleanup", "ipvs cleanup", "nftables cleanup", "userspace apply full", "userspace close"}},
+		{name: "userspace with local steering removes the kernel modes' rules",
+			mode: proxymode.Userspace, steering: "local", wantChosen: proxymode.Userspace,
+			want: []string{"iptables cleanup", "ipvs cleanup", "nftables cleanup", "userspace apply full", "userspace close"}},
+		{name: "a failed sync is logged and retried in full",
+			mode: proxymode.IPTables, failFirst: true, wantChosen: proxymode.IPTables,
+			want: []string{"userspace cleanup", "ipvs cleanup", "nftables cleanup", "iptables apply full", "iptables apply full", "iptables close"}},
 		{name: "rules changed by another process: a full sync at once",
 			mode: proxymode.IPTables, tampered: true, wantChosen: proxymode.IPTables,
 			want: []string{"userspace cleanup", "ipvs cleanup", "nftables cleanup", "iptables apply full", "iptables apply full", "iptables close"}},
@@ -105,9 +120,13 @@ func TestRun(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var mu sync.Mutex
 			var calls []string
+			var fails atomic.Int32
+			if tc.failFirst {
+				fails.Store(1)
+			}
 			table := proxymode.Table{}
 			for _, name := range []proxymode.Name{proxymode.Userspace, proxymode.IPTables, proxymode.IPVS, proxymode.NFTables} {
-				r := recorder{name: name, mu: &mu, calls: &calls}
+				r := recorder{name: name, mu: &mu, calls: &calls, fails: &fails}
 				e := proxymode.Entry{
 					New:     func(context.Context, map[string]*os.File) (proxymode.Mode, error) { return r, nil },
 					Cleanup: r.Cleanup,
@@ -121,7 +140,8 @@ func TestRun(t *testing.T) {
 			if source == nil {
 				source = func(ctx context.Context, feed Feed) error { feed.Loaded(0, nil); <-ctx.Done(); return nil }
 			}
-			log := zaptest.NewLogger(t)
+			logs, observed := observer.New(zap.ErrorLevel)
+			log := zap.New(zapcore.NewTee(zaptest.NewLogger(t).Core(), logs))
 			reg := prometheus.NewPedanticRegistry()
 			path := ""
 			if tc.successor {
@@ -164,6 +184,8 @@ func TestRun(t *testing.T) {
 				}
 				if tc.tampered {
 					(<-watched)()
+				}
+				if tc.tampered || tc.failFirst {
 					for full := 0; full < 2; {
 						mu.Lock()
 						full = 0
@@ -174,10 +196,17 @@ func TestRun(t *testing.T) {
 						}
 						mu.Unlock()
 						if time.Now().After(deadline) {
-							t.Fatal("no second full sync within 10s of the rules changing")
+							t.Fatal("no second full sync within 10s")
 						}
 						time.Sleep(10 * time.Millisecond)
 					}
+				}
+				if tc.failFirst {
+					if got := observed.FilterMessage("sync failed; retrying").All(); len(got) != 1 || !strings.Contains(got[0].ContextMap()["error"].(string), "injected") {
+						t.Errorf("logged %v, want one \"sync failed; retrying\" with the error", observed.All())
+					}
+				}
+				if tc.tampered {
 					if got := counterValue(t, reg, "svcproxy_rules_changed_by_others_total"); got != 1 {
 						t.Errorf("svcproxy_rules_changed_by_others_total = %v, want 1", got)
 					}
