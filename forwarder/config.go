@@ -44,6 +44,12 @@ type Config struct {
 	// (an address not on this host, a port in use) are logged and counted.
 	BindFrontends bool
 
+	// IPv6 says the node serves IPv6. With BindFrontends, UDP NodePorts
+	// then get an IPv6 socket ([::]:port, IPv6-only) beside the IPv4 one;
+	// TCP NodePorts' dual-stack socket takes both families anyway. (With
+	// Redirect, an IPv6 redirect address says it.)
+	IPv6 bool
+
 	// ClaimNodePorts holds every NodePort with a bound, unused socket, so no
 	// other program can take it while steering rules redirect its traffic.
 	// For use with Redirect; BindFrontends listens on NodePorts anyway.

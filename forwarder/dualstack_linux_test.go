@@ -127,6 +127,61 @@ func TestRedirectBothFamilies(t *testing.T) {
 	}
 }
 
+// TestFrontendsUDPNodePortBothFamilies: with frontends bound directly (local
+// steering, or none), a UDP NodePort gets an IPv4 and, when the node serves
+// IPv6, an IPv6 socket, and the IPv6 one forwards; without Config.IPv6 only
+// the IPv4 one.
+func TestFrontendsUDPNodePortBothFamilies(t *testing.T) {
+	if _, err := net.ListenPacket("udp6", "[::1]:0"); err != nil {
+		t.Skipf("skipping: no IPv6 loopback here: %v", err)
+	}
+	leakCheck(t)
+	e := startUDPEcho(t, "np")
+	for _, ipv6 := range []bool{true, false} {
+		t.Run(fmt.Sprintf("IPv6=%v", ipv6), func(t *testing.T) {
+			np := freeUDPFrontend(t).Port()
+			svc := udpService("np", freeUDPFrontend(t), e.addr)
+			svc.NodePort = np
+			snap, err := lb.NewStore(lb.StoreOptions{}).Replace([]lb.Service{svc})
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, err := New(Config{Engine: testEngine, BindFrontends: true, IPv6: ipv6, Mark: -1, Workers: 2, Logger: zaptest.NewLogger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { shutdown(a) })
+			if err := a.Apply(context.Background(), snap); err != nil {
+				t.Fatal(err)
+			}
+			np6 := lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(netip.IPv6Unspecified(), np)}
+			np4 := lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(netip.IPv4Unspecified(), np)}
+			ports := a.UDPPorts()
+			if ports[np4] != np {
+				t.Errorf("UDPPorts() = %v, want %v on port %d", ports, np4, np)
+			}
+			if !ipv6 {
+				if _, ok := ports[np6]; ok {
+					t.Errorf("UDPPorts() = %v: an IPv6 NodePort socket on a node without IPv6", ports)
+				}
+				return
+			}
+			if ports[np6] != np {
+				t.Fatalf("UDPPorts() = %v, want %v on port %d", ports, np6, np)
+			}
+			c, err := net.DialUDP("udp6", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.IPv6Loopback(), np)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			reply, err := ask(c, []byte("q6"))
+			c.Close()
+			if err != nil || string(reply) != "np q6" {
+				t.Fatalf("through [::1]:%d: %q, %v; want %q", np, reply, err, "np q6")
+			}
+		})
+	}
+}
+
 func shutdown(f *Forwarder) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

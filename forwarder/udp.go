@@ -216,11 +216,11 @@ func udpFrontendAddrs(snap *lb.Snapshot, nodePortAddrs []netip.Addr) map[lb.Fron
 // udpNodePortAddrs are the unspecified addresses a UDP NodePort has a socket
 // on: 0.0.0.0, and also :: when a Redirect address is IPv6, as steering
 // rules then send IPv6 NodePort datagrams too (each family to its own
-// socket: see redirect.Ports.UDP). Frontends bound directly (BindFrontends
-// without Redirect) serve UDP NodePorts over IPv4 only.
+// socket: see redirect.Ports.UDP). Frontends bound directly (BindFrontends)
+// serve UDP NodePorts over IPv6 too when Config.IPv6 says the node does.
 func (f *Forwarder) udpNodePortAddrs() []netip.Addr {
 	addrs := []netip.Addr{netip.IPv4Unspecified()}
-	if slices.ContainsFunc(f.cfg.Redirect, func(a netip.AddrPort) bool { return a.Addr().Is6() }) {
+	if f.cfg.BindFrontends && f.cfg.IPv6 || slices.ContainsFunc(f.cfg.Redirect, func(a netip.AddrPort) bool { return a.Addr().Is6() }) {
 		addrs = append(addrs, netip.IPv6Unspecified())
 	}
 	return addrs

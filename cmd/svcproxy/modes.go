@@ -131,6 +131,7 @@ func newUserspace(ctx context.Context, o *options, reg prometheus.Registerer, lo
 			MaxConns:           o.maxConns,
 			MaxConnsPerService: o.maxConnsPerService,
 			UDPReceiveBuffer:   o.udpReceiveBuffer,
+			IPv6:               o.ipv6,
 			Offload:            o.offload,
 			IOUring:            o.ioUring,
 			Logger:             log,
@@ -167,7 +168,7 @@ func newUserspace(ctx context.Context, o *options, reg prometheus.Registerer, lo
 		log.Warn("--nodeport-addresses is not applied with --steering=" + o.steering + ": the forwarder listens on each NodePort at every address of the node")
 	}
 	if o.steering == "local" {
-		log.Info("steering with local addresses: the virtual IPs on dummy interface "+userspace.DefaultVIPDevice+", the forwarder listening on each frontend", zap.String("device", userspace.DefaultVIPDevice))
+		log.Info("local steering: the virtual IPs on dummy interface "+userspace.DefaultVIPDevice+", the forwarder listening on each frontend", zap.String("device", userspace.DefaultVIPDevice))
 	}
 	if red := m.Steering(); red != nil {
 		o.steeredBy = red.Backend()

@@ -52,13 +52,20 @@ func dualStackServices(backends []*topology.Host) string {
 }
 
 // TestPrivilegedDualStackUserspace: svcproxy finds IPv6 on the node and, in
-// userspace mode with REDIRECT steering, serves a dual-stack Service over
-// IPv6 TCP and UDP (ClusterIP and NodePort, from a pod, TCP also from the
-// node itself) through the forwarder to backends' IPv6 addresses, while
-// its IPv4 ClusterIP, and the IPv4-only Services, keep working.
+// userspace mode with REDIRECT steering and with local steering, serves a
+// dual-stack Service over IPv6 TCP and UDP (ClusterIP and NodePort, from a
+// pod, TCP also from the node itself) through the forwarder to backends'
+// IPv6 addresses, while its IPv4 ClusterIP, and the IPv4-only Services,
+// keep working.
 func TestPrivilegedDualStackUserspace(t *testing.T) {
 	proctest.NeedTools(t, "ip6tables", "ip6tables-save")
-	c := newCluster(t, 2, "")
+	for _, steering := range []string{"redirect", "local"} {
+		t.Run(steering, func(t *testing.T) { testDualStackUserspace(t, steering) })
+	}
+}
+
+func testDualStackUserspace(t *testing.T, steering string) {
+	c := newCluster(t, 2, "", "--steering="+steering)
 	c.checkDualStack(t)
 
 	t.Run("the forwarder carried IPv6 end to end", func(t *testing.T) {
