@@ -6,7 +6,10 @@
 //
 // Modes: direct (client to backend, no proxy: the floor), svcproxy-userspace
 // (REDIRECT steering in its own nftables table), svcproxy-userspace-ipset
-// (the same, steered with iptables + ipset), kube-dnat (kernel DNAT with
+// (the same, steered with iptables + ipset), svcproxy-vip (the forwarder
+// listening on VIPs the bench puts on the node's lo: the peers' footing),
+// svcproxy-local (the same footing deployable: --steering=local puts the
+// VIPs on svcproxy's own dummy interface), kube-dnat (kernel DNAT with
 // kube-proxy-shaped rules the bench writes itself), the peers haproxy and
 // nginx-stream when installed,
 // svcproxy-iptables, svcproxy-nftables (its own nftables table, written over

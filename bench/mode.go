@@ -66,7 +66,7 @@ type ControlPlane interface {
 // steering rules, a data-path footing only (its programming is
 // svcproxy-userspace's minus the rules the test waits for).
 func controlPlaneOf(m Mode) (ControlPlane, bool) {
-	if s, ok := m.(svcproxyMode); ok && (s.onVIP || s.offload != "") { // data-path variants of svcproxy-userspace
+	if s, ok := m.(svcproxyMode); ok && (s.onVIP || s.local || s.offload != "") { // data-path variants of svcproxy-userspace
 		return nil, false
 	}
 	cp, ok := m.(ControlPlane)
@@ -126,6 +126,7 @@ var modes = []Mode{
 	svcproxyMode{name: "svcproxy-userspace"},
 	svcproxyMode{name: "svcproxy-userspace-ipset", steeringBackend: "iptables"},
 	svcproxyMode{name: "svcproxy-vip", onVIP: true},
+	svcproxyMode{name: "svcproxy-local", local: true},
 	svcproxyMode{name: "svcproxy-sockmap", offload: "sockmap"},
 	&kubeDNATMode{},
 	kubeDNATMasqMode{&kubeDNATMode{masqueradeAll: true}},

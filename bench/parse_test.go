@@ -228,6 +228,7 @@ func TestControlPlaneOf(t *testing.T) {
 		{svcproxyMode{name: "svcproxy-iptables", kernelMode: "iptables"}, true},
 		{svcproxyMode{name: "svcproxy-nftables", kernelMode: "nftables"}, true},
 		{svcproxyMode{name: "svcproxy-vip", onVIP: true}, false}, // no rules to wait for
+		{svcproxyMode{name: "svcproxy-local", local: true}, false},
 		{&kubeDNATMode{}, true},
 		{haproxyMode{}, false},
 	} {

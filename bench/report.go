@@ -383,7 +383,7 @@ var peers = []string{"haproxy", "nginx-stream"}
 
 func (r *Results) targets(b *strings.Builder) {
 	ran := r.ranModes()
-	for _, us := range []string{"svcproxy-vip", "svcproxy-userspace"} {
+	for _, us := range []string{"svcproxy-vip", "svcproxy-local", "svcproxy-userspace"} {
 		if slices.Contains(ran, us) {
 			r.targetTable(b, us, ran)
 		}

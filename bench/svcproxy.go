@@ -36,6 +36,10 @@ type svcproxyMode struct {
 	// onVIP runs the userspace mode on the peers' footing: listening on the
 	// VIPs put on the node's lo, no steering rules, no connection log.
 	onVIP bool
+	// local runs the userspace mode with --steering=local: svcproxy puts
+	// the VIPs on its own dummy interface and listens on them; no steering
+	// rules, no connection log. The peers' footing, deployable.
+	local bool
 	// offload is the userspace mode's --offload value ("": the flag not
 	// given): svcproxy-sockmap is svcproxy-userspace with the kernel
 	// moving established connections' bytes.
@@ -61,6 +65,9 @@ const steeringPrefix = "steering with "
 func (m svcproxyMode) Describe() string {
 	if m.onVIP {
 		return "svcproxy, userspace mode listening on the VIPs (on the node's lo) as the peer proxies do: no steering rules, --conn-log off"
+	}
+	if m.local {
+		return "svcproxy, userspace mode with --steering=local: svcproxy puts the VIPs on its own dummy interface (svcproxy-vips) and listens on each frontend, as the peer proxies listen on theirs: no steering rules, --conn-log off"
 	}
 	if m.offload != "" {
 		return "svcproxy, userspace mode as svcproxy-userspace, with --offload=" + m.offload + ": established connections' bytes moved by a BPF sockmap"
@@ -101,7 +108,10 @@ func (m svcproxyMode) Available(e *Env) error {
 	if m.offload != "" && !hasFlag(e, "offload") {
 		return skipf("not built yet: this svcproxy has no --offload flag")
 	}
-	if m.kernelMode == "" && m.steeringBackend != "" && !m.onVIP && !hasFlag(e, "steering-backend") {
+	if m.local && (!hasFlag(e, "steering") || !strings.Contains(svcproxyHelp.text, "local (")) {
+		return skipf("not built yet: this svcproxy has no --steering=local")
+	}
+	if m.kernelMode == "" && m.steeringBackend != "" && !m.onVIP && !m.local && !hasFlag(e, "steering-backend") {
 		return skipf("not built yet: this svcproxy has no --steering-backend flag (its REDIRECT steering is iptables + ipset only: svcproxy-userspace runs that)")
 	}
 	if m.kernelMode == "" {
@@ -134,6 +144,8 @@ func (m svcproxyMode) argsFor(has func(flag string) bool, services string) []str
 	switch {
 	case m.onVIP:
 		args = append(args, "--steering=none")
+	case m.local:
+		args = append(args, "--steering=local")
 	case m.kernelMode == "":
 		args = append(args, "--steering=redirect")
 		if has("steering-backend") {
@@ -327,7 +339,7 @@ func (m svcproxyMode) waitRunning(ctx context.Context, sp *svcproxyProc) (backen
 // (whose line has none); "" for a kernel mode or no steering. A backend
 // other than the one asked for is an error.
 func (m svcproxyMode) steeredBy(sp *svcproxyProc) (string, error) {
-	if m.kernelMode != "" || m.onVIP {
+	if m.kernelMode != "" || m.onVIP || m.local {
 		return "", nil
 	}
 	ev, ok := sp.find(0, func(ev logEvent) bool { return strings.HasPrefix(ev.Msg, steeringPrefix) })

@@ -227,6 +227,8 @@ var modeColors = map[string]string{
 	"direct":                   "#8c8c8c",
 	"svcproxy-userspace":       "#1f77b4",
 	"svcproxy-userspace-ipset": "#aec7e8",
+	"svcproxy-vip":             "#17becf",
+	"svcproxy-local":           "#9edae5",
 	"svcproxy-sockmap":         "#bcbd22",
 	"kube-dnat":                "#2ca02c",
 	"svcproxy-iptables":        "#9467bd",
