@@ -17,11 +17,13 @@ build:
 # The first command a newcomer runs (as root): a self-contained sandbox of
 # network namespaces with real backends and svcproxy steering a ClusterIP
 # and a NodePort; it says which steering backend svcproxy chose
-# (STEERING_BACKEND=iptables or nftables picks one; empty: auto). Ctrl-C
-# removes everything.
+# (STEERING_BACKEND=iptables or nftables picks one; empty: auto), or with
+# STEERING=local shows the virtual IPs on svcproxy's dummy interface and no
+# rules. Ctrl-C removes everything.
 STEERING_BACKEND ?=
+STEERING ?= redirect
 run: run-deps build
-	$(BIN)/svcproxy-sandbox --svcproxy $(BIN)/svcproxy --backend $(BIN)/svcproxy-backend --steering-backend "$(STEERING_BACKEND)"
+	$(BIN)/svcproxy-sandbox --svcproxy $(BIN)/svcproxy --backend $(BIN)/svcproxy-backend --steering "$(STEERING)" --steering-backend "$(STEERING_BACKEND)"
 
 # The node's container image without a Docker daemon: a Debian bookworm
 # root filesystem from mmdebstrap with iptables (legacy and nf_tables),

@@ -227,9 +227,13 @@ func CleanupSteering(ctx context.Context, log *zap.Logger) error {
 }
 
 // CleanupLocal deletes local steering's dummy interface (DefaultVIPDevice)
-// and the virtual IPs on it, if it exists.
+// and the virtual IPs on it, if it exists. Where there is no rtnetlink
+// (not Linux) there is nothing to delete.
 func CleanupLocal(ctx context.Context, log *zap.Logger) error {
 	l, err := iface.New(netns.None())
+	if errors.Is(err, errors.ErrUnsupported) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}

@@ -3,9 +3,10 @@
 // runs the real svcproxy on the node in userspace mode with REDIRECT
 // steering of a ClusterIP and a NodePort (on the steering backend svcproxy
 // chooses, or --steering-backend), says which backend steers and shows its
-// rules, sends traffic, shows what happened, and keeps everything up until
-// Ctrl-C, when it removes it all. It touches nothing outside the
-// namespaces it creates.
+// rules — or, with --steering=local, the virtual IPs on svcproxy's dummy
+// interface and no rules — sends traffic, shows what happened, and keeps
+// everything up until Ctrl-C, when it removes it all. It touches nothing
+// outside the namespaces it creates.
 package main
 
 import (
@@ -37,19 +38,28 @@ func main() {
 	svcproxy := flag.String("svcproxy", "bin/svcproxy", "the svcproxy binary")
 	backend := flag.String("backend", "bin/svcproxy-backend", "the svcproxy-backend binary")
 	steeringBackend := flag.String("steering-backend", "", "svcproxy's --steering-backend: auto, nftables or iptables; empty: svcproxy's default (auto)")
+	steering := flag.String("steering", "redirect", "svcproxy's --steering: redirect (rules) or local (the virtual IPs as the node's addresses, no rules)")
 	flag.Parse()
-	if err := run(*svcproxy, *backend, *steeringBackend); err != nil {
+	if *steering == "" {
+		*steering = "redirect"
+	}
+	if *steering != "redirect" && *steering != "local" {
+		fmt.Fprintf(os.Stderr, "sandbox: --steering: want redirect or local, got %q\n", *steering)
+		os.Exit(2)
+	}
+	if err := run(*svcproxy, *backend, *steering, *steeringBackend); err != nil {
 		fmt.Fprintln(os.Stderr, "sandbox:", err)
 		os.Exit(1)
 	}
 }
 
-func run(svcproxyBin, backendBin, steeringBackend string) error {
+func run(svcproxyBin, backendBin, steeringMode, steeringBackend string) error {
 	if os.Geteuid() != 0 {
 		return errors.New("the sandbox creates network namespaces and iptables rules inside them, which needs root: run `sudo make run`")
 	}
+	local := steeringMode == "local"
 	tools := []string{"ip", "iptables", "ipset"} // auto falls back to iptables + ipset where nftables is refused
-	if steeringBackend == "nftables" {
+	if steeringBackend == "nftables" || local {
 		tools = []string{"ip"}
 	}
 	for _, tool := range tools {
@@ -119,7 +129,11 @@ func run(svcproxyBin, backendBin, steeringBackend string) error {
 	if err := os.WriteFile(servicesFile, []byte(services), 0o644); err != nil {
 		return err
 	}
-	step("starting svcproxy on the node: userspace mode, REDIRECT steering (--steering-backend=" + firstNonEmpty(steeringBackend, "auto") + ")")
+	if local {
+		step("starting svcproxy on the node: userspace mode, local steering (--steering=local)")
+	} else {
+		step("starting svcproxy on the node: userspace mode, REDIRECT steering (--steering-backend=" + firstNonEmpty(steeringBackend, "auto") + ")")
+	}
 	fmt.Printf("    services file %s:\n%s", servicesFile, indent(services))
 	proxyLog := filepath.Join(dir, "svcproxy.log")
 	logFile, err := os.Create(proxyLog)
@@ -127,10 +141,10 @@ func run(svcproxyBin, backendBin, steeringBackend string) error {
 		return err
 	}
 	defer logFile.Close()
-	args := []string{"--services", servicesFile, "--steering=redirect",
+	args := []string{"--services", servicesFile, "--steering=" + steeringMode,
 		"--hostname-override", "sandbox-node", "--conn-log", connLog,
 		"--metrics-bind-address", "127.0.0.1:10249", "--healthz-bind-address", "127.0.0.1:10256"}
-	if steeringBackend != "" {
+	if steeringBackend != "" && !local {
 		args = append(args, "--steering-backend="+steeringBackend)
 	}
 	proxy := node.Command(context.Background(), svcproxyBin, args...)
@@ -139,7 +153,7 @@ func run(svcproxyBin, backendBin, steeringBackend string) error {
 		return err
 	}
 	defer func() {
-		step("stopping svcproxy (it drains connections and removes its rules)")
+		step("stopping svcproxy (it drains connections and removes its rules or its virtual IPs)")
 		_ = proxy.Process.Signal(os.Interrupt)
 		_ = proxy.Wait()
 	}()
@@ -147,13 +161,22 @@ func run(svcproxyBin, backendBin, steeringBackend string) error {
 		return fmt.Errorf("%w; the end of svcproxy's log:\n%s", err, tail(proxyLog, 15))
 	}
 
-	steering, fields := steeringLine(proxyLog)
-	if steering == "" {
-		return fmt.Errorf("svcproxy serves but its log says nothing of its steering backend; the end of its log:\n%s", tail(proxyLog, 15))
+	if local {
+		step("local steering: the ClusterIP is an address of the node, on svcproxy's dummy interface; no rules")
+		out, err := node.Command(ctx, "ip", "addr", "show", "dev", "svcproxy-vips").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("svcproxy serves but has no svcproxy-vips interface: %v: %s", err, out)
+		}
+		fmt.Print("    ip addr show dev svcproxy-vips:\n" + indent(string(out)))
+	} else {
+		steering, fields := steeringLine(proxyLog)
+		if steering == "" {
+			return fmt.Errorf("svcproxy serves but its log says nothing of its steering backend; the end of its log:\n%s", tail(proxyLog, 15))
+		}
+		step("steering: " + steering)
+		fmt.Printf("    svcproxy's log: steering with %s %s\n", steering, fields)
+		showRules(ctx, node, steering)
 	}
-	step("steering: " + steering)
-	fmt.Printf("    svcproxy's log: steering with %s %s\n", steering, fields)
-	showRules(ctx, node, steering)
 
 	step(fmt.Sprintf("6 requests from the client pod to the ClusterIP %s:80", clusterIP))
 	requests(client, clusterIP+":80", 6)

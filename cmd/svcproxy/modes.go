@@ -149,15 +149,18 @@ func newUserspace(ctx context.Context, o *options, reg prometheus.Registerer, lo
 	// listens on, and virtual IPs left on the device would answer for
 	// Services that are gone. (Connections open across such a switch
 	// end with it.)
+	// A node where the cleanup cannot even look (no steering backend
+	// works, no rtnetlink) cannot have the other's leftovers either: that
+	// is said, and the mode starts.
 	switch o.steering {
 	case "local":
 		cfg.LocalVIPs = &userspace.LocalVIPs{}
 		if err := userspace.CleanupSteering(ctx, log); err != nil {
-			return nil, fmt.Errorf("removing REDIRECT steering left by an earlier run: %w", err)
+			log.Warn("cannot check for REDIRECT steering left by an earlier run", zap.Error(err))
 		}
 	case "redirect":
 		if err := userspace.CleanupLocal(ctx, log); err != nil {
-			return nil, fmt.Errorf("removing local steering left by an earlier run: %w", err)
+			log.Warn("cannot check for local steering left by an earlier run", zap.Error(err))
 		}
 	}
 	m, err := userspace.New(cfg)

@@ -317,6 +317,60 @@ func TestPrivilegedCleanup(t *testing.T) {
 	}
 }
 
+// TestPrivilegedSteeringSwitch: a node whose steering is changed after a
+// crash (the ConfigMap edited, the pod killed) serves with the new steering
+// and keeps nothing of the old: REDIRECT rules left by a killed process are
+// removed when local steering starts, and local steering's device when
+// REDIRECT steering starts; --cleanup removes the device a killed local run
+// left.
+func TestPrivilegedSteeringSwitch(t *testing.T) {
+	c := newCluster(t, 2, "", "--steering=redirect")
+	client := c.topo.Clients[0]
+	kill := func() {
+		_ = c.proxy.Process.Kill()
+		_ = c.proxy.Wait()
+	}
+	hasDevice := func() bool {
+		return c.topo.Node.Command(context.Background(), "ip", "link", "show", "svcproxy-vips").Run() == nil
+	}
+	kill()
+	if c.nodeRules() == c.saved {
+		t.Fatal("after SIGKILL the REDIRECT rules are already gone; the switch would prove nothing")
+	}
+
+	c.proxyArgs = []string{"--steering=local"}
+	c.startProxy()
+	if got := c.nodeRules(); got != c.saved {
+		t.Errorf("local steering started with REDIRECT rules left by the killed run:\n%s\nbefore svcproxy:\n%s", got, c.saved)
+	}
+	if !hasDevice() {
+		t.Fatal("local steering serves without svcproxy-vips")
+	}
+	c.spread(client, webVIP+":80", 10)
+	kill()
+
+	c.proxyArgs = []string{"--steering=redirect"}
+	c.startProxy()
+	if hasDevice() {
+		t.Error("REDIRECT steering started with svcproxy-vips left by the killed local run")
+	}
+	c.spread(client, webVIP+":80", 10)
+	c.stopProxy()
+
+	c.proxyArgs = []string{"--steering=local"}
+	c.startProxy()
+	kill()
+	if !hasDevice() {
+		t.Fatal("after SIGKILL svcproxy-vips is already gone; the --cleanup check would prove nothing")
+	}
+	if out, err := c.topo.Node.Command(context.Background(), bins.svcproxy, "--cleanup").CombinedOutput(); err != nil {
+		t.Fatalf("svcproxy --cleanup: %v\n%s", err, out)
+	}
+	if hasDevice() {
+		t.Error("svcproxy-vips is still there after --cleanup")
+	}
+}
+
 // udpQuery sends msg from host to addr over a connected UDP socket, which
 // accepts only replies from addr itself, and returns the reply.
 func udpQuery(h *topology.Host, addr string, msg []byte) ([]byte, error) {
