@@ -30,8 +30,12 @@ type LocalVIPs struct {
 	// Device is the dummy interface's name; "": DefaultVIPDevice.
 	Device string
 	// Links manages it; nil: rtnetlink in the caller's network namespace
-	// (package iface).
+	// (package iface), closed with the Mode.
 	Links Links
+	// IPv6: the node serves IPv6. Without it a Service's IPv6 virtual IPs
+	// are left off the device (the daemon warns about them once), as they
+	// could not be added.
+	IPv6 bool
 }
 
 // Links is what local steering calls of the node's interfaces: package
@@ -50,19 +54,25 @@ type Links interface {
 	// DelAddr removes addr from interface name; a missing one is not an
 	// error.
 	DelAddr(ctx context.Context, name string, addr netip.Addr) error
+	// NodeAddrs lists the node's global unicast addresses on every
+	// interface but loopback and exclude.
+	NodeAddrs(ctx context.Context, exclude string) ([]netip.Addr, error)
 }
 
 // vips keeps the dummy interface holding exactly the snapshot's virtual
-// IPs.
+// IPs. Its owner serializes the calls.
 type vips struct {
 	dev   string
 	links Links
+	ipv6  bool
+	close func() // closes the rtnetlink socket newVIPs opened; nil: none
 	log   *zap.Logger
 	on    map[netip.Addr]bool // on the device as last read or written; nil: read it first
+	node  map[netip.Addr]bool // the node's own addresses on other interfaces, as of the last read
 }
 
 func newVIPs(cfg LocalVIPs, log *zap.Logger) (*vips, error) {
-	v := &vips{dev: cfg.Device, links: cfg.Links, log: log}
+	v := &vips{dev: cfg.Device, links: cfg.Links, ipv6: cfg.IPv6, log: log}
 	if v.dev == "" {
 		v.dev = DefaultVIPDevice
 	}
@@ -71,22 +81,24 @@ func newVIPs(cfg LocalVIPs, log *zap.Logger) (*vips, error) {
 		if err != nil {
 			return nil, fmt.Errorf("local steering: %w", err)
 		}
-		v.links = l
+		v.links, v.close = l, l.Close
 	}
 	return v, nil
 }
 
 // virtualIPs are the addresses the forwarder's TCP and UDP frontends in
 // snap listen on: what local steering puts on the device. Loopback and
-// unspecified addresses (a static file's) are the node's already.
-func virtualIPs(snap *lb.Snapshot) map[netip.Addr]bool {
+// unspecified addresses (a static file's) are the node's already; IPv6
+// ones are left out unless the node serves IPv6.
+func virtualIPs(snap *lb.Snapshot, ipv6 bool) map[netip.Addr]bool {
 	want := map[netip.Addr]bool{}
 	for _, b := range snap.Balancers() {
 		if b.Service.Protocol != lb.TCP && b.Service.Protocol != lb.UDP {
 			continue // SCTP is not served by the forwarder
 		}
 		for fe := range snap.Frontends(b) {
-			if a := fe.Addr.Addr().Unmap(); !a.IsLoopback() && !a.IsUnspecified() {
+			a := fe.Addr.Addr().Unmap()
+			if !a.IsLoopback() && !a.IsUnspecified() && (ipv6 || a.Is4()) {
 				want[a] = true
 			}
 		}
@@ -96,8 +108,12 @@ func virtualIPs(snap *lb.Snapshot) map[netip.Addr]bool {
 
 // add puts every address of want on the device, creating it when missing;
 // before the forwarder binds them. full (or the first call) reads the
-// device first and puts back what someone else removed. An address that
-// cannot be added is reported and the rest are added regardless.
+// device and the node's addresses first and puts back what someone else
+// removed. An address of the node's own (an ExternalIP that is a node IP)
+// is not added: the node has it already, and removing it from the device
+// later could take routes with it. An address that cannot be added is
+// logged and tried again on the next sync; the rest are added regardless.
+// The error is for what stops every address: no device.
 func (v *vips) add(ctx context.Context, want map[netip.Addr]bool, full bool) error {
 	if v.on == nil || full {
 		if err := v.read(ctx); err != nil {
@@ -106,16 +122,20 @@ func (v *vips) add(ctx context.Context, want map[netip.Addr]bool, full bool) err
 	}
 	var missing []netip.Addr
 	for a := range want {
-		if !v.on[a] {
+		if !v.on[a] && !v.node[a] {
 			missing = append(missing, a)
 		}
 	}
 	slices.SortFunc(missing, netip.Addr.Compare)
-	var errs []error
 	added := 0
 	for _, a := range missing {
 		if err := v.links.AddAddr(ctx, v.dev, a); err != nil {
-			errs = append(errs, fmt.Errorf("adding virtual IP %v to %s: %w", a, v.dev, err))
+			if errors.Is(err, iface.ErrNoLink) { // deleted by someone: the next sync reads and recreates it
+				v.on = nil
+				return fmt.Errorf("adding virtual IP %v: %w", a, err)
+			}
+			v.log.Warn("cannot add a virtual IP: its frontends are not served until it can be; retrying on each sync",
+				zap.String("device", v.dev), zap.Stringer("address", a), zap.Error(err))
 			continue
 		}
 		v.on[a] = true
@@ -124,11 +144,20 @@ func (v *vips) add(ctx context.Context, want map[netip.Addr]bool, full bool) err
 	if added > 0 {
 		v.log.Debug("added virtual IPs", zap.String("device", v.dev), zap.Int("added", added), zap.Int("total", len(v.on)))
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
-// read learns what is on the device, creating it when missing.
+// read learns what is on the device, creating it when missing, and the
+// node's own addresses.
 func (v *vips) read(ctx context.Context) error {
+	node, err := v.links.NodeAddrs(ctx, v.dev)
+	if err != nil {
+		return fmt.Errorf("listing the node's addresses: %w", err)
+	}
+	v.node = map[netip.Addr]bool{}
+	for _, a := range node {
+		v.node[a] = true
+	}
 	have, err := v.links.Addrs(ctx, v.dev)
 	if errors.Is(err, iface.ErrNoLink) {
 		if err := v.links.EnsureDummy(ctx, v.dev); err != nil {
@@ -148,7 +177,7 @@ func (v *vips) read(ctx context.Context) error {
 	}
 	v.on = map[netip.Addr]bool{}
 	for _, a := range have {
-		if !a.IsLinkLocalUnicast() { // the kernel's own (IPv6 fe80::), were the link ever up
+		if !(a.Is6() && a.IsLinkLocalUnicast()) { // the kernel's own fe80::, were the link ever up
 			v.on[a] = true
 		}
 	}
@@ -156,8 +185,12 @@ func (v *vips) read(ctx context.Context) error {
 }
 
 // prune removes the addresses want no longer has; after the forwarder
-// closed their listeners.
-func (v *vips) prune(ctx context.Context, want map[netip.Addr]bool) error {
+// closed their listeners. An address that cannot be removed is logged and
+// tried again on the next sync.
+func (v *vips) prune(ctx context.Context, want map[netip.Addr]bool) {
+	if v.on == nil {
+		return // add found the device gone; the next sync reads it again
+	}
 	var gone []netip.Addr
 	for a := range v.on {
 		if !want[a] {
@@ -165,15 +198,21 @@ func (v *vips) prune(ctx context.Context, want map[netip.Addr]bool) error {
 		}
 	}
 	slices.SortFunc(gone, netip.Addr.Compare)
-	var errs []error
 	for _, a := range gone {
 		if err := v.links.DelAddr(ctx, v.dev, a); err != nil {
-			errs = append(errs, fmt.Errorf("removing virtual IP %v from %s: %w", a, v.dev, err))
+			v.log.Warn("cannot remove a virtual IP; retrying on each sync", zap.String("device", v.dev), zap.Stringer("address", a), zap.Error(err))
 			continue
 		}
 		delete(v.on, a)
 	}
-	return errors.Join(errs...)
+}
+
+// release closes the rtnetlink socket newVIPs opened, if it did.
+func (v *vips) release() {
+	if v.close != nil {
+		v.close()
+		v.close = nil
+	}
 }
 
 // remove deletes the device and every address on it.

@@ -21,6 +21,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"sync"
 	"time"
 
 	"github.com/vishvananda/netns"
@@ -57,9 +58,14 @@ type Mode struct {
 	fwd   *forwarder.Forwarder
 	red   *redirect.Redirector // nil without steering
 	steer redirect.Config      // what red was made from
-	vips  *vips                // nil without local steering
-	port  uint16
-	log   *zap.Logger
+	// vips is local steering's device, nil without it. vmu serializes
+	// Apply's work on it with StopAccepting and Close; vipsDone, once
+	// set, leaves the device alone (a successor's, or going).
+	vips     *vips
+	vmu      sync.Mutex
+	vipsDone bool
+	port     uint16
+	log      *zap.Logger
 }
 
 // New builds the mode: the forwarder binds its redirect listeners (or
@@ -102,6 +108,9 @@ func New(cfg Config) (*Mode, error) {
 	}
 	fwd, err := forwarder.New(fc)
 	if err != nil {
+		if m.vips != nil {
+			m.vips.release()
+		}
 		return nil, err
 	}
 	m.fwd = fwd
@@ -148,8 +157,8 @@ func Available(ctx context.Context, steering *redirect.Config) error {
 }
 
 // LocalAvailable reports why this node cannot steer locally: it needs
-// Linux's rtnetlink (and CAP_NET_ADMIN, which only the first Apply finds
-// out without touching the node).
+// Linux's rtnetlink. (It needs CAP_NET_ADMIN too; short of touching the
+// node, only the first Apply finds that out, and fails.)
 func LocalAvailable() error {
 	if err := proxymode.LinuxOnly("--steering=local"); err != nil {
 		return err
@@ -178,22 +187,33 @@ func (m *Mode) Available(ctx context.Context) error {
 
 // Apply makes the forwarder serve snap and steers its frontends to it.
 // With local steering the virtual IPs are added before the forwarder binds
-// them and removed after it closed their listeners; one that cannot be
-// added fails the Apply (to be retried) once the rest is applied.
+// them and removed after it closed their listeners; an address that cannot
+// be added or removed is logged and retried on the next sync, as a
+// frontend that cannot be bound is, and only a device that cannot be made
+// fails the Apply. Once the mode stopped accepting (handed over) or is
+// closing, the device is left alone.
 func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
 	var vipErr error
 	var vips map[netip.Addr]bool
+	steerLocal := false
 	if m.vips != nil {
-		vips = virtualIPs(snap)
-		vipErr = m.vips.add(ctx, vips, full)
+		m.vmu.Lock()
+		defer m.vmu.Unlock()
+		if steerLocal = !m.vipsDone; steerLocal {
+			vips = virtualIPs(snap, m.vips.ipv6)
+			vipErr = m.vips.add(ctx, vips, full)
+		}
 	}
 	if err := m.fwd.Apply(ctx, snap); err != nil {
 		// Frontends that cannot be bound are reported, not fatal: the
 		// rest of the snapshot is served.
 		m.log.Warn("applied snapshot with errors", zap.Uint64("version", snap.Version), zap.Error(err))
 	}
+	if steerLocal {
+		m.vips.prune(ctx, vips)
+	}
 	if m.vips != nil {
-		return errors.Join(vipErr, m.vips.prune(ctx, vips))
+		return vipErr
 	}
 	if m.red == nil {
 		return nil
@@ -205,6 +225,8 @@ func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
 // device, if m steers.
 func (m *Mode) Cleanup(ctx context.Context) error {
 	if m.vips != nil {
+		m.vmu.Lock()
+		defer m.vmu.Unlock()
 		return m.vips.remove(ctx)
 	}
 	if m.red == nil {
@@ -251,12 +273,18 @@ func CleanupLocal(ctx context.Context, log *zap.Logger) error {
 // rather than blackholed.
 func (m *Mode) Close(ctx context.Context, handedOver bool) error {
 	err := m.fwd.Shutdown(ctx)
-	if m.vips != nil && !handedOver {
-		if cerr := m.vips.remove(ctx); cerr != nil {
-			err = errors.Join(err, cerr)
-		} else {
-			m.log.Info("removed the virtual IPs", zap.String("device", m.vips.dev))
+	if m.vips != nil {
+		m.vmu.Lock()
+		m.vipsDone = true
+		if !handedOver {
+			if cerr := m.vips.remove(ctx); cerr != nil {
+				err = errors.Join(err, cerr)
+			} else {
+				m.log.Info("removed the virtual IPs", zap.String("device", m.vips.dev))
+			}
 		}
+		m.vips.release()
+		m.vmu.Unlock()
 	}
 	if m.red != nil && !handedOver {
 		if cerr := m.red.Cleanup(ctx); cerr != nil {
@@ -274,8 +302,16 @@ func (m *Mode) Sockets() (map[string]*os.File, error) { return m.fwd.Sockets() }
 // SocketsGeneration counts changes to the forwarder's sockets.
 func (m *Mode) SocketsGeneration() uint64 { return m.fwd.SocketsGeneration() }
 
-// StopAccepting leaves new connections to the successor.
-func (m *Mode) StopAccepting() { m.fwd.StopAccepting() }
+// StopAccepting leaves new connections to the successor, and local
+// steering's device too: syncs still running here no longer touch it.
+func (m *Mode) StopAccepting() {
+	if m.vips != nil {
+		m.vmu.Lock()
+		m.vipsDone = true
+		m.vmu.Unlock()
+	}
+	m.fwd.StopAccepting()
+}
 
 // Active is the number of connections the forwarder has open.
 func (m *Mode) Active() int64 { return m.fwd.Active() }

@@ -149,18 +149,24 @@ func newUserspace(ctx context.Context, o *options, reg prometheus.Registerer, lo
 	// listens on, and virtual IPs left on the device would answer for
 	// Services that are gone. (Connections open across such a switch
 	// end with it.)
-	// A node where the cleanup cannot even look (no steering backend
-	// works, no rtnetlink) cannot have the other's leftovers either: that
-	// is said, and the mode starts.
+	// A node without the tools REDIRECT steering is written with cannot
+	// hold its rules: local steering starts there. Any other failure to
+	// remove them stops it, as they would take its traffic. Without
+	// steering, a device a killed local run left is removed when possible
+	// (it needs CAP_NET_ADMIN, which --steering=none does not).
 	switch o.steering {
 	case "local":
-		cfg.LocalVIPs = &userspace.LocalVIPs{}
-		if err := userspace.CleanupSteering(ctx, log); err != nil {
-			log.Warn("cannot check for REDIRECT steering left by an earlier run", zap.Error(err))
+		cfg.LocalVIPs = &userspace.LocalVIPs{IPv6: o.ipv6}
+		if err := userspace.CleanupSteering(ctx, log); err != nil && !errors.Is(err, exec.ErrNotFound) {
+			return nil, fmt.Errorf("removing REDIRECT steering left by an earlier run: %w", err)
 		}
 	case "redirect":
 		if err := userspace.CleanupLocal(ctx, log); err != nil {
-			log.Warn("cannot check for local steering left by an earlier run", zap.Error(err))
+			return nil, fmt.Errorf("removing local steering left by an earlier run: %w", err)
+		}
+	default:
+		if err := userspace.CleanupLocal(ctx, log); err != nil {
+			log.Warn("cannot remove local steering's device left by an earlier run", zap.String("device", userspace.DefaultVIPDevice), zap.Error(err))
 		}
 	}
 	m, err := userspace.New(cfg)
