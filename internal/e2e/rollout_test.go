@@ -1,10 +1,12 @@
 package e2e
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"syscall"
@@ -27,11 +29,18 @@ import (
 // before the new one has taken over (its probes answer from the old one's
 // shared host port), once after. Not one connection may fail, and the old
 // process must neither exit before it is told to (kubelet would restart
-// it) nor leave the node unsteered.
+// it) nor leave the node unsteered. With the ConfigMap as shipped, and
+// with its steering switched to local.
 func TestPrivilegedRolloutUnderLoad(t *testing.T) {
 	proctest.NeedTools(t, "unshare", "mount")
+	for _, steering := range []string{"", "local"} {
+		t.Run(cmp.Or(steering, "as shipped"), func(t *testing.T) { testRolloutUnderLoad(t, steering) })
+	}
+}
+
+func testRolloutUnderLoad(t *testing.T, steering string) {
 	c := newNode(t, 3, "")
-	pod := newPodSpec(t, c)
+	pod := newPodSpec(t, c, steering)
 	client := c.topo.Clients[0]
 
 	p := pod.start("pod-0")
@@ -65,8 +74,8 @@ func TestPrivilegedRolloutUnderLoad(t *testing.T) {
 		}
 		time.Sleep(time.Second) // the new pod alone serves
 		t.Logf("rollout %d (SIGTERM %s): %d requests meanwhile", i+1, sigtermAt, load.ok.Load()-before)
-		if strings.Contains(old.Out.String(), "removed steering rules") {
-			t.Errorf("rollout %d: the old pod removed the steering rules the new one serves by", i+1)
+		if out := old.Out.String(); strings.Contains(out, "removed steering rules") || strings.Contains(out, "removed the virtual IPs") {
+			t.Errorf("rollout %d: the old pod removed the steering the new one serves by", i+1)
 		}
 	}
 	load.stop()
@@ -95,12 +104,23 @@ type podSpec struct {
 	mounts map[string]string // under /run: mountPath → the node's path
 }
 
-func newPodSpec(t *testing.T, c *cluster) *podSpec {
+func newPodSpec(t *testing.T, c *cluster, steering string) *podSpec {
 	t.Helper()
 	var ds appsv1.DaemonSet
 	readManifest(t, "daemonset.yaml", &ds)
 	var cm corev1.ConfigMap
 	readManifest(t, "configmap.yaml", &cm)
+	if steering != "" { // the ConfigMap's svcproxy.steering, as an operator would edit it
+		switched := false
+		for key, data := range cm.Data {
+			if re := regexp.MustCompile(`(?m)^(\s+steering:) redirect$`); re.MatchString(data) {
+				cm.Data[key], switched = re.ReplaceAllString(data, "$1 "+steering), true
+			}
+		}
+		if !switched {
+			t.Fatal("configmap.yaml: no `steering: redirect` line to switch")
+		}
+	}
 
 	ru := ds.Spec.UpdateStrategy.RollingUpdate
 	if ru == nil || ru.MaxSurge == nil || ru.MaxSurge.IntValue() < 1 || ru.MaxUnavailable == nil || ru.MaxUnavailable.IntValue() != 0 {
