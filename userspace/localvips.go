@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync/atomic"
 
 	"github.com/vishvananda/netns"
 	"go.uber.org/zap"
@@ -69,7 +70,13 @@ type vips struct {
 	log   *zap.Logger
 	on    map[netip.Addr]bool // on the device as last read or written; nil: read it first
 	node  map[netip.Addr]bool // the node's own addresses on other interfaces, as of the last read
+
+	count  atomic.Int64  // len(on), for metrics read without the owner's lock
+	failed atomic.Uint64 // addresses that could not be added or removed
 }
+
+// counted publishes len(v.on) for metrics.
+func (v *vips) counted() { v.count.Store(int64(len(v.on))) }
 
 func newVIPs(cfg LocalVIPs, log *zap.Logger) (*vips, error) {
 	v := &vips{dev: cfg.Device, links: cfg.Links, ipv6: cfg.IPv6, log: log}
@@ -134,6 +141,7 @@ func (v *vips) add(ctx context.Context, want map[netip.Addr]bool, full bool) err
 				v.on = nil
 				return fmt.Errorf("adding virtual IP %v: %w", a, err)
 			}
+			v.failed.Add(1)
 			v.log.Warn("cannot add a virtual IP: its frontends are not served until it can be; retrying on each sync",
 				zap.String("device", v.dev), zap.Stringer("address", a), zap.Error(err))
 			continue
@@ -144,6 +152,7 @@ func (v *vips) add(ctx context.Context, want map[netip.Addr]bool, full bool) err
 	if added > 0 {
 		v.log.Debug("added virtual IPs", zap.String("device", v.dev), zap.Int("added", added), zap.Int("total", len(v.on)))
 	}
+	v.counted()
 	return nil
 }
 
@@ -181,6 +190,7 @@ func (v *vips) read(ctx context.Context) error {
 			v.on[a] = true
 		}
 	}
+	v.counted()
 	return nil
 }
 
@@ -200,11 +210,13 @@ func (v *vips) prune(ctx context.Context, want map[netip.Addr]bool) {
 	slices.SortFunc(gone, netip.Addr.Compare)
 	for _, a := range gone {
 		if err := v.links.DelAddr(ctx, v.dev, a); err != nil {
+			v.failed.Add(1)
 			v.log.Warn("cannot remove a virtual IP; retrying on each sync", zap.String("device", v.dev), zap.Stringer("address", a), zap.Error(err))
 			continue
 		}
 		delete(v.on, a)
 	}
+	v.counted()
 }
 
 // release closes the rtnetlink socket newVIPs opened, if it did.
@@ -221,5 +233,6 @@ func (v *vips) remove(ctx context.Context) error {
 		return fmt.Errorf("deleting dummy interface %s: %w", v.dev, err)
 	}
 	v.on = nil
+	v.counted()
 	return nil
 }

@@ -139,6 +139,9 @@ func TestLocalVIPs(t *testing.T) {
 		t.Fatalf("Apply with AddAddr failing once: %v, want nil (logged, retried)", err)
 	}
 	want("one add failed", "198.18.5.1", "198.18.5.3", "198.18.5.4", "198.18.5.5", "198.18.5.8", "2001:db8::1")
+	if n, failed := m.LocalVIPs(); n != 6 || failed != 1 {
+		t.Errorf("LocalVIPs() = %d addresses, %d failures; want 6, 1", n, failed)
+	}
 	if err := apply(false, web, dns, empty, sctp, static); err != nil {
 		t.Fatalf("retry: %v", err)
 	}
@@ -160,6 +163,9 @@ func TestLocalVIPs(t *testing.T) {
 	}
 	if got, _, ok := onDevice(links); ok {
 		t.Errorf("after the last Close the device is still there with %v", got)
+	}
+	if n, _ := m.LocalVIPs(); n != 0 {
+		t.Errorf("LocalVIPs() after the last Close: %d addresses, want 0", n)
 	}
 }
 

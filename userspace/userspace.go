@@ -316,6 +316,16 @@ func (m *Mode) StopAccepting() {
 // Active is the number of connections the forwarder has open.
 func (m *Mode) Active() int64 { return m.fwd.Active() }
 
+// LocalVIPs reports local steering's device: the virtual IPs on it, and
+// how many times an address could not be added or removed. Zero without
+// local steering; safe to call at any time (metrics).
+func (m *Mode) LocalVIPs() (addresses int, failures uint64) {
+	if m.vips == nil {
+		return 0, 0
+	}
+	return int(m.vips.count.Load()), m.vips.failed.Load()
+}
+
 // Steering is the redirector's, nil without steering: its backend, repair
 // and restore-failure counts.
 func (m *Mode) Steering() *redirect.Redirector { return m.red }

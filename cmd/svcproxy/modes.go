@@ -177,6 +177,7 @@ func newUserspace(ctx context.Context, o *options, reg prometheus.Registerer, lo
 		log.Warn("--nodeport-addresses is not applied with --steering=" + o.steering + ": the forwarder listens on each NodePort at every address of the node")
 	}
 	if o.steering == "local" {
+		registerLocalSteering(reg, m)
 		log.Info("local steering: the virtual IPs on dummy interface "+userspace.DefaultVIPDevice+", the forwarder listening on each frontend", zap.String("device", userspace.DefaultVIPDevice))
 	}
 	if red := m.Steering(); red != nil {
@@ -189,6 +190,21 @@ func newUserspace(ctx context.Context, o *options, reg prometheus.Registerer, lo
 		log.Info("steering with "+red.Describe(), fields...)
 	}
 	return m, nil
+}
+
+// registerLocalSteering exports local steering's device: the virtual IPs
+// on it, and the addresses that could not be added or removed (each
+// logged; a frontend whose address is missing is not served).
+func registerLocalSteering(reg prometheus.Registerer, m *userspace.Mode) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: "svcproxy", Subsystem: "local_steering", Name: "addresses",
+			Help: "Virtual IPs on local steering's dummy interface (" + userspace.DefaultVIPDevice + ").",
+		}, func() float64 { n, _ := m.LocalVIPs(); return float64(n) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: "svcproxy", Subsystem: "local_steering", Name: "address_failures_total",
+			Help: "Times a virtual IP could not be added to or removed from local steering's dummy interface (each retried on the next sync).",
+		}, func() float64 { _, f := m.LocalVIPs(); return float64(f) }))
 }
 
 // registerSteering exports red's repair count and its failed writes per

@@ -55,6 +55,9 @@ func testUserspaceMode(t *testing.T, steering string) {
 					t.Errorf("%s is not on svcproxy-vips:\n%s", vip, out)
 				}
 			}
+			if got := c.metric(t, "svcproxy_local_steering_addresses"); got != 6 {
+				t.Errorf("svcproxy_local_steering_addresses = %v, want 6", got)
+			}
 			if rules := c.nodeRules(); rules != c.saved {
 				t.Errorf("local steering changed the node's rules:\n%s\nwas:\n%s", rules, c.saved)
 			}
