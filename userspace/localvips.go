@@ -41,24 +41,7 @@ type LocalVIPs struct {
 
 // Links is what local steering calls of the node's interfaces: package
 // iface's Netlink, or ipvstest.Links in tests.
-type Links interface {
-	// EnsureDummy creates the dummy interface name unless it exists.
-	EnsureDummy(ctx context.Context, name string) error
-	// DeleteLink deletes interface name; a missing one is not an error.
-	DeleteLink(ctx context.Context, name string) error
-	// Addrs lists the addresses on interface name; iface.ErrNoLink when it
-	// does not exist.
-	Addrs(ctx context.Context, name string) ([]netip.Addr, error)
-	// AddAddr adds addr as a host address (/32, /128) to interface name;
-	// one that is there is not an error.
-	AddAddr(ctx context.Context, name string, addr netip.Addr) error
-	// DelAddr removes addr from interface name; a missing one is not an
-	// error.
-	DelAddr(ctx context.Context, name string, addr netip.Addr) error
-	// NodeAddrs lists the node's global unicast addresses on every
-	// interface but loopback and exclude.
-	NodeAddrs(ctx context.Context, exclude string) ([]netip.Addr, error)
-}
+type Links = iface.Links
 
 // vips keeps the dummy interface holding exactly the snapshot's virtual
 // IPs. Its owner serializes the calls.

@@ -46,6 +46,21 @@ func addrs(s ...string) []netip.Addr {
 	return out
 }
 
+// snapshotOf is store's snapshot of svcs.
+func snapshotOf(t *testing.T, store *lb.Store, svcs ...lb.Service) *lb.Snapshot {
+	t.Helper()
+	snap, err := store.Replace(svcs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snap
+}
+
+// webAt is a TCP Service on port 80 of ips, without endpoints.
+func webAt(ips ...string) lb.Service {
+	return lb.Service{Name: lb.ServicePortName{Namespace: "ns", Name: "web"}, Protocol: lb.TCP, Port: 80, ClusterIPs: addrs(ips...)}
+}
+
 // onDevice is what the fake holds on DefaultVIPDevice, sorted; ok false
 // when the device does not exist.
 func onDevice(links *ipvstest.Links) (got []netip.Addr, kind string, ok bool) {
@@ -79,11 +94,7 @@ func TestLocalVIPs(t *testing.T) {
 		ClusterIPs: addrs("127.0.0.1"), Endpoints: ep}
 	apply := func(full bool, svcs ...lb.Service) error {
 		t.Helper()
-		snap, err := store.Replace(svcs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return m.Apply(ctx, snap, full)
+		return m.Apply(ctx, snapshotOf(t, store, svcs...), full)
 	}
 	want := func(step string, a ...string) {
 		t.Helper()
@@ -177,12 +188,7 @@ func TestLocalVIPsNoIPv6(t *testing.T) {
 	links := ipvstest.NewLinks()
 	m := localModeIPv6(t, links, false)
 	defer m.Close(ctx, false)
-	snap, err := lb.NewStore(lb.StoreOptions{}).Replace([]lb.Service{{Name: lb.ServicePortName{Namespace: "ns", Name: "web"}, Protocol: lb.TCP, Port: 80,
-		ClusterIPs: addrs("198.18.5.1", "2001:db8::1")}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Apply(ctx, snap, true); err != nil {
+	if err := m.Apply(ctx, snapshotOf(t, lb.NewStore(lb.StoreOptions{}), webAt("198.18.5.1", "2001:db8::1")), true); err != nil {
 		t.Fatalf("Apply: %v", err)
 	}
 	if got, _, _ := onDevice(links); !slices.Equal(got, addrs("198.18.5.1")) {
@@ -198,21 +204,13 @@ func TestLocalVIPsHandedOver(t *testing.T) {
 	links := ipvstest.NewLinks()
 	m := localMode(t, links)
 	store := lb.NewStore(lb.StoreOptions{})
-	web := lb.Service{Name: lb.ServicePortName{Namespace: "ns", Name: "web"}, Protocol: lb.TCP, Port: 80, ClusterIPs: addrs("198.18.5.1")}
-	snap, err := store.Replace([]lb.Service{web})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Apply(ctx, snap, false); err != nil {
+	if err := m.Apply(ctx, snapshotOf(t, store, webAt("198.18.5.1")), false); err != nil {
 		t.Fatal(err)
 	}
 	m.StopAccepting()
 	links.ResetCalls()
-	snap, err = store.Replace(nil) // the old process's view, lagging the successor's
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Apply(ctx, snap, true); err != nil {
+	// The old process's view, lagging the successor's.
+	if err := m.Apply(ctx, snapshotOf(t, store), true); err != nil {
 		t.Fatalf("Apply after StopAccepting: %v", err)
 	}
 	if err := m.Close(ctx, true); err != nil {
@@ -233,12 +231,7 @@ func TestLocalVIPsDeviceGone(t *testing.T) {
 	links := ipvstest.NewLinks()
 	m := localMode(t, links)
 	defer m.Close(ctx, true)
-	store := lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: "node-a"}})
-	snap, err := store.Replace([]lb.Service{{Name: lb.ServicePortName{Namespace: "ns", Name: "web"}, Protocol: lb.TCP, Port: 80,
-		ClusterIPs: addrs("198.18.5.1")}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	snap := snapshotOf(t, lb.NewStore(lb.StoreOptions{}), webAt("198.18.5.1"))
 	if err := m.Apply(ctx, snap, false); err != nil {
 		t.Fatal(err)
 	}

@@ -252,18 +252,14 @@ func CleanupSteering(ctx context.Context, log *zap.Logger) error {
 // and the virtual IPs on it, if it exists. Where there is no rtnetlink
 // (not Linux) there is nothing to delete.
 func CleanupLocal(ctx context.Context, log *zap.Logger) error {
-	l, err := iface.New(netns.None())
+	v, err := newVIPs(LocalVIPs{}, log)
 	if errors.Is(err, errors.ErrUnsupported) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	defer l.Close()
-	v, err := newVIPs(LocalVIPs{Links: l}, log)
-	if err != nil {
-		return err
-	}
+	defer v.release()
 	return v.remove(ctx)
 }
 

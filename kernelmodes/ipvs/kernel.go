@@ -4,6 +4,9 @@ import (
 	"context"
 	"net/netip"
 
+	"github.com/vishvananda/netns"
+
+	"github.com/svcproxy/svcproxy/iface"
 	"github.com/svcproxy/svcproxy/netfilter"
 )
 
@@ -30,27 +33,15 @@ type IPVS interface {
 }
 
 // Links manages the dummy interface that holds the virtual IPs and reads the
-// node's addresses.
-type Links interface {
-	// EnsureDummy creates the dummy interface name unless it exists. It is
-	// left down: the kernel still adds a local route for each address on
-	// it, which is all IPVS needs to see packets to them.
-	EnsureDummy(ctx context.Context, name string) error
-	// DeleteLink deletes interface name; a missing one is not an error.
-	DeleteLink(ctx context.Context, name string) error
-	// Addrs lists the addresses on interface name; ErrNoLink when it does
-	// not exist.
-	Addrs(ctx context.Context, name string) ([]netip.Addr, error)
-	// AddAddr adds addr as a host address (/32, /128) to interface name;
-	// adding one that is there is not an error.
-	AddAddr(ctx context.Context, name string, addr netip.Addr) error
-	// DelAddr removes addr from interface name; a missing one is not an
-	// error.
-	DelAddr(ctx context.Context, name string, addr netip.Addr) error
-	// NodeAddrs lists the node's global unicast addresses on every
-	// interface but loopback and exclude, each once.
-	NodeAddrs(ctx context.Context, exclude string) ([]netip.Addr, error)
-}
+// node's addresses: package iface's boundary, shared with local steering.
+type Links = iface.Links
+
+// NetlinkLinks is the real Links, over rtnetlink (package iface).
+type NetlinkLinks = iface.Netlink
+
+// NewLinks opens an rtnetlink socket in network namespace ns
+// (netns.None(): the caller's); it fails where there is no rtnetlink.
+func NewLinks(ns netns.NsHandle) (*NetlinkLinks, error) { return iface.New(ns) }
 
 // Rules runs iptables-restore/-save and ipset: the whole rule set of a
 // family in one iptables-restore, set contents in one ipset restore.

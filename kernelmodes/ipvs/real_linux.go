@@ -13,8 +13,6 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
-
-	"github.com/svcproxy/svcproxy/iface"
 )
 
 // Available reports whether this kernel has IPVS: nil when its generic
@@ -62,15 +60,6 @@ func NewIPVS() (*ipvs.Handle, error) {
 	}
 	return h, nil
 }
-
-// NetlinkLinks is the real Links: package iface's, over rtnetlink.
-type NetlinkLinks = iface.Netlink
-
-var _ Links = (*NetlinkLinks)(nil)
-
-// NewLinks opens an rtnetlink socket in network namespace ns
-// (netns.None(): the caller's).
-func NewLinks(ns netns.NsHandle) (*NetlinkLinks, error) { return iface.New(ns) }
 
 // NetlinkConntrack is the real Conntrack, over ctnetlink. The socket is
 // opened on first use, so a node without ctnetlink fails only then.

@@ -23,9 +23,6 @@ func Available() error { return fmt.Errorf("%w: %w", ErrUnavailable, unsupported
 // NewIPVS fails: there is no IPVS netlink family here.
 func NewIPVS() (IPVS, error) { return nil, unsupported("opening IPVS netlink socket") }
 
-// NewLinks fails: there is no rtnetlink here.
-func NewLinks(netns.NsHandle) (Links, error) { return nil, unsupported("opening rtnetlink socket") }
-
 // NewConntrack returns a Conntrack whose every call fails: there is no
 // ctnetlink here. Mode never reaches it, as NewLinks fails first.
 func NewConntrack(netns.NsHandle) Conntrack { return noConntrack{} }
