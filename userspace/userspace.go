@@ -58,14 +58,15 @@ type Mode struct {
 	fwd   *forwarder.Forwarder
 	red   *redirect.Redirector // nil without steering
 	steer redirect.Config      // what red was made from
-	// vips is local steering's device, nil without it. vmu serializes
-	// Apply's work on it with StopAccepting and Close; vipsDone, once
-	// set, leaves the device alone (a successor's, or going).
-	vips     *vips
-	vmu      sync.Mutex
-	vipsDone bool
-	port     uint16
-	log      *zap.Logger
+	// vips is local steering's device, nil without it.
+	vips *vips
+	// smu serializes Apply's steering (the rules or the device) with
+	// StopAccepting and Close; once steerDone is set, Apply leaves the
+	// steering alone: it is a successor's, or being removed.
+	smu       sync.Mutex
+	steerDone bool
+	port      uint16
+	log       *zap.Logger
 }
 
 // New builds the mode: the forwarder binds its redirect listeners (or
@@ -191,42 +192,43 @@ func (m *Mode) Available(ctx context.Context) error {
 // be added or removed is logged and retried on the next sync, as a
 // frontend that cannot be bound is, and only a device that cannot be made
 // fails the Apply. Once the mode stopped accepting (handed over) or is
-// closing, the device is left alone.
+// closing, only the forwarder is updated (it drains connections to removed
+// endpoints): the steering rules or device are left alone, so a sync
+// still running here cannot rewrite a successor's rules, nor put back what
+// Close removed.
 func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
+	m.smu.Lock()
+	defer m.smu.Unlock()
+	steer := !m.steerDone
 	var vipErr error
 	var vips map[netip.Addr]bool
-	steerLocal := false
-	if m.vips != nil {
-		m.vmu.Lock()
-		defer m.vmu.Unlock()
-		if steerLocal = !m.vipsDone; steerLocal {
-			vips = virtualIPs(snap, m.vips.ipv6)
-			vipErr = m.vips.add(ctx, vips, full)
-		}
+	if m.vips != nil && steer {
+		vips = virtualIPs(snap, m.vips.ipv6)
+		vipErr = m.vips.add(ctx, vips, full)
 	}
 	if err := m.fwd.Apply(ctx, snap); err != nil {
 		// Frontends that cannot be bound are reported, not fatal: the
 		// rest of the snapshot is served.
 		m.log.Warn("applied snapshot with errors", zap.Uint64("version", snap.Version), zap.Error(err))
 	}
-	if steerLocal {
-		m.vips.prune(ctx, vips)
-	}
-	if m.vips != nil {
-		return vipErr
-	}
-	if m.red == nil {
+	switch {
+	case !steer:
 		return nil
+	case m.vips != nil:
+		m.vips.prune(ctx, vips)
+		return vipErr
+	case m.red != nil:
+		return m.red.Apply(ctx, snap, redirect.Ports{TCP: m.port, UDP: m.fwd.UDPPorts()}, full)
 	}
-	return m.red.Apply(ctx, snap, redirect.Ports{TCP: m.port, UDP: m.fwd.UDPPorts()}, full)
+	return nil
 }
 
 // Cleanup removes the steering rules and sets, or local steering's
 // device, if m steers.
 func (m *Mode) Cleanup(ctx context.Context) error {
 	if m.vips != nil {
-		m.vmu.Lock()
-		defer m.vmu.Unlock()
+		m.smu.Lock()
+		defer m.smu.Unlock()
 		return m.vips.remove(ctx)
 	}
 	if m.red == nil {
@@ -269,9 +271,10 @@ func CleanupLocal(ctx context.Context, log *zap.Logger) error {
 // rather than blackholed.
 func (m *Mode) Close(ctx context.Context, handedOver bool) error {
 	err := m.fwd.Shutdown(ctx)
+	m.smu.Lock()
+	defer m.smu.Unlock()
+	m.steerDone = true
 	if m.vips != nil {
-		m.vmu.Lock()
-		m.vipsDone = true
 		if !handedOver {
 			if cerr := m.vips.remove(ctx); cerr != nil {
 				err = errors.Join(err, cerr)
@@ -280,7 +283,6 @@ func (m *Mode) Close(ctx context.Context, handedOver bool) error {
 			}
 		}
 		m.vips.release()
-		m.vmu.Unlock()
 	}
 	if m.red != nil && !handedOver {
 		if cerr := m.red.Cleanup(ctx); cerr != nil {
@@ -298,14 +300,13 @@ func (m *Mode) Sockets() (map[string]*os.File, error) { return m.fwd.Sockets() }
 // SocketsGeneration counts changes to the forwarder's sockets.
 func (m *Mode) SocketsGeneration() uint64 { return m.fwd.SocketsGeneration() }
 
-// StopAccepting leaves new connections to the successor, and local
-// steering's device too: syncs still running here no longer touch it.
+// StopAccepting leaves new connections to the successor, and the
+// steering too (its rules, or local steering's device): syncs still
+// running here update the forwarder only.
 func (m *Mode) StopAccepting() {
-	if m.vips != nil {
-		m.vmu.Lock()
-		m.vipsDone = true
-		m.vmu.Unlock()
-	}
+	m.smu.Lock()
+	m.steerDone = true
+	m.smu.Unlock()
 	m.fwd.StopAccepting()
 }
 

@@ -3,6 +3,7 @@ package userspace
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -14,8 +15,10 @@ import (
 
 	"github.com/svcproxy/svcproxy/forwarder"
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 	"github.com/svcproxy/svcproxy/redirect"
+	"github.com/svcproxy/svcproxy/redirect/steertable"
 	"github.com/svcproxy/svcproxy/redirect/steertable/steertabletest"
 )
 
@@ -133,5 +136,69 @@ func TestAvailableSteering(t *testing.T) {
 	}
 	if err := Available(context.Background(), nil); err != nil {
 		t.Errorf("Available without steering = %v, want nil", err)
+	}
+}
+
+// TestRedirectLeftToSuccessor: once the mode has stopped accepting (its
+// successor serves), syncs still running in it update the forwarder only,
+// never the steering table, and Close leaves the table to the successor;
+// without a successor, a sync that was still running when Close removed
+// the table does not put it back.
+func TestRedirectLeftToSuccessor(t *testing.T) {
+	ctx := context.Background()
+	web := lb.Service{Name: lb.ServicePortName{Namespace: "ns", Name: "web"}, Protocol: lb.TCP, Port: 80,
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("198.18.5.1")},
+		Endpoints:  []lb.Endpoint{{Addr: netip.MustParseAddrPort("198.18.6.1:8080"), Ready: true, Serving: true}}}
+	for _, handedOver := range []bool{true, false} {
+		t.Run(fmt.Sprintf("handedOver=%v", handedOver), func(t *testing.T) {
+			nft := steertabletest.NewFake()
+			probe, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			port := uint16(probe.Addr().(*net.TCPAddr).Port)
+			probe.Close()
+			m, err := New(Config{
+				RedirectPort: port,
+				Forwarder:    forwarder.Config{Workers: 1, Mark: -1, DrainTimeout: time.Second, Logger: zaptest.NewLogger(t)},
+				Steering:     &redirect.Config{Backend: redirect.BackendNFTables, Mark: forwarder.DefaultMark, Exec: netfiltertest.NewFake(), NFT: nft},
+				Logger:       zaptest.NewLogger(t),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			store := lb.NewStore(lb.StoreOptions{})
+			if err := m.Apply(ctx, snapshotOf(t, store, web), true); err != nil {
+				t.Fatal(err)
+			}
+			if n := nft.Len(netfilter.IPv4, steertable.SetFrontends); n != 1 {
+				t.Fatalf("%d frontends steered, want 1", n)
+			}
+			if handedOver {
+				m.StopAccepting()
+			} else if err := m.Close(ctx, false); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+			writes := func() int { return nft.Count("setup") + nft.Count("update") + nft.Count("delete") }
+			before := writes()
+			// The old process's view, lagging the successor's: web gone.
+			if err := m.Apply(ctx, snapshotOf(t, store), true); err != nil {
+				t.Fatalf("Apply after stopping: %v", err)
+			}
+			if handedOver {
+				if err := m.Close(ctx, true); err != nil {
+					t.Fatalf("Close: %v", err)
+				}
+			}
+			if got := writes() - before; got != 0 {
+				t.Errorf("after stopping, %d writes to the steering table, want 0", got)
+			}
+			switch n := nft.Len(netfilter.IPv4, steertable.SetFrontends); {
+			case handedOver && n != 1:
+				t.Errorf("%d frontends steered after handing over, want 1 kept for the successor", n)
+			case !handedOver && nft.Has(netfilter.IPv4):
+				t.Errorf("the steering table is back after Close: %s", nft.Dump())
+			}
+		})
 	}
 }
