@@ -182,15 +182,26 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}()
 	loaded, watchErr := startSource(ctx, cfg, m)
+	// The syncer and the rule watcher stop before the mode closes (see
+	// stopSyncing), each with its own context: ctx lasts until Run returns,
+	// which, after a handover, is when the process is terminated.
+	syncCtx, stopSyncer := context.WithCancel(ctx)
+	defer stopSyncer()
+	watchCtx, stopWatching := context.WithCancel(ctx)
+	defer stopWatching()
+	syncerDone := make(chan struct{})
 	select {
 	case <-loaded:
-		go syncer.Run(ctx)
+		go func() {
+			defer close(syncerDone)
+			syncer.Run(syncCtx)
+		}()
 		if cfg.WatchRules != nil {
 			changed := func() {
 				m.rulesChanged.Inc()
 				syncer.TriggerFull()
 			}
-			if err := cfg.WatchRules(ctx, choice.Name, changed); err != nil {
+			if err := cfg.WatchRules(watchCtx, choice.Name, changed); err != nil {
 				log.Info("rules changed by others are repaired at the periodic full sync only", zap.Error(err), zap.Duration("syncPeriod", cfg.SyncPeriod))
 			}
 		}
@@ -198,6 +209,10 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("loading services: %w", err)
 	case <-ctx.Done():
 		return nil
+	}
+	stopSyncing := func() {
+		stopSyncer()
+		<-syncerDone
 	}
 	log.Info("svcproxy running", zap.Stringer("mode", choice), zap.String("steering", cfg.Steering), zap.String("metrics", cfg.MetricsAddr),
 		zap.String("healthz", cfg.HealthzAddr), zap.String("connLog", cfg.ConnLog))
@@ -215,11 +230,23 @@ func Run(ctx context.Context, cfg Config) error {
 			err = fmt.Errorf("loading services: %w", err)
 		}
 	}
+	// From here the rules are the successor's, or about to be removed:
+	// nothing repairs them. A mode that drains (Handoverable) keeps
+	// getting snapshots while it does, so it can drain connections to
+	// endpoints removed meanwhile; it leaves its rules alone from
+	// StopAccepting or Close on. The others' syncs stop now (one in
+	// flight is cancelled, and waited for), so none writes rules after
+	// the successor's or after Close removed them.
+	stopWatching()
+	if _, drains := mode.(proxymode.Handoverable); !drains {
+		stopSyncing()
+	}
 	log.Info("shutting down: no new connections; draining open ones", zap.Duration("drainTimeout", cfg.DrainTimeout))
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout+5*time.Second)
 	defer cancel()
 	web.shutdown(shutdownCtx)
 	err = errors.Join(err, mode.Close(shutdownCtx, handedOver))
+	stopSyncing()
 	if handedOver {
 		cfg.Termination.Linger(ctx)
 	}

@@ -169,19 +169,8 @@ func TestRun(t *testing.T) {
 			done := make(chan error, 1)
 			go func() { done <- Run(ctx, cfg) }()
 			if tc.wantErr == "" {
+				waitForCall(t, &mu, &calls, string(tc.wantChosen)+" apply full")
 				deadline := time.Now().Add(10 * time.Second)
-				for {
-					mu.Lock()
-					synced := slices.ContainsFunc(calls, func(c string) bool { return strings.HasSuffix(c, "apply full") })
-					mu.Unlock()
-					if synced {
-						break
-					}
-					if time.Now().After(deadline) {
-						t.Fatal("no full sync within 10s")
-					}
-					time.Sleep(10 * time.Millisecond)
-				}
 				if tc.tampered {
 					(<-watched)()
 				}
@@ -259,5 +248,92 @@ func takeOver(t *testing.T, path string) {
 			t.Fatalf("taking over at %s: %v", path, err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestRunLeavesRulesToSuccessor: after a successor took over, the old
+// process lingers until it is terminated (--successor-wait); meanwhile it
+// neither syncs nor repairs the rules, which are the successor's now: the
+// successor rewriting them (seen by the rule watcher) must not make the
+// old process write its own view back.
+func TestRunLeavesRulesToSuccessor(t *testing.T) {
+	var mu sync.Mutex
+	var calls []string
+	var fails atomic.Int32
+	table := proxymode.Table{}
+	for _, name := range []proxymode.Name{proxymode.Userspace, proxymode.IPTables, proxymode.IPVS, proxymode.NFTables} {
+		r := recorder{name: name, mu: &mu, calls: &calls, fails: &fails}
+		table[name] = proxymode.Entry{
+			New:     func(context.Context, map[string]*os.File) (proxymode.Mode, error) { return r, nil },
+			Cleanup: r.Cleanup,
+		}
+	}
+	log := zaptest.NewLogger(t)
+	path := filepath.Join(t.TempDir(), "handover.sock")
+	termCtx, term := handover.NewTermination(time.Minute, log) // lingers after handing over
+	defer term.Stop()
+	ctx, cancel := context.WithCancel(termCtx)
+	defer cancel()
+	watched := make(chan context.Context, 1)
+	var changed func()
+	cfg := Config{
+		Logger: log, Registry: prometheus.NewPedanticRegistry(), Store: lb.NewStore(lb.StoreOptions{}),
+		Source:  func(ctx context.Context, feed Feed) error { feed.Loaded(0, nil); <-ctx.Done(); return nil },
+		Tracker: health.NewTracker(time.Minute, nil), Modes: table, Mode: proxymode.IPTables,
+		IPv6:        func(context.Context, proxymode.Name) error { return nil },
+		Succession:  handover.NewSuccession(path, handover.OS{NotifyRestart: func(chan<- os.Signal) error { return errors.ErrUnsupported }}, log),
+		Termination: term, DrainTimeout: time.Second, SyncPeriod: time.Hour,
+		WatchRules: func(ctx context.Context, _ proxymode.Name, c func()) error {
+			changed = c
+			watched <- ctx
+			return nil
+		},
+	}
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg) }()
+	var watchCtx context.Context
+	select {
+	case watchCtx = <-watched:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the rules were not watched within 10s")
+	}
+	waitForCall(t, &mu, &calls, "iptables apply full")
+	takeOver(t, path)
+	waitForCall(t, &mu, &calls, "iptables close, handed over")
+	if watchCtx.Err() == nil {
+		t.Error("still watching the rules after handing over")
+	}
+	changed() // the successor rewrote the rules
+	time.Sleep(300 * time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned %v before it was terminated", err)
+	default:
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{"userspace cleanup", "ipvs cleanup", "nftables cleanup", "iptables apply full", "iptables close, handed over"}
+	if !slices.Equal(calls, want) {
+		t.Errorf("calls %q, want %q: nothing after handing over", calls, want)
+	}
+}
+
+// waitForCall waits up to 10s for call among calls.
+func waitForCall(t *testing.T, mu *sync.Mutex, calls *[]string, call string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		mu.Lock()
+		ok := slices.Contains(*calls, call)
+		mu.Unlock()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q within 10s", call)
+		}
 	}
 }

@@ -33,7 +33,11 @@ type Mode interface {
 }
 
 // Handoverable is a Mode whose sockets a successor process can take over
-// (package handover).
+// (package handover). It drains its connections in Close, and keeps
+// getting snapshots while it does (to drain those to removed endpoints),
+// after StopAccepting too: from StopAccepting or Close on, Apply must
+// leave the node's rules alone, a successor's or being removed. Other
+// modes get no Apply once Close is called.
 type Handoverable interface {
 	Sockets() (map[string]*os.File, error)
 	StopAccepting()
