@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"strings"
 	"sync"
@@ -121,11 +122,23 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	cfg.Termination.Follow(succ)
-	webInherited := map[string]*os.File{}
+	webInherited, hcInherited := map[string]*os.File{}, map[string]*os.File{}
 	for name, f := range inherited {
-		if strings.HasPrefix(name, "http/") {
+		switch {
+		case strings.HasPrefix(name, "http/"):
 			webInherited[name] = f
-			delete(inherited, name)
+		case strings.HasPrefix(name, healthcheck.SocketPrefix):
+			hcInherited[name] = f
+		default:
+			continue
+		}
+		delete(inherited, name)
+	}
+	if hc := cfg.HealthChecks; hc != nil {
+		hc.Inherit(hcInherited) // its first Sync takes them, or closes them
+	} else {
+		for _, f := range hcInherited {
+			f.Close()
 		}
 	}
 	mode, err := newMode(ctx, cfg, choice.Name, inherited)
@@ -147,7 +160,7 @@ func Run(ctx context.Context, cfg Config) error {
 	web.serve("metrics", cfg.MetricsAddr, metricsHandler(reg, string(choice.Name)))
 	web.serve("healthz", cfg.HealthzAddr, health.Handler(tracker, m.health))
 	web.serve("profiling", cfg.ProfilingAddr, profilingHandler())
-	sockets, stopAccepting := handoverSockets(web, mode)
+	sockets, stopAccepting := handoverSockets(web, mode, cfg.HealthChecks)
 	newRunner := cfg.NewRunner
 	if newRunner == nil {
 		newRunner = func(sync func(context.Context, bool) error) *runner.Runner {
@@ -166,6 +179,9 @@ func Run(ctx context.Context, cfg Config) error {
 		var gen uint64
 		if g, ok := mode.(interface{ SocketsGeneration() uint64 }); ok {
 			gen = g.SocketsGeneration()
+		}
+		if hc := cfg.HealthChecks; hc != nil {
+			gen += hc.Generation() // both only grow: the sum changes when either does
 		}
 		succ.Deposit(ctx, sockets, gen)
 	})
@@ -276,19 +292,44 @@ func choose(ctx context.Context, cfg Config) (proxymode.Choice, *daemonMetrics, 
 }
 
 // handoverSockets are what a successor takes over: the HTTP servers'
-// sockets, and the mode's if it can hand over; stopAccepting is the mode's.
-func handoverSockets(web *httpServers, mode proxymode.Mode) (sockets func() (map[string]*os.File, error), stopAccepting func()) {
-	h, ok := mode.(proxymode.Handoverable)
-	if !ok {
-		return func() (map[string]*os.File, error) { return web.sockets(nil) }, func() {}
-	}
-	return func() (map[string]*os.File, error) {
-		files, err := h.Sockets()
-		if err != nil {
-			return nil, err
+// sockets, the health-check node ports' (hc, if not nil) and the mode's if
+// it can hand over. stopAccepting, once the successor serves, stops the
+// mode accepting and hc serving.
+func handoverSockets(web *httpServers, mode proxymode.Mode, hc *healthcheck.Server) (sockets func() (map[string]*os.File, error), stopAccepting func()) {
+	h, _ := mode.(proxymode.Handoverable)
+	sockets = func() (map[string]*os.File, error) {
+		files := map[string]*os.File{}
+		closeAll := func() {
+			for _, f := range files {
+				f.Close()
+			}
+		}
+		if h != nil {
+			mf, err := h.Sockets()
+			if err != nil {
+				return nil, err
+			}
+			maps.Copy(files, mf)
+		}
+		if hc != nil {
+			hf, err := hc.Sockets()
+			if err != nil {
+				closeAll()
+				return nil, err
+			}
+			maps.Copy(files, hf)
 		}
 		return web.sockets(files)
-	}, h.StopAccepting
+	}
+	stopAccepting = func() {
+		if h != nil {
+			h.StopAccepting()
+		}
+		if hc != nil {
+			hc.HandOver()
+		}
+	}
+	return sockets, stopAccepting
 }
 
 // startSource runs the source. loaded is closed at its first load: the

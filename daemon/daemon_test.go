@@ -3,6 +3,9 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -20,6 +23,7 @@ import (
 
 	"github.com/svcproxy/svcproxy/handover"
 	"github.com/svcproxy/svcproxy/health"
+	"github.com/svcproxy/svcproxy/healthcheck"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/proxymode"
 )
@@ -57,6 +61,24 @@ func (r recorder) Close(_ context.Context, handedOver bool) error {
 	return nil
 }
 func (r recorder) Available(context.Context) error { return nil }
+
+// recorders is a table of every mode, each a recorder; the unusable ones'
+// probes fail.
+func recorders(mu *sync.Mutex, calls *[]string, fails *atomic.Int32, unusable ...proxymode.Name) proxymode.Table {
+	table := proxymode.Table{}
+	for _, name := range []proxymode.Name{proxymode.Userspace, proxymode.IPTables, proxymode.IPVS, proxymode.NFTables} {
+		r := recorder{name: name, mu: mu, calls: calls, fails: fails}
+		e := proxymode.Entry{
+			New:     func(context.Context, map[string]*os.File) (proxymode.Mode, error) { return r, nil },
+			Cleanup: r.Cleanup,
+		}
+		if slices.Contains(unusable, name) {
+			e.Probe = func(context.Context) error { return errors.New("no " + string(name)) }
+		}
+		table[name] = e
+	}
+	return table
+}
 
 // TestRun runs the daemon over fake modes and sources: it chooses the mode
 // (falling back), removes the other modes' rules before building it
@@ -124,18 +146,7 @@ func TestRun(t *testing.T) {
 			if tc.failFirst {
 				fails.Store(1)
 			}
-			table := proxymode.Table{}
-			for _, name := range []proxymode.Name{proxymode.Userspace, proxymode.IPTables, proxymode.IPVS, proxymode.NFTables} {
-				r := recorder{name: name, mu: &mu, calls: &calls, fails: &fails}
-				e := proxymode.Entry{
-					New:     func(context.Context, map[string]*os.File) (proxymode.Mode, error) { return r, nil },
-					Cleanup: r.Cleanup,
-				}
-				if slices.Contains(tc.unusable, name) {
-					e.Probe = func(context.Context) error { return errors.New("no " + string(name)) }
-				}
-				table[name] = e
-			}
+			table := recorders(&mu, &calls, &fails, tc.unusable...)
 			source := tc.source
 			if source == nil {
 				source = func(ctx context.Context, feed Feed) error { feed.Loaded(0, nil); <-ctx.Done(); return nil }
@@ -228,21 +239,24 @@ func TestRun(t *testing.T) {
 }
 
 // takeOver is a successor taking the sockets offered at path, retrying
-// until the daemon listens there.
-func takeOver(t *testing.T, path string) {
+// until the daemon listens there; it returns their names, sorted.
+func takeOver(t *testing.T, path string) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for {
 		h, err := handover.Take(ctx, path)
 		if err == nil {
-			for _, f := range h.Files {
+			var names []string
+			for name, f := range h.Files {
+				names = append(names, name)
 				f.Close()
 			}
+			slices.Sort(names)
 			if err := h.Ready(ctx); err != nil {
 				t.Fatalf("telling the predecessor: %v", err)
 			}
-			return
+			return names
 		}
 		if ctx.Err() != nil {
 			t.Fatalf("taking over at %s: %v", path, err)
@@ -260,14 +274,7 @@ func TestRunLeavesRulesToSuccessor(t *testing.T) {
 	var mu sync.Mutex
 	var calls []string
 	var fails atomic.Int32
-	table := proxymode.Table{}
-	for _, name := range []proxymode.Name{proxymode.Userspace, proxymode.IPTables, proxymode.IPVS, proxymode.NFTables} {
-		r := recorder{name: name, mu: &mu, calls: &calls, fails: &fails}
-		table[name] = proxymode.Entry{
-			New:     func(context.Context, map[string]*os.File) (proxymode.Mode, error) { return r, nil },
-			Cleanup: r.Cleanup,
-		}
-	}
+	table := recorders(&mu, &calls, &fails)
 	log := zaptest.NewLogger(t)
 	path := filepath.Join(t.TempDir(), "handover.sock")
 	termCtx, term := handover.NewTermination(time.Minute, log) // lingers after handing over
@@ -335,5 +342,68 @@ func waitForCall(t *testing.T, mu *sync.Mutex, calls *[]string, call string) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no %q within 10s", call)
 		}
+	}
+}
+
+// TestRunHandsOverHealthChecks: the health-check node ports' sockets are
+// handed over with the others (a successor binding them anew would fail
+// while this process holds them), and this process stops serving them
+// once the successor is ready.
+func TestRunHandsOverHealthChecks(t *testing.T) {
+	var mu sync.Mutex
+	var calls []string
+	var fails atomic.Int32
+	log := zaptest.NewLogger(t)
+	path := filepath.Join(t.TempDir(), "handover.sock")
+	termCtx, term := handover.NewTermination(0, log)
+	defer term.Stop()
+	ctx, cancel := context.WithCancel(termCtx)
+	defer cancel()
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := uint16(probe.Addr().(*net.TCPAddr).Port)
+	probe.Close()
+	hc := healthcheck.New(healthcheck.Config{Addresses: []netip.Addr{netip.MustParseAddr("127.0.0.1")}, Logger: log})
+	defer hc.Close()
+	store := lb.NewStore(lb.StoreOptions{})
+	cfg := Config{
+		Logger: log, Registry: prometheus.NewPedanticRegistry(), Store: store, HealthChecks: hc,
+		Source: func(ctx context.Context, feed Feed) error {
+			if _, err := store.Replace([]lb.Service{{Name: lb.ServicePortName{Namespace: "ns", Name: "web", Port: "http"}, Protocol: lb.TCP, Port: 80,
+				ClusterIPs: []netip.Addr{netip.MustParseAddr("198.18.5.1")}, HealthCheckNodePort: port, ExternalTrafficPolicy: lb.PolicyLocal}}); err != nil {
+				return err
+			}
+			feed.Loaded(1, nil)
+			<-ctx.Done()
+			return nil
+		},
+		Tracker: health.NewTracker(time.Minute, nil), Modes: recorders(&mu, &calls, &fails), Mode: proxymode.IPTables,
+		IPv6:        func(context.Context, proxymode.Name) error { return nil },
+		Succession:  handover.NewSuccession(path, handover.OS{NotifyRestart: func(chan<- os.Signal) error { return errors.ErrUnsupported }}, log),
+		Termination: term, DrainTimeout: time.Second, SyncPeriod: time.Hour,
+	}
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg) }()
+	for deadline := time.Now().Add(10 * time.Second); len(hc.Services()) == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the health check was not served within 10s")
+		}
+	}
+	names := takeOver(t, path)
+	if want := fmt.Sprintf("%s127.0.0.1:%d", healthcheck.SocketPrefix, port); !slices.Contains(names, want) {
+		t.Errorf("handed over %q, want %s among them", names, want)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return within 10s of the handover")
+	}
+	if got := hc.Services(); len(got) != 0 {
+		t.Errorf("still serving health checks %v after handing over", got)
 	}
 }

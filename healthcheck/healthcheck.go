@@ -9,7 +9,10 @@
 //
 // The server follows the snapshots the proxy has applied (Server.Sync after
 // each successful sync), not the source: a port opens, and a count changes,
-// once the rules serving it are in place.
+// once the rules serving it are in place. On a restart its listening
+// sockets pass to the successor with the proxy's (Sockets, Inherit,
+// HandOver): the successor could not bind the ports while this process
+// holds them.
 package healthcheck
 
 import (
@@ -20,7 +23,9 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -61,16 +66,25 @@ type Server struct {
 	cfg Config
 	log *zap.Logger
 
-	mu       sync.Mutex
-	services map[ServiceName]*instance
-	closed   bool
+	mu         sync.Mutex
+	services   map[ServiceName]*instance
+	inherited  map[string]*os.File // a predecessor's sockets, until the next Sync
+	gen        uint64              // counts listeners opened and closed
+	closed     bool
+	handedOver bool
 }
 
 type instance struct {
 	port      uint16
 	endpoints int
 	servers   []*http.Server
+	lns       map[string]net.Listener // by socket name (SocketPrefix + address)
 }
+
+// SocketPrefix begins the names of the health checks' listening sockets in
+// a handover (Sockets, Inherit): "healthcheck/" and the address listened
+// on, ":30000" or "10.0.0.1:30000".
+const SocketPrefix = "healthcheck/"
 
 // New returns a Server that serves nothing until Sync.
 func New(cfg Config) *Server {
@@ -90,7 +104,8 @@ func New(cfg Config) *Server {
 // port), closes for each one gone, and the local endpoint counts are
 // updated. A port that cannot be opened is logged and returned in the
 // error; the other Services are still served, and the next Sync tries it
-// again.
+// again. A port a predecessor handed over (Inherit) is served on its
+// socket. Once handed over itself (HandOver), Sync does nothing.
 func (s *Server) Sync(snap *lb.Snapshot) error { return s.sync(FromSnapshot(snap)) }
 
 // FromSnapshot returns every Service of snap with a health-check node port,
@@ -123,14 +138,19 @@ func FromSnapshot(snap *lb.Snapshot) map[ServiceName]Service {
 func (s *Server) sync(services map[ServiceName]Service) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.handedOver {
+		return nil // a successor serves them
+	}
 	if s.closed {
 		return errors.New("healthcheck: server closed")
 	}
+	defer s.closeInherited()
 	for name, inst := range s.services {
 		if svc, ok := services[name]; !ok || svc.Port != inst.port {
 			s.log.Info("closing health check", zap.Stringer("service", name), zap.Uint16("port", inst.port))
 			inst.close()
 			delete(s.services, name)
+			s.gen++
 		}
 	}
 	var errs []error
@@ -150,8 +170,83 @@ func (s *Server) sync(services map[ServiceName]Service) error {
 		}
 		s.log.Info("opened health check", zap.Stringer("service", name), zap.Uint16("port", svc.Port))
 		s.services[name] = inst
+		s.gen++
 	}
 	return errors.Join(errs...)
+}
+
+// closeInherited closes the predecessor's sockets that the Sync just done
+// did not take: their Services are gone (or moved to another port).
+func (s *Server) closeInherited() {
+	for name, f := range s.inherited {
+		s.log.Info("closing a handed-over health check socket no Service uses", zap.String("socket", name))
+		f.Close()
+	}
+	s.inherited = nil
+}
+
+// Inherit gives the server a predecessor's listening sockets (those of
+// files named with SocketPrefix; the server owns them now): the next Sync
+// serves each Service's health check on the socket handed over for its
+// address, when there is one, rather than binding the port anew, which
+// would fail while the predecessor still holds it; it closes the sockets
+// no Service uses.
+func (s *Server) Inherit(files map[string]*os.File) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closeInherited()
+	s.inherited = map[string]*os.File{}
+	for name, f := range files {
+		if strings.HasPrefix(name, SocketPrefix) {
+			s.inherited[name] = f
+		}
+	}
+}
+
+// Sockets returns duplicates of the listening sockets, named with
+// SocketPrefix, for a successor process (Inherit); the caller closes them.
+func (s *Server) Sockets() (map[string]*os.File, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	files := map[string]*os.File{}
+	for _, inst := range s.services {
+		for name, ln := range inst.lns {
+			fl, ok := ln.(interface{ File() (*os.File, error) })
+			if !ok {
+				continue // not a socket (Config.Listen's in tests)
+			}
+			f, err := fl.File()
+			if err != nil {
+				for _, f := range files {
+					f.Close()
+				}
+				return nil, fmt.Errorf("duplicating %s: %w", name, err)
+			}
+			files[name] = f
+		}
+	}
+	return files, nil
+}
+
+// Generation counts the listeners opened and closed: when it has not
+// changed, neither has what Sockets returns.
+func (s *Server) Generation() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gen
+}
+
+// HandOver stops serving: a successor took the sockets (Sockets) and serves
+// the health checks now. The listeners close here (the successor holds its
+// own copies, so the ports stay open), and later Syncs do nothing.
+func (s *Server) HandOver() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, inst := range s.services {
+		inst.close()
+	}
+	clear(s.services)
+	s.handedOver = true
 }
 
 func (s *Server) open(name ServiceName, inst *instance) error {
@@ -163,13 +258,26 @@ func (s *Server) open(name ServiceName, inst *instance) error {
 		}
 	}
 	for _, addr := range addrs {
-		ln, err := s.cfg.Listen(context.Background(), "tcp", addr)
+		key := SocketPrefix + addr
+		var ln net.Listener
+		var err error
+		if f := s.inherited[key]; f != nil {
+			ln, err = net.FileListener(f)
+			f.Close()
+			delete(s.inherited, key)
+		} else {
+			ln, err = s.cfg.Listen(context.Background(), "tcp", addr)
+		}
 		if err != nil {
 			inst.close()
 			return fmt.Errorf("listening on %s: %w", addr, err)
 		}
 		srv := &http.Server{Handler: s.handler(name), ReadHeaderTimeout: 5 * time.Second}
 		inst.servers = append(inst.servers, srv)
+		if inst.lns == nil {
+			inst.lns = map[string]net.Listener{}
+		}
+		inst.lns[key] = ln
 		go func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				s.log.Warn("health check server stopped", zap.Stringer("service", name), zap.String("address", addr), zap.Error(err))
@@ -183,7 +291,7 @@ func (inst *instance) close() {
 	for _, srv := range inst.servers {
 		_ = srv.Close()
 	}
-	inst.servers = nil
+	inst.servers, inst.lns = nil, nil
 }
 
 // Services returns the Services being served, for tests and debugging.
@@ -205,6 +313,7 @@ func (s *Server) Close() error {
 		inst.close()
 	}
 	clear(s.services)
+	s.closeInherited()
 	s.closed = true
 	return nil
 }

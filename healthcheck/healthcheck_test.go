@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -289,5 +290,60 @@ func TestSyncFollowsSnapshots(t *testing.T) {
 		if got, want := s.Services(), FromSnapshot(applied(t, step.services)); !reflect.DeepEqual(got, want) {
 			t.Errorf("%s: serving %v, want %v", step.name, got, want)
 		}
+	}
+}
+
+// TestHandover: a successor serves the health checks on the sockets its
+// predecessor handed over, where binding the ports anew would fail while
+// the predecessor holds them, and closes those no Service uses; the
+// predecessor, handed over, serves no more and its Syncs do nothing.
+func TestHandover(t *testing.T) {
+	web, gone := ServiceName{"ns", "web"}, ServiceName{"ns", "gone"}
+	port, gonePort := freePort(t), freePort(t)
+	both := map[ServiceName]Service{web: {Port: port, LocalEndpoints: 1}, gone: {Port: gonePort, LocalEndpoints: 1}}
+	old := New(Config{Addresses: loopback})
+	defer old.Close()
+	if err := old.Sync(applied(t, both)); err != nil {
+		t.Fatal(err)
+	}
+	if g := old.Generation(); g != 2 {
+		t.Errorf("Generation() = %d after opening two, want 2", g)
+	}
+	files, err := old.Sockets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for name := range files {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	want := []string{fmt.Sprintf("%s127.0.0.1:%d", SocketPrefix, port), fmt.Sprintf("%s127.0.0.1:%d", SocketPrefix, gonePort)}
+	slices.Sort(want)
+	if !slices.Equal(names, want) {
+		t.Fatalf("Sockets() named %q, want %q", names, want)
+	}
+
+	succ := New(Config{Addresses: loopback})
+	defer succ.Close()
+	succ.Inherit(files)
+	if err := succ.Sync(applied(t, map[ServiceName]Service{web: {Port: port, LocalEndpoints: 2}})); err != nil {
+		t.Fatalf("the successor's Sync, with the predecessor still serving: %v", err)
+	}
+	old.HandOver()
+	if r, err := get(t, port); err != nil || r.body.LocalEndpoints != 2 {
+		t.Errorf("web after the handover: %+v, %v; want the successor's answer (2 local endpoints)", r, err)
+	}
+	if err := old.Sync(applied(t, both)); err != nil {
+		t.Errorf("Sync after HandOver: %v, want nil (nothing to do)", err)
+	}
+	if got := old.Services(); len(got) != 0 {
+		t.Errorf("the predecessor serves %v after handing over, want nothing", got)
+	}
+	// Neither holds the port of the Service gone any more.
+	if ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", gonePort)); err != nil {
+		t.Errorf("the port of the Service gone is still held (its handed-over socket not closed): %v", err)
+	} else {
+		ln.Close()
 	}
 }
