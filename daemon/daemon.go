@@ -14,6 +14,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -145,6 +146,13 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	if _, ok := mode.(proxymode.Handoverable); !ok {
+		// A predecessor in the userspace mode handed over its listeners;
+		// kept open here, they would hold its ports with no one accepting.
+		for _, f := range inherited {
+			f.Close()
+		}
+	}
 	if err := writePIDFile(cfg.PIDFile); err != nil {
 		return err
 	}
@@ -160,7 +168,26 @@ func Run(ctx context.Context, cfg Config) error {
 	web.serve("metrics", cfg.MetricsAddr, metricsHandler(reg, string(choice.Name)))
 	web.serve("healthz", cfg.HealthzAddr, health.Handler(tracker, m.health))
 	web.serve("profiling", cfg.ProfilingAddr, profilingHandler())
-	sockets, stopAccepting := handoverSockets(web, mode, cfg.HealthChecks)
+	// The syncer and the rule watcher stop, each with its own context,
+	// once this process no longer serves: ctx lasts until Run returns,
+	// which after a handover is when the process is terminated
+	// (--successor-wait), and until then the rules are the successor's.
+	syncCtx, stopSyncer := context.WithCancel(ctx)
+	defer stopSyncer()
+	watchCtx, stopWatching := context.WithCancel(ctx)
+	defer stopWatching()
+	syncerDone := make(chan struct{})
+	var syncerStarted atomic.Bool
+	// stopSyncing cancels a sync in flight and waits for it, so that no
+	// sync writes rules after it returns.
+	stopSyncing := func() {
+		stopWatching()
+		stopSyncer()
+		if syncerStarted.Load() {
+			<-syncerDone
+		}
+	}
+	sockets, stopAccepting := handoverSockets(web, mode, cfg.HealthChecks, stopSyncing)
 	newRunner := cfg.NewRunner
 	if newRunner == nil {
 		newRunner = func(sync func(context.Context, bool) error) *runner.Runner {
@@ -168,14 +195,17 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	syncer := newSyncer(store, mode, m, tracker, newRunner, func(ctx context.Context, snap *lb.Snapshot) {
+		unserved.check(snap)
+		memory.Applied(snap)
+		succ.Serving(ctx, sockets, stopAccepting)
+		// After Serving, which waits for a predecessor to stop serving: a
+		// health-check port it handed over has kept its socket (connections
+		// queue meanwhile); one it did not is free now.
 		if hc := cfg.HealthChecks; hc != nil {
 			if err := hc.Sync(snap); err != nil {
 				log.Warn("serving health-check node ports; retrying on the next sync", zap.Error(err))
 			}
 		}
-		unserved.check(snap)
-		memory.Applied(snap)
-		succ.Serving(ctx, sockets, stopAccepting)
 		var gen uint64
 		if g, ok := mode.(interface{ SocketsGeneration() uint64 }); ok {
 			gen = g.SocketsGeneration()
@@ -198,16 +228,9 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}()
 	loaded, watchErr := startSource(ctx, cfg, m)
-	// The syncer and the rule watcher stop before the mode closes (see
-	// stopSyncing), each with its own context: ctx lasts until Run returns,
-	// which, after a handover, is when the process is terminated.
-	syncCtx, stopSyncer := context.WithCancel(ctx)
-	defer stopSyncer()
-	watchCtx, stopWatching := context.WithCancel(ctx)
-	defer stopWatching()
-	syncerDone := make(chan struct{})
 	select {
 	case <-loaded:
+		syncerStarted.Store(true)
 		go func() {
 			defer close(syncerDone)
 			syncer.Run(syncCtx)
@@ -226,10 +249,6 @@ func Run(ctx context.Context, cfg Config) error {
 	case <-ctx.Done():
 		return nil
 	}
-	stopSyncing := func() {
-		stopSyncer()
-		<-syncerDone
-	}
 	log.Info("svcproxy running", zap.Stringer("mode", choice), zap.String("steering", cfg.Steering), zap.String("metrics", cfg.MetricsAddr),
 		zap.String("healthz", cfg.HealthzAddr), zap.String("connLog", cfg.ConnLog))
 
@@ -246,23 +265,15 @@ func Run(ctx context.Context, cfg Config) error {
 			err = fmt.Errorf("loading services: %w", err)
 		}
 	}
-	// From here the rules are the successor's, or about to be removed:
-	// nothing repairs them. A mode that drains (Handoverable) keeps
-	// getting snapshots while it does, so it can drain connections to
-	// endpoints removed meanwhile; it leaves its rules alone from
-	// StopAccepting or Close on. The others' syncs stop now (one in
-	// flight is cancelled, and waited for), so none writes rules after
-	// the successor's or after Close removed them.
-	stopWatching()
-	if _, drains := mode.(proxymode.Handoverable); !drains {
-		stopSyncing()
-	}
+	// From here the rules are the successor's (stopAccepting stopped the
+	// syncs already, before the successor was told it serves), or about
+	// to be removed: no sync may write them again.
+	stopSyncing()
 	log.Info("shutting down: no new connections; draining open ones", zap.Duration("drainTimeout", cfg.DrainTimeout))
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.DrainTimeout+5*time.Second)
 	defer cancel()
 	web.shutdown(shutdownCtx)
 	err = errors.Join(err, mode.Close(shutdownCtx, handedOver))
-	stopSyncing()
 	if handedOver {
 		cfg.Termination.Linger(ctx)
 	}
@@ -293,9 +304,10 @@ func choose(ctx context.Context, cfg Config) (proxymode.Choice, *daemonMetrics, 
 
 // handoverSockets are what a successor takes over: the HTTP servers'
 // sockets, the health-check node ports' (hc, if not nil) and the mode's if
-// it can hand over. stopAccepting, once the successor serves, stops the
-// mode accepting and hc serving.
-func handoverSockets(web *httpServers, mode proxymode.Mode, hc *healthcheck.Server) (sockets func() (map[string]*os.File, error), stopAccepting func()) {
+// it can hand over. stopAccepting, once the successor is ready and before
+// it is told it serves, stops the syncs (stopSyncing), then the mode
+// accepting and hc serving.
+func handoverSockets(web *httpServers, mode proxymode.Mode, hc *healthcheck.Server, stopSyncing func()) (sockets func() (map[string]*os.File, error), stopAccepting func()) {
 	h, _ := mode.(proxymode.Handoverable)
 	sockets = func() (map[string]*os.File, error) {
 		files := map[string]*os.File{}
@@ -322,6 +334,7 @@ func handoverSockets(web *httpServers, mode proxymode.Mode, hc *healthcheck.Serv
 		return web.sockets(files)
 	}
 	stopAccepting = func() {
+		stopSyncing()
 		if h != nil {
 			h.StopAccepting()
 		}

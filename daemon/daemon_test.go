@@ -271,62 +271,96 @@ func takeOver(t *testing.T, path string) []string {
 // successor rewriting them (seen by the rule watcher) must not make the
 // old process write its own view back.
 func TestRunLeavesRulesToSuccessor(t *testing.T) {
-	var mu sync.Mutex
-	var calls []string
-	var fails atomic.Int32
-	table := recorders(&mu, &calls, &fails)
-	log := zaptest.NewLogger(t)
-	path := filepath.Join(t.TempDir(), "handover.sock")
-	termCtx, term := handover.NewTermination(time.Minute, log) // lingers after handing over
-	defer term.Stop()
-	ctx, cancel := context.WithCancel(termCtx)
-	defer cancel()
-	watched := make(chan context.Context, 1)
-	var changed func()
-	cfg := Config{
-		Logger: log, Registry: prometheus.NewPedanticRegistry(), Store: lb.NewStore(lb.StoreOptions{}),
-		Source:  func(ctx context.Context, feed Feed) error { feed.Loaded(0, nil); <-ctx.Done(); return nil },
-		Tracker: health.NewTracker(time.Minute, nil), Modes: table, Mode: proxymode.IPTables,
-		IPv6:        func(context.Context, proxymode.Name) error { return nil },
-		Succession:  handover.NewSuccession(path, handover.OS{NotifyRestart: func(chan<- os.Signal) error { return errors.ErrUnsupported }}, log),
-		Termination: term, DrainTimeout: time.Second, SyncPeriod: time.Hour,
-		WatchRules: func(ctx context.Context, _ proxymode.Name, c func()) error {
-			changed = c
-			watched <- ctx
-			return nil
-		},
+	for _, tc := range []struct {
+		mode proxymode.Name
+		want []string
+	}{
+		{proxymode.IPTables, []string{"userspace cleanup", "ipvs cleanup", "nftables cleanup", "iptables apply full", "iptables close, handed over"}},
+		// Handoverable (no steering: nothing cleaned up): the syncs stop
+		// before the mode stops accepting.
+		{proxymode.Userspace, []string{"userspace apply full", "userspace stop accepting", "userspace close, handed over"}},
+	} {
+		t.Run(string(tc.mode), func(t *testing.T) {
+			var mu sync.Mutex
+			var calls []string
+			var fails atomic.Int32
+			table := recorders(&mu, &calls, &fails)
+			us := table[proxymode.Userspace]
+			var changed func()
+			us.New = func(context.Context, map[string]*os.File) (proxymode.Mode, error) {
+				return handoverable{recorder{name: proxymode.Userspace, mu: &mu, calls: &calls, fails: &fails}, func() {
+					// A change noticed just as the successor is ready: the
+					// syncs have stopped already.
+					changed()
+					time.Sleep(200 * time.Millisecond)
+				}}, nil
+			}
+			table[proxymode.Userspace] = us
+			log := zaptest.NewLogger(t)
+			path := filepath.Join(t.TempDir(), "handover.sock")
+			termCtx, term := handover.NewTermination(time.Minute, log) // lingers after handing over
+			defer term.Stop()
+			ctx, cancel := context.WithCancel(termCtx)
+			defer cancel()
+			watched := make(chan context.Context, 1)
+			cfg := Config{
+				Logger: log, Registry: prometheus.NewPedanticRegistry(), Store: lb.NewStore(lb.StoreOptions{}),
+				Source:  func(ctx context.Context, feed Feed) error { feed.Loaded(0, nil); <-ctx.Done(); return nil },
+				Tracker: health.NewTracker(time.Minute, nil), Modes: table, Mode: tc.mode,
+				IPv6:        func(context.Context, proxymode.Name) error { return nil },
+				Succession:  handover.NewSuccession(path, handover.OS{NotifyRestart: func(chan<- os.Signal) error { return errors.ErrUnsupported }}, log),
+				Termination: term, DrainTimeout: time.Second, SyncPeriod: time.Hour,
+				WatchRules: func(ctx context.Context, _ proxymode.Name, c func()) error {
+					changed = c
+					watched <- ctx
+					return nil
+				},
+			}
+			done := make(chan error, 1)
+			go func() { done <- Run(ctx, cfg) }()
+			var watchCtx context.Context
+			select {
+			case watchCtx = <-watched:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the rules were not watched within 10s")
+			}
+			waitForCall(t, &mu, &calls, string(tc.mode)+" apply full")
+			takeOver(t, path)
+			waitForCall(t, &mu, &calls, string(tc.mode)+" close, handed over")
+			if watchCtx.Err() == nil {
+				t.Error("still watching the rules after handing over")
+			}
+			changed() // the successor rewrote the rules
+			time.Sleep(300 * time.Millisecond)
+			select {
+			case err := <-done:
+				t.Fatalf("Run returned %v before it was terminated", err)
+			default:
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatalf("Run = %v", err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if !slices.Equal(calls, tc.want) {
+				t.Errorf("calls %q, want %q: nothing after handing over", calls, tc.want)
+			}
+		})
 	}
-	done := make(chan error, 1)
-	go func() { done <- Run(ctx, cfg) }()
-	var watchCtx context.Context
-	select {
-	case watchCtx = <-watched:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the rules were not watched within 10s")
-	}
-	waitForCall(t, &mu, &calls, "iptables apply full")
-	takeOver(t, path)
-	waitForCall(t, &mu, &calls, "iptables close, handed over")
-	if watchCtx.Err() == nil {
-		t.Error("still watching the rules after handing over")
-	}
-	changed() // the successor rewrote the rules
-	time.Sleep(300 * time.Millisecond)
-	select {
-	case err := <-done:
-		t.Fatalf("Run returned %v before it was terminated", err)
-	default:
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("Run = %v", err)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	want := []string{"userspace cleanup", "ipvs cleanup", "nftables cleanup", "iptables apply full", "iptables close, handed over"}
-	if !slices.Equal(calls, want) {
-		t.Errorf("calls %q, want %q: nothing after handing over", calls, want)
-	}
+}
+
+// handoverable is a recorder that hands over, as the userspace mode does
+// (with no sockets); StopAccepting calls onStop.
+type handoverable struct {
+	recorder
+	onStop func()
+}
+
+func (h handoverable) Sockets() (map[string]*os.File, error) { return map[string]*os.File{}, nil }
+func (h handoverable) StopAccepting() {
+	h.record("stop accepting")
+	h.onStop()
 }
 
 // waitForCall waits up to 10s for call among calls.

@@ -185,12 +185,12 @@ func (s *Server) closeInherited() {
 	s.inherited = nil
 }
 
-// Inherit gives the server a predecessor's listening sockets (those of
-// files named with SocketPrefix; the server owns them now): the next Sync
-// serves each Service's health check on the socket handed over for its
-// address, when there is one, rather than binding the port anew, which
-// would fail while the predecessor still holds it; it closes the sockets
-// no Service uses.
+// Inherit gives the server a predecessor's listening sockets, named with
+// SocketPrefix (the server owns files now, and closes any other): the
+// next Sync serves each Service's health check on the socket handed over
+// for its address, when there is one, rather than binding the port anew,
+// which would fail while the predecessor still holds it; it closes the
+// sockets no Service uses.
 func (s *Server) Inherit(files map[string]*os.File) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -199,6 +199,8 @@ func (s *Server) Inherit(files map[string]*os.File) {
 	for name, f := range files {
 		if strings.HasPrefix(name, SocketPrefix) {
 			s.inherited[name] = f
+		} else {
+			f.Close()
 		}
 	}
 }
@@ -238,15 +240,24 @@ func (s *Server) Generation() uint64 {
 
 // HandOver stops serving: a successor took the sockets (Sockets) and serves
 // the health checks now. The listeners close here (the successor holds its
-// own copies, so the ports stay open), and later Syncs do nothing.
+// own copies, so the ports stay open), requests being answered get up to a
+// second to finish, and later Syncs do nothing.
 func (s *Server) HandOver() {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, inst := range s.services {
-		inst.close()
+	var servers []*http.Server
+	for _, inst := range s.services { // kept: requests being answered read their counts
+		servers = append(servers, inst.servers...)
+		inst.servers, inst.lns = nil, nil
 	}
-	clear(s.services)
 	s.handedOver = true
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	for _, srv := range servers {
+		if srv.Shutdown(ctx) != nil {
+			_ = srv.Close()
+		}
+	}
 }
 
 func (s *Server) open(name ServiceName, inst *instance) error {
@@ -294,10 +305,14 @@ func (inst *instance) close() {
 	inst.servers, inst.lns = nil, nil
 }
 
-// Services returns the Services being served, for tests and debugging.
+// Services returns the Services being served, for tests and debugging:
+// none once handed over.
 func (s *Server) Services() map[ServiceName]Service {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.handedOver {
+		return nil
+	}
 	out := make(map[ServiceName]Service, len(s.services))
 	for name, inst := range s.services {
 		out[name] = Service{Port: inst.port, LocalEndpoints: inst.endpoints}

@@ -33,11 +33,9 @@ type Mode interface {
 }
 
 // Handoverable is a Mode whose sockets a successor process can take over
-// (package handover). It drains its connections in Close, and keeps
-// getting snapshots while it does (to drain those to removed endpoints),
-// after StopAccepting too: from StopAccepting or Close on, Apply must
-// leave the node's rules alone, a successor's or being removed. Other
-// modes get no Apply once Close is called.
+// (package handover). The daemon calls no Apply once it calls
+// StopAccepting or Close (for any mode); an Apply after them leaves the
+// node's rules alone, a successor's or being removed.
 type Handoverable interface {
 	Sockets() (map[string]*os.File, error)
 	StopAccepting()

@@ -197,8 +197,8 @@ func TestLocalVIPsNoIPv6(t *testing.T) {
 }
 
 // TestLocalVIPsHandedOver: once the mode has stopped accepting (its
-// successor serves), syncs still running in it leave the device alone,
-// and Close leaves it to the successor.
+// successor serves), an Apply leaves the device alone, and Close leaves
+// it to the successor.
 func TestLocalVIPsHandedOver(t *testing.T) {
 	ctx := context.Background()
 	links := ipvstest.NewLinks()

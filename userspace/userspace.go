@@ -60,9 +60,9 @@ type Mode struct {
 	steer redirect.Config      // what red was made from
 	// vips is local steering's device, nil without it.
 	vips *vips
-	// smu serializes Apply's steering (the rules or the device) with
-	// StopAccepting and Close; once steerDone is set, Apply leaves the
-	// steering alone: it is a successor's, or being removed.
+	// smu serializes Apply with StopAccepting and Close; once steerDone is
+	// set, Apply does nothing: the steering (the rules or the device) is a
+	// successor's, or being removed.
 	smu       sync.Mutex
 	steerDone bool
 	port      uint16
@@ -192,17 +192,17 @@ func (m *Mode) Available(ctx context.Context) error {
 // be added or removed is logged and retried on the next sync, as a
 // frontend that cannot be bound is, and only a device that cannot be made
 // fails the Apply. Once the mode stopped accepting (handed over) or is
-// closing, only the forwarder is updated (it drains connections to removed
-// endpoints): the steering rules or device are left alone, so a sync
-// still running here cannot rewrite a successor's rules, nor put back what
-// Close removed.
+// closing, Apply does nothing: the forwarder takes no snapshot any more,
+// and the steering rules or device are a successor's, or being removed.
 func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
 	m.smu.Lock()
 	defer m.smu.Unlock()
-	steer := !m.steerDone
+	if m.steerDone {
+		return nil
+	}
 	var vipErr error
 	var vips map[netip.Addr]bool
-	if m.vips != nil && steer {
+	if m.vips != nil {
 		vips = virtualIPs(snap, m.vips.ipv6)
 		vipErr = m.vips.add(ctx, vips, full)
 	}
@@ -212,8 +212,6 @@ func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
 		m.log.Warn("applied snapshot with errors", zap.Uint64("version", snap.Version), zap.Error(err))
 	}
 	switch {
-	case !steer:
-		return nil
 	case m.vips != nil:
 		m.vips.prune(ctx, vips)
 		return vipErr
@@ -301,8 +299,8 @@ func (m *Mode) Sockets() (map[string]*os.File, error) { return m.fwd.Sockets() }
 func (m *Mode) SocketsGeneration() uint64 { return m.fwd.SocketsGeneration() }
 
 // StopAccepting leaves new connections to the successor, and the
-// steering too (its rules, or local steering's device): syncs still
-// running here update the forwarder only.
+// steering too (its rules, or local steering's device): a later Apply does
+// nothing.
 func (m *Mode) StopAccepting() {
 	m.smu.Lock()
 	m.steerDone = true

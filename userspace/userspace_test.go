@@ -140,10 +140,9 @@ func TestAvailableSteering(t *testing.T) {
 }
 
 // TestRedirectLeftToSuccessor: once the mode has stopped accepting (its
-// successor serves), syncs still running in it update the forwarder only,
-// never the steering table, and Close leaves the table to the successor;
-// without a successor, a sync that was still running when Close removed
-// the table does not put it back.
+// successor serves), an Apply does not write the steering table, and
+// Close leaves the table to the successor; without a successor, an Apply
+// after Close removed the table does not put it back.
 func TestRedirectLeftToSuccessor(t *testing.T) {
 	ctx := context.Background()
 	web := lb.Service{Name: lb.ServicePortName{Namespace: "ns", Name: "web"}, Protocol: lb.TCP, Port: 80,
