@@ -197,11 +197,17 @@ func Run(ctx context.Context, cfg Config) error {
 	syncer := newSyncer(store, mode, m, tracker, newRunner, func(ctx context.Context, snap *lb.Snapshot) {
 		unserved.check(snap)
 		memory.Applied(snap)
+		// The health checks take the sockets a predecessor handed over
+		// before Serving offers this process's own to a successor; a port
+		// the predecessor holds without having handed it over is free once
+		// Serving has made it stop, so a failure is tried again then.
+		var hcErr error
+		hc := cfg.HealthChecks
+		if hc != nil {
+			hcErr = hc.Sync(snap)
+		}
 		succ.Serving(ctx, sockets, stopAccepting)
-		// After Serving, which waits for a predecessor to stop serving: a
-		// health-check port it handed over has kept its socket (connections
-		// queue meanwhile); one it did not is free now.
-		if hc := cfg.HealthChecks; hc != nil {
+		if hcErr != nil {
 			if err := hc.Sync(snap); err != nil {
 				log.Warn("serving health-check node ports; retrying on the next sync", zap.Error(err))
 			}
@@ -210,7 +216,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if g, ok := mode.(interface{ SocketsGeneration() uint64 }); ok {
 			gen = g.SocketsGeneration()
 		}
-		if hc := cfg.HealthChecks; hc != nil {
+		if hc != nil {
 			gen += hc.Generation() // both only grow: the sum changes when either does
 		}
 		succ.Deposit(ctx, sockets, gen)

@@ -136,6 +136,9 @@ func (s *Succession) Deposit(ctx context.Context, sockets func() (map[string]*os
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := s.os.Deposit(dctx, s.keeper, files); err != nil {
+		if ctx.Err() != nil {
+			return // stopping: a successor or the master's next worker has them
+		}
 		s.log.Warn("cannot deposit the sockets with the master; a crash now would refuse connections until the restart", zap.Error(err))
 		return
 	}

@@ -3,7 +3,9 @@ package runner
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -197,5 +199,37 @@ func TestTriggerSetsQueuedTimestamp(t *testing.T) {
 	r.Trigger() // coalesced, still recorded
 	if got := testutil.ToFloat64(m.lastQueued.WithLabelValues(IPv4)); got != 1_800_000_000.5 {
 		t.Fatalf("last queued = %v, want 1800000000.5", got)
+	}
+}
+
+// TestRunCancelledSyncNotAFailure: a sync cut short because Run's ctx
+// ended (a handover or a shutdown stopping the syncs) is neither reported
+// to OnSync nor counted as a failure.
+func TestRunCancelledSyncNotAFailure(t *testing.T) {
+	m := NewMetrics(prometheus.NewPedanticRegistry())
+	started := make(chan struct{})
+	r := New(func(ctx context.Context, full bool) error {
+		close(started)
+		<-ctx.Done()
+		return fmt.Errorf("applying: %w", ctx.Err())
+	}, 0, 0)
+	r.Metrics = m
+	var reported atomic.Int32
+	r.OnSync = func(bool, time.Duration, error) { reported.Add(1) }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	<-started
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return within 10s of ctx ending")
+	}
+	if n := reported.Load(); n != 0 {
+		t.Errorf("OnSync called %d times for the cancelled sync, want 0", n)
+	}
+	if got := testutil.ToFloat64(m.ownFailures.WithLabelValues("full")); got != 0 {
+		t.Errorf("failures = %v, want 0", got)
 	}
 }

@@ -106,6 +106,9 @@ func (r *Runner) Run(ctx context.Context) {
 		}
 		start := clk.Now()
 		err := r.Sync(ctx, full)
+		if err != nil && ctx.Err() != nil {
+			return // cut short by the end of Run: no failure to count or retry
+		}
 		last = clk.Now()
 		if r.Metrics != nil {
 			r.Metrics.synced(full, last.Sub(start), err, last)
