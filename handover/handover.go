@@ -211,6 +211,7 @@ func (h *Handover) Ready(ctx context.Context) error {
 type Server struct {
 	path string
 	ln   *net.UnixListener
+	file os.FileInfo // the socket file at path, as bound here
 
 	// handedOver is set once a successor has taken over: the socket
 	// file at path is then the successor's, and Close must leave it.
@@ -228,7 +229,21 @@ func Listen(path string) (*Server, error) {
 		return nil, fmt.Errorf("listening for a successor at %s: %w", path, err)
 	}
 	ln.SetUnlinkOnClose(false) // the successor binds the same path next
-	return &Server{path: path, ln: ln}, nil
+	fi, err := os.Lstat(path)
+	if err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("listening for a successor at %s: %w", path, err)
+	}
+	return &Server{path: path, ln: ln, file: fi}, nil
+}
+
+// removeOwn removes the socket file at path if it is still the one bound
+// here: a successor that gave up waiting for this process may have bound
+// its own there, which must stay reachable for the next restart.
+func (s *Server) removeOwn() {
+	if cur, err := os.Lstat(s.path); err == nil && os.SameFile(cur, s.file) {
+		_ = os.Remove(s.path)
+	}
 }
 
 // Close stops listening and removes the socket file, unless a successor
@@ -238,7 +253,7 @@ func Listen(path string) (*Server, error) {
 func (s *Server) Close() error {
 	err := s.ln.Close()
 	if !s.handedOver.Load() {
-		_ = os.Remove(s.path)
+		s.removeOwn()
 	}
 	return err
 }
@@ -296,6 +311,6 @@ func (s *Server) serveOne(c *net.UnixConn, sockets func() (map[string]*os.File, 
 	// and nothing of ours may touch it after that.
 	s.handedOver.Store(true)
 	s.ln.Close()
-	_ = os.Remove(s.path)
+	s.removeOwn()
 	return true, send(c, done, nil)
 }

@@ -242,3 +242,31 @@ func TestAnswers(t *testing.T) {
 		t.Fatalf("Serve = %v", err)
 	}
 }
+
+// TestCloseLeavesAnotherSocketFile: a successor that gave up waiting for
+// its predecessor binds the path anew; the predecessor closing later must
+// not remove that successor's socket file (its own successor would find
+// no one), only its own.
+func TestCloseLeavesAnotherSocketFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "handover.sock")
+	old, err := Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	succ, err := Listen(path) // replaces the file
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := Answers(context.Background(), path); !ok || err != nil {
+		t.Errorf("after the predecessor closed, the successor's socket answers %v, %v; want true", ok, err)
+	}
+	if err := succ.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after the successor closed, its socket file: %v; want it removed", err)
+	}
+}
