@@ -14,7 +14,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -177,15 +176,14 @@ func Run(ctx context.Context, cfg Config) error {
 	watchCtx, stopWatching := context.WithCancel(ctx)
 	defer stopWatching()
 	syncerDone := make(chan struct{})
-	var syncerStarted atomic.Bool
 	// stopSyncing cancels a sync in flight and waits for it, so that no
-	// sync writes rules after it returns.
+	// sync writes rules after it returns. It is called only once the
+	// syncer runs: by stopAccepting (a handover follows a sync) and after
+	// the first load.
 	stopSyncing := func() {
 		stopWatching()
 		stopSyncer()
-		if syncerStarted.Load() {
-			<-syncerDone
-		}
+		<-syncerDone
 	}
 	sockets, stopAccepting := handoverSockets(web, mode, cfg.HealthChecks, stopSyncing)
 	newRunner := cfg.NewRunner
@@ -236,7 +234,6 @@ func Run(ctx context.Context, cfg Config) error {
 	loaded, watchErr := startSource(ctx, cfg, m)
 	select {
 	case <-loaded:
-		syncerStarted.Store(true)
 		go func() {
 			defer close(syncerDone)
 			syncer.Run(syncCtx)

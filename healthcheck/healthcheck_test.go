@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -313,11 +314,7 @@ func TestHandover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var names []string
-	for name := range files {
-		names = append(names, name)
-	}
-	slices.Sort(names)
+	names := slices.Sorted(maps.Keys(files))
 	want := []string{fmt.Sprintf("%s127.0.0.1:%d", SocketPrefix, port), fmt.Sprintf("%s127.0.0.1:%d", SocketPrefix, gonePort)}
 	slices.Sort(want)
 	if !slices.Equal(names, want) {

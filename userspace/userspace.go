@@ -60,13 +60,13 @@ type Mode struct {
 	steer redirect.Config      // what red was made from
 	// vips is local steering's device, nil without it.
 	vips *vips
-	// smu serializes Apply with StopAccepting and Close; once steerDone is
-	// set, Apply does nothing: the steering (the rules or the device) is a
+	// mu serializes Apply with StopAccepting and Close; once stopped,
+	// Apply does nothing: the steering (the rules or the device) is a
 	// successor's, or being removed.
-	smu       sync.Mutex
-	steerDone bool
-	port      uint16
-	log       *zap.Logger
+	mu      sync.Mutex
+	stopped bool
+	port    uint16
+	log     *zap.Logger
 }
 
 // New builds the mode: the forwarder binds its redirect listeners (or
@@ -195,9 +195,9 @@ func (m *Mode) Available(ctx context.Context) error {
 // closing, Apply does nothing: the forwarder takes no snapshot any more,
 // and the steering rules or device are a successor's, or being removed.
 func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
-	m.smu.Lock()
-	defer m.smu.Unlock()
-	if m.steerDone {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.stopped {
 		return nil
 	}
 	var vipErr error
@@ -225,8 +225,8 @@ func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
 // device, if m steers.
 func (m *Mode) Cleanup(ctx context.Context) error {
 	if m.vips != nil {
-		m.smu.Lock()
-		defer m.smu.Unlock()
+		m.mu.Lock()
+		defer m.mu.Unlock()
 		return m.vips.remove(ctx)
 	}
 	if m.red == nil {
@@ -269,9 +269,9 @@ func CleanupLocal(ctx context.Context, log *zap.Logger) error {
 // rather than blackholed.
 func (m *Mode) Close(ctx context.Context, handedOver bool) error {
 	err := m.fwd.Shutdown(ctx)
-	m.smu.Lock()
-	defer m.smu.Unlock()
-	m.steerDone = true
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.stopped = true
 	if m.vips != nil {
 		if !handedOver {
 			if cerr := m.vips.remove(ctx); cerr != nil {
@@ -302,9 +302,9 @@ func (m *Mode) SocketsGeneration() uint64 { return m.fwd.SocketsGeneration() }
 // steering too (its rules, or local steering's device): a later Apply does
 // nothing.
 func (m *Mode) StopAccepting() {
-	m.smu.Lock()
-	m.steerDone = true
-	m.smu.Unlock()
+	m.mu.Lock()
+	m.stopped = true
+	m.mu.Unlock()
 	m.fwd.StopAccepting()
 }
 
