@@ -140,6 +140,14 @@ type Service struct {
 	ExternalIPs     []netip.Addr
 	LoadBalancerIPs []netip.Addr
 
+	// LoadBalancerSourceRanges (spec.loadBalancerSourceRanges), if any,
+	// are the only sources traffic to the LoadBalancerIPs may come from,
+	// each range applying to the addresses of its family. A family with no
+	// range here, or with a /0 among them, is open to every source, as in
+	// kube-proxy. ClusterIPs, ExternalIPs and the NodePort are not
+	// restricted. Sources keep them masked (netip.Prefix.Masked).
+	LoadBalancerSourceRanges []netip.Prefix
+
 	// HealthCheckNodePort is the Service's health-check node port
 	// (spec.healthCheckNodePort of a LoadBalancer Service with
 	// externalTrafficPolicy Local), the same on each of its ports; 0: none.
@@ -209,6 +217,11 @@ func (s *Service) Validate() error {
 	checkIPs("clusterIPs", s.ClusterIPs)
 	checkIPs("externalIPs", s.ExternalIPs)
 	checkIPs("loadBalancerIPs", s.LoadBalancerIPs)
+	for i, p := range s.LoadBalancerSourceRanges {
+		if !p.IsValid() || p != p.Masked() {
+			bad(fmt.Sprintf("loadBalancerSourceRanges[%d]", i), "invalid or unmasked range %v", p)
+		}
+	}
 	if s.AffinityTimeout < 0 {
 		bad("sessionAffinityTimeout", "must not be negative")
 	}
@@ -270,10 +283,40 @@ func (s *Service) frontends(yield func(f Frontend, external bool) bool) {
 }
 
 // equal reports whether s and o are the same Service port, field by field.
+// AllowedSources returns the sources that traffic to lbIP, one of s's
+// LoadBalancerIPs, may come from; nil means every source. They are the
+// LoadBalancerSourceRanges of lbIP's family, unless one of them is a /0 or
+// there are none, and, when one of the ranges holds one of nodeIPs (the
+// node's own addresses), lbIP itself: a VIP-style load balancer's IP is
+// often local on the node, so a request from the node loops back with it
+// as the source (kube-proxy allows it the same way).
+func (s *Service) AllowedSources(lbIP netip.Addr, nodeIPs []netip.Addr) []netip.Prefix {
+	lbIP = lbIP.Unmap()
+	var out []netip.Prefix
+	fromNode := false
+	for _, r := range s.LoadBalancerSourceRanges {
+		if r.Addr().Is4() != lbIP.Is4() {
+			continue
+		}
+		if r.Bits() == 0 {
+			return nil
+		}
+		out = append(out, r)
+		for _, n := range nodeIPs {
+			fromNode = fromNode || r.Contains(n.Unmap())
+		}
+	}
+	if fromNode {
+		out = append(out, netip.PrefixFrom(lbIP, lbIP.BitLen()))
+	}
+	return out
+}
+
 func (s *Service) equal(o *Service) bool {
 	return s.Name == o.Name && s.Protocol == o.Protocol && s.Port == o.Port &&
 		slices.Equal(s.ClusterIPs, o.ClusterIPs) && s.NodePort == o.NodePort &&
 		slices.Equal(s.ExternalIPs, o.ExternalIPs) && slices.Equal(s.LoadBalancerIPs, o.LoadBalancerIPs) &&
+		slices.Equal(s.LoadBalancerSourceRanges, o.LoadBalancerSourceRanges) &&
 		s.HealthCheckNodePort == o.HealthCheckNodePort && s.AffinityTimeout == o.AffinityTimeout &&
 		s.InternalTrafficPolicy == o.InternalTrafficPolicy && s.ExternalTrafficPolicy == o.ExternalTrafficPolicy &&
 		s.Algorithm == o.Algorithm && s.FirstByteTimeout == o.FirstByteTimeout &&

@@ -358,6 +358,13 @@ func TestValidate(t *testing.T) {
 		{name: "zero clusterIP", mod: func(s *Service) { s.ClusterIPs = append(s.ClusterIPs, netip.Addr{}) }, field: "clusterIPs[1]"},
 		{name: "multicast externalIP", mod: func(s *Service) { s.ExternalIPs = []netip.Addr{ip("224.0.0.1")} }, field: "externalIPs[0]"},
 		{name: "unspecified loadBalancerIP", mod: func(s *Service) { s.LoadBalancerIPs = []netip.Addr{ip("::")} }, field: "loadBalancerIPs[0]"},
+		{name: "source ranges", mod: func(s *Service) {
+			s.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/64")}
+		}},
+		{name: "unmasked source range", mod: func(s *Service) {
+			s.LoadBalancerSourceRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("10.1.2.3/16")}
+		}, field: "loadBalancerSourceRanges[1]"},
+		{name: "zero source range", mod: func(s *Service) { s.LoadBalancerSourceRanges = []netip.Prefix{{}} }, field: "loadBalancerSourceRanges[0]"},
 		{name: "negative affinity", mod: func(s *Service) { s.AffinityTimeout = -time.Second }, field: "sessionAffinityTimeout"},
 		{name: "bad internal policy", mod: func(s *Service) { s.InternalTrafficPolicy = 2 }, field: "internalTrafficPolicy"},
 		{name: "bad external policy", mod: func(s *Service) { s.ExternalTrafficPolicy = 2 }, field: "externalTrafficPolicy"},

@@ -10,6 +10,7 @@
 //	    clusterIPs: [127.0.0.1]     # or clusterIP: 127.0.0.1
 //	    externalIPs: []
 //	    loadBalancerIPs: []
+//	    loadBalancerSourceRanges: [10.0.0.0/8]  # the only sources the loadBalancerIPs take; default: any
 //	    sessionAffinity: ClientIP   # None (default) | ClientIP
 //	    sessionAffinityTimeoutSeconds: 10800  # 1-86400; default 10800 with ClientIP
 //	    internalTrafficPolicy: Cluster        # Cluster (default) | Local
@@ -281,7 +282,7 @@ func (p *parser) err() error {
 func (p *parser) service(n *yaml.Node, path string) (key string, nameNode *yaml.Node, out []lb.Service) {
 	before := len(p.errs)
 	f, ok := p.fields(n, path, "name", "namespace", "clusterIP", "clusterIPs", "externalIPs", "loadBalancerIPs",
-		"sessionAffinity", "sessionAffinityTimeoutSeconds", "internalTrafficPolicy", "externalTrafficPolicy",
+		"loadBalancerSourceRanges", "sessionAffinity", "sessionAffinityTimeoutSeconds", "internalTrafficPolicy", "externalTrafficPolicy",
 		"algorithm", "firstByteTimeout", "ports", "endpoints")
 	if !ok {
 		return "", nil, nil
@@ -342,6 +343,22 @@ func (p *parser) service(n *yaml.Node, path string) (key string, nameNode *yaml.
 	base.ExternalIPs = addrs("externalIPs")
 	base.LoadBalancerIPs = addrs("loadBalancerIPs")
 	frontendErrs := len(p.errs) > frontendStart
+	if v := f["loadBalancerSourceRanges"]; v != nil {
+		items, _ := p.list(v, path+".loadBalancerSourceRanges")
+		for i, item := range items {
+			rPath := fmt.Sprintf("%s.loadBalancerSourceRanges[%d]", path, i)
+			str, ok := p.str(item, rPath)
+			if !ok {
+				continue
+			}
+			r, err := netip.ParsePrefix(strings.TrimSpace(str))
+			if err != nil {
+				p.errorf(item, rPath, "%q is not a CIDR (e.g. 10.0.0.0/8)", str)
+				continue
+			}
+			base.LoadBalancerSourceRanges = append(base.LoadBalancerSourceRanges, r.Masked())
+		}
+	}
 
 	clientIP := false
 	if v := f["sessionAffinity"]; v != nil {

@@ -45,6 +45,7 @@ services:
     clusterIPs: [10.0.0.1, "fd00::1"]
     externalIPs: [192.0.2.1]
     loadBalancerIPs: [198.51.100.1]
+    loadBalancerSourceRanges: [10.0.0.1/8, " fd00::/64"]
     sessionAffinity: ClientIP
     sessionAffinityTimeoutSeconds: 60
     internalTrafficPolicy: Local
@@ -75,9 +76,12 @@ services:
 `,
 		want: func() []lb.Service {
 			base := lb.Service{
-				ClusterIPs:            []netip.Addr{addr("10.0.0.1"), addr("fd00::1")},
-				ExternalIPs:           []netip.Addr{addr("192.0.2.1")},
-				LoadBalancerIPs:       []netip.Addr{addr("198.51.100.1")},
+				ClusterIPs:      []netip.Addr{addr("10.0.0.1"), addr("fd00::1")},
+				ExternalIPs:     []netip.Addr{addr("192.0.2.1")},
+				LoadBalancerIPs: []netip.Addr{addr("198.51.100.1")},
+				LoadBalancerSourceRanges: []netip.Prefix{
+					netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/64"),
+				},
 				AffinityTimeout:       time.Minute,
 				InternalTrafficPolicy: lb.PolicyLocal,
 				ExternalTrafficPolicy: lb.PolicyLocal,
@@ -360,6 +364,12 @@ func TestParseErrors(t *testing.T) {
     clusterIP: 10.0.0.1
     ports: []
 `, "line 4: services[0].ports: must list at least one port", false, 0},
+		{"bad source range", `services:
+  - name: web
+    loadBalancerIPs: [198.51.100.1]
+    loadBalancerSourceRanges: [10.0.0.0/8, 10.0.0.0]
+    ports: [{port: 80}]
+`, `line 4: services[0].loadBalancerSourceRanges[1]: "10.0.0.0" is not a CIDR (e.g. 10.0.0.0/8)`, false, 0},
 		{"no frontend", `services:
   - name: web
     ports: [{port: 80}]

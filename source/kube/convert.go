@@ -221,6 +221,19 @@ func (c *converter) frontends() lb.Service {
 		}
 	}
 
+	// loadBalancerSourceRanges: the API server's validation lets padding
+	// through, as kube-proxy notes; a range it could not parse is left out
+	// (the others still restrict the Service).
+	for i, str := range spec.LoadBalancerSourceRanges {
+		field := fmt.Sprintf("spec.loadBalancerSourceRanges[%d]", i)
+		p, err := netip.ParsePrefix(strings.TrimSpace(str))
+		if err != nil {
+			c.bad(field, "%q is not a CIDR; ignored", str)
+			continue
+		}
+		s.LoadBalancerSourceRanges = append(s.LoadBalancerSourceRanges, p.Masked())
+	}
+
 	if spec.SessionAffinity == v1.ServiceAffinityClientIP {
 		s.AffinityTimeout = lb.DefaultAffinityTimeout
 		if cfg := spec.SessionAffinityConfig; cfg != nil && cfg.ClientIP != nil && cfg.ClientIP.TimeoutSeconds != nil {

@@ -343,6 +343,23 @@ func TestConvert(t *testing.T) {
 			})},
 		},
 		{
+			name: "loadBalancerSourceRanges: padded ones trimmed, masked; an unparsable one left out",
+			svc: svc(func(s *v1.Service) {
+				s.Spec.Type = v1.ServiceTypeLoadBalancer
+				s.Spec.Ports[0].NodePort = 30080
+				s.Spec.LoadBalancerSourceRanges = []string{" 10.0.0.0/8", "192.0.2.1/24 ", "2001:db8::/32", "10.0.0.0"}
+				s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "192.0.2.10"}}
+			}),
+			want: []lb.Service{base(func(s *lb.Service) {
+				s.NodePort = 30080
+				s.LoadBalancerIPs = addrs("192.0.2.10")
+				s.LoadBalancerSourceRanges = []netip.Prefix{
+					netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("2001:db8::/32"),
+				}
+			})},
+			errs: []string{`spec.loadBalancerSourceRanges[3]: "10.0.0.0" is not a CIDR; ignored`},
+		},
+		{
 			name: "invalid: duplicate nodePorts keep the first; an ingress IP equal to the ClusterIP is served once",
 			svc: svc(func(s *v1.Service) {
 				s.Spec.Type = v1.ServiceTypeLoadBalancer

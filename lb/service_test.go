@@ -1,0 +1,46 @@
+package lb
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+)
+
+func TestAllowedSources(t *testing.T) {
+	pfx := netip.MustParsePrefix
+	ip := netip.MustParseAddr
+	lb4, lb6 := ip("203.0.113.7"), ip("2001:db8::7")
+	for _, tc := range []struct {
+		name    string
+		ranges  []string
+		lbIP    netip.Addr
+		nodeIPs []netip.Addr
+		want    []string // nil: every source
+	}{
+		{name: "no ranges", lbIP: lb4},
+		{name: "own family only", ranges: []string{"10.0.0.0/8", "fd00::/8", "192.0.2.0/24"}, lbIP: lb4, want: []string{"10.0.0.0/8", "192.0.2.0/24"}},
+		{name: "IPv6", ranges: []string{"10.0.0.0/8", "fd00::/8"}, lbIP: lb6, want: []string{"fd00::/8"}},
+		{name: "other family only: open", ranges: []string{"fd00::/8"}, lbIP: lb4},
+		{name: "a /0 opens it", ranges: []string{"10.0.0.0/8", "0.0.0.0/0"}, lbIP: lb4},
+		{name: "the other family's /0 does not", ranges: []string{"10.0.0.0/8", "::/0"}, lbIP: lb4, want: []string{"10.0.0.0/8"}},
+		{name: "node inside: the VIP too", ranges: []string{"10.0.0.0/8"}, lbIP: lb4, nodeIPs: []netip.Addr{ip("fd00::1"), ip("10.1.2.3")},
+			want: []string{"10.0.0.0/8", "203.0.113.7/32"}},
+		{name: "node outside", ranges: []string{"10.0.0.0/8"}, lbIP: lb4, nodeIPs: []netip.Addr{ip("192.0.2.1")}, want: []string{"10.0.0.0/8"}},
+		{name: "mapped VIP", ranges: []string{"10.0.0.0/8"}, lbIP: netip.AddrFrom16(lb4.As16()), nodeIPs: []netip.Addr{ip("10.0.0.1")},
+			want: []string{"10.0.0.0/8", "203.0.113.7/32"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := Service{LoadBalancerIPs: []netip.Addr{tc.lbIP}}
+			for _, r := range tc.ranges {
+				s.LoadBalancerSourceRanges = append(s.LoadBalancerSourceRanges, pfx(r))
+			}
+			var want []netip.Prefix
+			for _, w := range tc.want {
+				want = append(want, pfx(w))
+			}
+			if got := s.AllowedSources(tc.lbIP, tc.nodeIPs); !slices.Equal(got, want) {
+				t.Errorf("AllowedSources(%v) = %v, want %v", tc.lbIP, got, want)
+			}
+		})
+	}
+}
