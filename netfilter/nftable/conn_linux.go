@@ -240,6 +240,14 @@ func sameType(s, w *nft.Set) bool {
 // write queues t's table, sets, chains and rules in nt (flushing the
 // chains first and deleting the stale sets) and flushes the batch.
 func write(c *nft.Conn, t Table, nt *nft.Table, stale []string) error {
+	if err := queue(c, t, nt, stale); err != nil {
+		return err
+	}
+	return c.Flush()
+}
+
+// queue queues what write writes, and flushes nothing.
+func queue(c *nft.Conn, t Table, nt *nft.Table, stale []string) error {
 	c.AddTable(nt)
 	for _, s := range t.Sets {
 		if err := c.AddSet(t.set(nt, s.Name), nil); err != nil {
@@ -264,7 +272,58 @@ func write(c *nft.Conn, t Table, nt *nft.Table, stale []string) error {
 			c.AddRule(&nft.Rule{Table: nt, Chain: ch, Exprs: ex})
 		}
 	}
-	return c.Flush()
+	return nil
+}
+
+// Replace makes t exactly as declared, holding exactly elems, in one
+// transaction: the table is deleted (if there) and written anew, so no
+// packet meets it half written, and nothing of an earlier layout or
+// content is left. For small tables (the whole table and every element
+// go in one batch).
+func (k *Conn) Replace(ctx context.Context, t Table, elems []Element) (err error) {
+	c, done, err := k.dial()
+	if err != nil {
+		return err
+	}
+	defer done(&err)
+	nt := t.table()
+	c.AddTable(nt) // so that deleting it cannot fail
+	c.DelTable(nt)
+	if err := queue(c, t, nt, nil); err != nil {
+		return fmt.Errorf("writing table %s: %w", t.Name, err)
+	}
+	elems = bySet(elems)
+	for len(elems) > 0 {
+		name := elems[0].Set
+		s := t.set(nt, name)
+		if s == nil {
+			return fmt.Errorf("table %s declares no set %s", t.Name, name)
+		}
+		var batch []nft.SetElement
+		for len(elems) > 0 && elems[0].Set == name && len(batch) < elementsPerMessage {
+			batch = append(batch, setElement(s, elems[0]))
+			elems = elems[1:]
+		}
+		if err := c.SetAddElements(s, batch); err != nil {
+			return fmt.Errorf("adding elements to %s: %w", name, err)
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("writing table %s: %w", t.Name, err)
+	}
+	return nil
+}
+
+// setElement is e as an element of s.
+func setElement(s *nft.Set, e Element) nft.SetElement {
+	el := nft.SetElement{Key: []byte(e.Key), Val: []byte(e.Val)}
+	if e.End != "" {
+		el.KeyEnd = []byte(e.End)
+	}
+	if isVmap(s) {
+		el.Val, el.VerdictData = nil, &expr.Verdict{Kind: expr.VerdictGoto, Chain: e.Val}
+	}
+	return el
 }
 
 // isVmap says s maps to verdicts: an Element's Val is then the chain to
@@ -339,13 +398,8 @@ func (k *Conn) Update(ctx context.Context, t Table, del, add []Element) (err err
 			}
 			n := 0
 			var batch []nft.SetElement
-			vmap := isVmap(s)
 			for n < len(es) && es[n].Set == name && n < elementsPerMessage {
-				e := nft.SetElement{Key: []byte(es[n].Key), Val: []byte(es[n].Val)}
-				if vmap {
-					e.Val, e.VerdictData = nil, &expr.Verdict{Kind: expr.VerdictGoto, Chain: es[n].Val}
-				}
-				batch = append(batch, e)
+				batch = append(batch, setElement(s, es[n]))
 				bytes += len(es[n].Key) + len(es[n].Val) + 48 // attribute headers
 				n++
 			}

@@ -9,8 +9,10 @@ import (
 )
 
 // Element is one element of a set: Val is empty unless the set is a map;
-// in a verdict map it is the name of the chain to goto.
-type Element struct{ Set, Key, Val string }
+// in a verdict map it is the name of the chain to goto. End is empty
+// unless the set is a concatenation of ranges: then Key is each field's
+// first value and End each field's last (inclusive).
+type Element struct{ Set, Key, Val, End string }
 
 // Keys and values are concatenations whose fields the kernel pads to 4
 // bytes each; addresses and ports are in network order, a numgen slot in

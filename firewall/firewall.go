@@ -1,0 +1,201 @@
+package firewall
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+
+	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/nftable"
+)
+
+// Config is what a Firewall writes and where.
+type Config struct {
+	Kernel Kernel
+	// IPv6 says whether the node serves IPv6 too: else IPv6 LoadBalancer
+	// IPs are not restricted here (no mode serves them) and no ip6 table
+	// is written.
+	IPv6 bool
+	// NodeIPs are the node's own addresses, for lb.Service.AllowedSources.
+	NodeIPs []netip.Addr
+}
+
+// Firewall keeps the firewall tables in step with the snapshots it is
+// given. Its methods are safe to call from one goroutine at a time (the
+// daemon's syncer), and Close from another once that has stopped.
+type Firewall struct {
+	cfg      Config
+	families []netfilter.Family
+
+	mu      sync.Mutex
+	applied bool                 // something was written or deleted since start
+	written [2][]nftable.Element // per family, what the last write left; nil: no table
+}
+
+// New returns a Firewall that has written nothing yet: its first Apply
+// replaces (or removes) whatever a predecessor left.
+func New(cfg Config) *Firewall {
+	f := &Firewall{cfg: cfg, families: []netfilter.Family{netfilter.IPv4}}
+	if cfg.IPv6 {
+		f.families = append(f.families, netfilter.IPv6)
+	}
+	return f
+}
+
+// Apply makes the tables restrict the LoadBalancer frontends of snap that
+// have source ranges. A family's table is written again only when what it
+// must hold changed, or when full is set (which also repairs a table
+// someone else changed); one with nothing to hold is removed.
+func (f *Firewall) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	want := f.desired(snap)
+	var errs []error
+	for _, fam := range f.families {
+		w := want[fam]
+		switch {
+		case len(w) == 0:
+			if f.written[fam] == nil && f.applied && !full {
+				continue
+			}
+			if err := f.cfg.Kernel.Delete(ctx, fam); err != nil {
+				errs = append(errs, fmt.Errorf("removing the %v firewall: %w", fam, err))
+				continue
+			}
+			f.written[fam] = nil
+		case !full && f.applied && slices.Equal(w, f.written[fam]):
+		default:
+			if err := f.cfg.Kernel.Write(ctx, fam, w); err != nil {
+				errs = append(errs, fmt.Errorf("writing the %v firewall: %w", fam, err))
+				f.written[fam] = nil // unknown: the next Apply writes again
+				continue
+			}
+			f.written[fam] = w
+		}
+	}
+	if len(errs) == 0 {
+		f.applied = true
+	}
+	return errors.Join(errs...)
+}
+
+// Frontends is how many LoadBalancer frontends the tables restrict.
+func (f *Firewall) Frontends() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, es := range f.written {
+		for _, e := range es {
+			if e.Set == SetFirewalled {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// Close ends the firewall on a clean exit: the tables are removed unless
+// handedOver (a successor process serves, and rewrites them on its first
+// sync).
+func (f *Firewall) Close(ctx context.Context, handedOver bool) error {
+	if handedOver {
+		return nil
+	}
+	return f.Cleanup(ctx)
+}
+
+// Cleanup removes the tables, also those another process wrote.
+func (f *Firewall) Cleanup(ctx context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var errs []error
+	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
+		if err := f.cfg.Kernel.Delete(ctx, fam); err != nil {
+			errs = append(errs, fmt.Errorf("removing the %v firewall: %w", fam, err))
+			continue
+		}
+		f.written[fam] = nil
+	}
+	return errors.Join(errs...)
+}
+
+// desired is each family's elements for snap, sorted.
+func (f *Firewall) desired(snap *lb.Snapshot) [2][]nftable.Element {
+	var out [2][]nftable.Element
+	for _, b := range snap.Balancers() {
+		svc := b.Service
+		if len(svc.LoadBalancerSourceRanges) == 0 || len(svc.LoadBalancerIPs) == 0 {
+			continue
+		}
+		for fr := range snap.Frontends(b) {
+			ip := fr.Addr.Addr()
+			if !slices.Contains(svc.LoadBalancerIPs, ip) {
+				continue // a ClusterIP or an ExternalIP: never restricted
+			}
+			fam := netfilter.IPv4
+			if !ip.Is4() {
+				fam = netfilter.IPv6
+				if !f.cfg.IPv6 {
+					continue
+				}
+			}
+			allowed := svc.AllowedSources(ip, f.cfg.NodeIPs)
+			if allowed == nil {
+				continue
+			}
+			key := nftable.FrontendKey(ip, fr.Protocol, fr.Addr.Port())
+			out[fam] = append(out[fam], nftable.Element{Set: SetFirewalled, Key: key})
+			for _, r := range merge(allowed) {
+				out[fam] = append(out[fam], nftable.Element{Set: SetAllowed, Key: key + string(r.first.AsSlice()), End: key + string(r.last.AsSlice())})
+			}
+		}
+	}
+	for fam := range out {
+		slices.SortFunc(out[fam], func(a, b nftable.Element) int {
+			return cmp.Or(cmp.Compare(a.Set, b.Set), cmp.Compare(a.Key, b.Key))
+		})
+	}
+	return out
+}
+
+// span is an inclusive range of addresses of one family.
+type span struct{ first, last netip.Addr }
+
+// merge turns prefixes of one family into the fewest disjoint spans that
+// cover them, in order: overlapping and adjacent ones become one.
+func merge(prefixes []netip.Prefix) []span {
+	spans := make([]span, 0, len(prefixes))
+	for _, p := range prefixes {
+		spans = append(spans, span{p.Addr(), lastAddr(p)})
+	}
+	slices.SortFunc(spans, func(a, b span) int { return a.first.Compare(b.first) })
+	out := spans[:0]
+	for _, s := range spans {
+		if n := len(out); n > 0 {
+			prev := &out[n-1]
+			if next := prev.last.Next(); !next.IsValid() || s.first.Compare(next) <= 0 {
+				if s.last.Compare(prev.last) > 0 {
+					prev.last = s.last
+				}
+				continue
+			}
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// lastAddr is the last address of p (masked).
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
