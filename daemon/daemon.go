@@ -54,6 +54,10 @@ type Config struct {
 	Modes      proxymode.Table
 	Mode       proxymode.Name
 	Annotation string // the Node's proxymode.Annotation
+	// Firewall, if set, enforces the Services' loadBalancerSourceRanges
+	// (package firewall), for whichever mode runs: each sync applies it
+	// before the mode, and it is removed on a last exit.
+	Firewall Firewall
 	// Steering is the userspace mode's: "redirect" writes rules and
 	// "local" puts the virtual IPs on a device, so the other modes' rules
 	// are removed first (with "none" they are left alone).
@@ -89,6 +93,15 @@ type Config struct {
 	MetricsAddr, HealthzAddr, ProfilingAddr string // "": off
 	ConnLog                                 string // logged only
 	PIDFile                                 string // "": none
+}
+
+// Firewall is what the daemon needs of package firewall's Firewall.
+type Firewall interface {
+	Apply(ctx context.Context, snap *lb.Snapshot, full bool) error
+	// Close removes the rules unless handedOver.
+	Close(ctx context.Context, handedOver bool) error
+	// Cleanup removes the rules, also another process's.
+	Cleanup(ctx context.Context) error
 }
 
 // Source feeds the store until ctx ends (nil) or it fails.
@@ -192,7 +205,7 @@ func Run(ctx context.Context, cfg Config) error {
 			return runner.New(sync, cfg.MinSyncPeriod, cfg.SyncPeriod)
 		}
 	}
-	syncer := newSyncer(store, mode, m, tracker, newRunner, func(ctx context.Context, snap *lb.Snapshot) {
+	syncer := newSyncer(store, mode, cfg.Firewall, m, tracker, newRunner, func(ctx context.Context, snap *lb.Snapshot) {
 		unserved.check(snap)
 		memory.Applied(snap)
 		// The health checks take the sockets a predecessor handed over
@@ -277,6 +290,9 @@ func Run(ctx context.Context, cfg Config) error {
 	defer cancel()
 	web.shutdown(shutdownCtx)
 	err = errors.Join(err, mode.Close(shutdownCtx, handedOver))
+	if cfg.Firewall != nil {
+		err = errors.Join(err, cfg.Firewall.Close(shutdownCtx, handedOver))
+	}
 	if handedOver {
 		cfg.Termination.Linger(ctx)
 	}

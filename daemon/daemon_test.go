@@ -444,3 +444,89 @@ func TestRunHandsOverHealthChecks(t *testing.T) {
 		t.Error("the health-check port still accepts after the handover")
 	}
 }
+
+// TestRunFirewall: the loadBalancerSourceRanges firewall is applied in
+// each sync before the mode, a failing firewall neither keeps the mode
+// from the snapshot nor passes as a success (the sync is retried), and it
+// is closed after the mode, handed over or not.
+func TestRunFirewall(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		fwFails   int32
+		successor bool
+		want      []string
+	}{
+		{name: "before the mode, closed after it",
+			want: []string{"firewall apply full", "iptables apply full", "iptables close", "firewall close"}},
+		{name: "a failing firewall: the mode applied anyway, the sync retried", fwFails: 1,
+			want: []string{"firewall apply full", "iptables apply full", "firewall apply full", "iptables apply full", "iptables close", "firewall close"}},
+		{name: "handed over: left to the successor", successor: true,
+			want: []string{"firewall apply full", "iptables apply full", "iptables close, handed over", "firewall close, handed over"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var calls []string
+			var fails, fwFails atomic.Int32
+			fwFails.Store(tc.fwFails)
+			table := recorders(&mu, &calls, &fails)
+			for name, e := range table { // the other modes' cleanups are TestRun's
+				e.Cleanup = nil
+				table[name] = e
+			}
+			log := zaptest.NewLogger(t)
+			path := ""
+			if tc.successor {
+				path = filepath.Join(t.TempDir(), "handover.sock")
+			}
+			termCtx, term := handover.NewTermination(0, log)
+			defer term.Stop()
+			ctx, cancel := context.WithCancel(termCtx)
+			defer cancel()
+			cfg := Config{
+				Logger: log, Registry: prometheus.NewPedanticRegistry(), Store: lb.NewStore(lb.StoreOptions{}),
+				Source:  func(ctx context.Context, feed Feed) error { feed.Loaded(0, nil); <-ctx.Done(); return nil },
+				Tracker: health.NewTracker(time.Minute, nil), Modes: table, Mode: proxymode.IPTables,
+				Firewall:    recorder{name: "firewall", mu: &mu, calls: &calls, fails: &fwFails},
+				IPv6:        func(context.Context, proxymode.Name) error { return nil },
+				Succession:  handover.NewSuccession(path, handover.OS{NotifyRestart: func(chan<- os.Signal) error { return errors.ErrUnsupported }}, log),
+				Termination: term, DrainTimeout: time.Second, SyncPeriod: time.Hour,
+			}
+			done := make(chan error, 1)
+			go func() { done <- Run(ctx, cfg) }()
+			waitForCall(t, &mu, &calls, "iptables apply full")
+			if tc.fwFails > 0 {
+				deadline := time.Now().Add(10 * time.Second)
+				for {
+					mu.Lock()
+					n := len(calls)
+					mu.Unlock()
+					if n >= 4 {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatal("no retry of the failed sync within 10s")
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+			if tc.successor {
+				takeOver(t, path)
+			} else {
+				cancel()
+			}
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("Run = %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("Run did not return within 10s")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if !slices.Equal(calls, tc.want) {
+				t.Errorf("calls %q, want %q", calls, tc.want)
+			}
+		})
+	}
+}

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -174,15 +175,27 @@ func (m *daemonMetrics) synced(snap *lb.Snapshot) {
 }
 
 // newSyncer returns the sync loop (built by newRunner) that carries
-// store's snapshots to dp. After each successful sync it records what was
-// programmed, tells the health tracker and calls served with the snapshot
-// (nil: nothing); a failed sync is counted and retried by the runner, and
-// moves neither.
-func newSyncer(store *lb.Store, dp proxymode.Mode, m *daemonMetrics, tracker *health.Tracker, newRunner func(sync func(context.Context, bool) error) *runner.Runner, served func(context.Context, *lb.Snapshot)) *runner.Runner {
+// store's snapshots to fw (nil: none), then dp. After each successful sync
+// it records what was programmed, tells the health tracker and calls
+// served with the snapshot (nil: nothing); a failed sync is counted and
+// retried by the runner, and moves neither. A firewall that fails does not
+// keep dp from serving the snapshot (one broken part must not hold every
+// Service's changes back); the sync still fails, so it is logged, counted
+// and retried.
+func newSyncer(store *lb.Store, dp proxymode.Mode, fw Firewall, m *daemonMetrics, tracker *health.Tracker, newRunner func(sync func(context.Context, bool) error) *runner.Runner, served func(context.Context, *lb.Snapshot)) *runner.Runner {
 	r := newRunner(func(ctx context.Context, full bool) error {
 		snap := store.Snapshot()
+		var fwErr error
+		if fw != nil {
+			if err := fw.Apply(ctx, snap, full); err != nil {
+				fwErr = fmt.Errorf("applying snapshot %d to the loadBalancerSourceRanges firewall: %w", snap.Version, err)
+			}
+		}
 		if err := dp.Apply(ctx, snap, full); err != nil {
-			return fmt.Errorf("applying snapshot %d: %w", snap.Version, err)
+			return errors.Join(fwErr, fmt.Errorf("applying snapshot %d: %w", snap.Version, err))
+		}
+		if fwErr != nil {
+			return fwErr
 		}
 		m.synced(snap)
 		tracker.Applied()

@@ -112,12 +112,17 @@ func guardCleanup(ctx context.Context, w owner, force bool, log *zap.Logger) err
 // Cleanup is --cleanup: it removes everything svcproxy installs, whichever
 // mode of modes installed it, unless a running svcproxy owns it (found by
 // its handover socket or PID file) and not force.
-func Cleanup(ctx context.Context, modes proxymode.Table, handoverSocket, pidFile string, force bool, log *zap.Logger) error {
+func Cleanup(ctx context.Context, modes proxymode.Table, fw Firewall, handoverSocket, pidFile string, force bool, log *zap.Logger) error {
 	if err := guardCleanup(ctx, newOwner(handoverSocket, pidFile), force, log); err != nil {
 		return err
 	}
 	if err := modes.Cleanup(ctx, ""); err != nil {
 		return err
+	}
+	if fw != nil {
+		if err := fw.Cleanup(ctx); err != nil {
+			return fmt.Errorf("removing the loadBalancerSourceRanges firewall: %w", err)
+		}
 	}
 	log.Info("removed every svcproxy rule and set")
 	return nil

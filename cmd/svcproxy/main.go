@@ -20,6 +20,7 @@ import (
 	"github.com/svcproxy/svcproxy/connlog"
 	"github.com/svcproxy/svcproxy/daemon"
 	"github.com/svcproxy/svcproxy/examples"
+	"github.com/svcproxy/svcproxy/firewall"
 	"github.com/svcproxy/svcproxy/handover"
 	"github.com/svcproxy/svcproxy/health"
 	"github.com/svcproxy/svcproxy/healthcheck"
@@ -76,7 +77,7 @@ func run(o *options) error {
 
 	reg := prometheus.NewRegistry()
 	if o.cleanup {
-		return daemon.Cleanup(ctx, modes(o, reg, log, nil), o.handoverSocket, o.pidFile, o.force, log)
+		return daemon.Cleanup(ctx, modes(o, reg, log, nil), firewall.New(firewall.Config{Kernel: firewall.Netlink("")}), o.handoverSocket, o.pidFile, o.force, log)
 	}
 	if o.writeConfigTo != "" {
 		return writeConfig(o, o.writeConfigTo)
@@ -153,7 +154,8 @@ func run(o *options) error {
 
 	return daemon.Run(ctx, daemon.Config{
 		Logger: log, Registry: reg, Store: store, Source: source, Tracker: tracker, HealthChecks: hc,
-		Modes: modes(o, reg, log, clog), Mode: o.proxyMode, Annotation: kube.ProxyMode(node), Steering: o.steering,
+		Modes: modes(o, reg, log, clog), Mode: o.proxyMode,
+		Firewall: firewall.New(firewall.Config{Kernel: firewall.Netlink(""), IPv6: o.ipv6, NodeIPs: kube.PrimaryIPs(node, o.bindAddress)}), Annotation: kube.ProxyMode(node), Steering: o.steering,
 		IPv6: func(ctx context.Context, mode proxymode.Name) error {
 			return detectIPv6(ctx, daemon.HostIPv6, hostNFTSteering(o), mode, o, log)
 		},
