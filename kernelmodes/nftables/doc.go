@@ -110,8 +110,8 @@
 //     timeout (or the last with one) rewrites the rules in a full sync.
 //     When an endpoint leaves, the clients remembered with it are deleted
 //     from the map, so their next connection picks afresh.
-//   - loadBalancerSourceRanges are not enforced (no mode of svcproxy reads
-//     them yet: lb.Service has no such field).
+//   - loadBalancerSourceRanges are not this table's: package firewall
+//     enforces them for every mode, in a table of its own.
 //   - A frontend with more than 64 endpoints spreads over 64 of them.
 //   - A rule edited in place (same number of rules) is repaired by the
 //     hourly deep sync, not by the periodic check.
