@@ -282,14 +282,14 @@ func (s *Service) frontends(yield func(f Frontend, external bool) bool) {
 	}
 }
 
-// equal reports whether s and o are the same Service port, field by field.
 // AllowedSources returns the sources that traffic to lbIP, one of s's
 // LoadBalancerIPs, may come from; nil means every source. They are the
 // LoadBalancerSourceRanges of lbIP's family, unless one of them is a /0 or
 // there are none, and, when one of the ranges holds one of nodeIPs (the
-// node's own addresses), lbIP itself: a VIP-style load balancer's IP is
-// often local on the node, so a request from the node loops back with it
-// as the source (kube-proxy allows it the same way).
+// node's own addresses), every LoadBalancer IP of s of lbIP's family: a
+// VIP-style load balancer's IP is often local on the node, so a request
+// from the node loops back with it as the source (kube-proxy allows them
+// the same way).
 func (s *Service) AllowedSources(lbIP netip.Addr, nodeIPs []netip.Addr) []netip.Prefix {
 	lbIP = lbIP.Unmap()
 	var out []netip.Prefix
@@ -307,11 +307,25 @@ func (s *Service) AllowedSources(lbIP netip.Addr, nodeIPs []netip.Addr) []netip.
 		}
 	}
 	if fromNode {
-		out = append(out, netip.PrefixFrom(lbIP, lbIP.BitLen()))
+		for _, ip := range s.LoadBalancerIPs {
+			if ip = ip.Unmap(); ip.Is4() == lbIP.Is4() {
+				out = append(out, netip.PrefixFrom(ip, ip.BitLen()))
+			}
+		}
 	}
 	return out
 }
 
+// SourceRange is a loadBalancerSourceRanges entry as a Service holds it:
+// masked, and an IPv4-mapped IPv6 range as the IPv4 range it maps.
+func SourceRange(p netip.Prefix) netip.Prefix {
+	if p.Addr().Is4In6() && p.Bits() >= 96 {
+		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+	}
+	return p.Masked()
+}
+
+// equal reports whether s and o are the same Service port, field by field.
 func (s *Service) equal(o *Service) bool {
 	return s.Name == o.Name && s.Protocol == o.Protocol && s.Port == o.Port &&
 		slices.Equal(s.ClusterIPs, o.ClusterIPs) && s.NodePort == o.NodePort &&

@@ -23,14 +23,14 @@ func TestAllowedSources(t *testing.T) {
 		{name: "other family only: open", ranges: []string{"fd00::/8"}, lbIP: lb4},
 		{name: "a /0 opens it", ranges: []string{"10.0.0.0/8", "0.0.0.0/0"}, lbIP: lb4},
 		{name: "the other family's /0 does not", ranges: []string{"10.0.0.0/8", "::/0"}, lbIP: lb4, want: []string{"10.0.0.0/8"}},
-		{name: "node inside: the VIP too", ranges: []string{"10.0.0.0/8"}, lbIP: lb4, nodeIPs: []netip.Addr{ip("fd00::1"), ip("10.1.2.3")},
-			want: []string{"10.0.0.0/8", "203.0.113.7/32"}},
+		{name: "node inside: the VIPs of the family too", ranges: []string{"10.0.0.0/8"}, lbIP: lb4, nodeIPs: []netip.Addr{ip("fd00::1"), ip("10.1.2.3")},
+			want: []string{"10.0.0.0/8", "203.0.113.7/32", "203.0.113.8/32"}},
 		{name: "node outside", ranges: []string{"10.0.0.0/8"}, lbIP: lb4, nodeIPs: []netip.Addr{ip("192.0.2.1")}, want: []string{"10.0.0.0/8"}},
 		{name: "mapped VIP", ranges: []string{"10.0.0.0/8"}, lbIP: netip.AddrFrom16(lb4.As16()), nodeIPs: []netip.Addr{ip("10.0.0.1")},
-			want: []string{"10.0.0.0/8", "203.0.113.7/32"}},
+			want: []string{"10.0.0.0/8", "203.0.113.7/32", "203.0.113.8/32"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := Service{LoadBalancerIPs: []netip.Addr{tc.lbIP}}
+			s := Service{LoadBalancerIPs: []netip.Addr{tc.lbIP, ip("203.0.113.8"), ip("2001:db8::8")}}
 			for _, r := range tc.ranges {
 				s.LoadBalancerSourceRanges = append(s.LoadBalancerSourceRanges, pfx(r))
 			}
@@ -42,5 +42,19 @@ func TestAllowedSources(t *testing.T) {
 				t.Errorf("AllowedSources(%v) = %v, want %v", tc.lbIP, got, want)
 			}
 		})
+	}
+}
+
+func TestSourceRange(t *testing.T) {
+	for in, want := range map[string]string{
+		"10.1.2.3/8":          "10.0.0.0/8",
+		"::ffff:10.1.2.3/104": "10.0.0.0/8",
+		"::ffff:0.0.0.0/96":   "0.0.0.0/0",
+		"::ffff:0:0/80":       "::/80",
+		"2001:db8::1/32":      "2001:db8::/32",
+	} {
+		if got := SourceRange(netip.MustParsePrefix(in)); got != netip.MustParsePrefix(want) {
+			t.Errorf("SourceRange(%s) = %v, want %s", in, got, want)
+		}
 	}
 }

@@ -356,7 +356,7 @@ func (p *parser) service(n *yaml.Node, path string) (key string, nameNode *yaml.
 				p.errorf(item, rPath, "%q is not a CIDR (e.g. 10.0.0.0/8)", str)
 				continue
 			}
-			base.LoadBalancerSourceRanges = append(base.LoadBalancerSourceRanges, r.Masked())
+			base.LoadBalancerSourceRanges = append(base.LoadBalancerSourceRanges, lb.SourceRange(r))
 		}
 	}
 

@@ -10,6 +10,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	netutils "k8s.io/utils/net"
 
 	"github.com/svcproxy/svcproxy/lb"
 )
@@ -221,17 +222,28 @@ func (c *converter) frontends() lb.Service {
 		}
 	}
 
-	// loadBalancerSourceRanges: the API server's validation lets padding
-	// through, as kube-proxy notes; a range it could not parse is left out
-	// (the others still restrict the Service).
+	// loadBalancerSourceRanges, parsed as kube-proxy parses them: the API
+	// server's validation lets padding and (in objects from before 1.33)
+	// leading zeros through; an empty one is skipped, one that still does
+	// not parse is left out (the others still restrict the Service).
 	for i, str := range spec.LoadBalancerSourceRanges {
-		field := fmt.Sprintf("spec.loadBalancerSourceRanges[%d]", i)
-		p, err := netip.ParsePrefix(strings.TrimSpace(str))
-		if err != nil {
-			c.bad(field, "%q is not a CIDR; ignored", str)
+		str = strings.TrimSpace(str)
+		if str == "" {
 			continue
 		}
-		s.LoadBalancerSourceRanges = append(s.LoadBalancerSourceRanges, p.Masked())
+		_, n, err := netutils.ParseCIDRSloppy(str)
+		p, ok := netip.Prefix{}, false
+		if err == nil {
+			a, _ := netip.AddrFromSlice(n.IP)
+			ones, _ := n.Mask.Size()
+			p = netip.PrefixFrom(a, ones)
+			ok = p.IsValid()
+		}
+		if !ok {
+			c.bad(fmt.Sprintf("spec.loadBalancerSourceRanges[%d]", i), "%q is not a CIDR; ignored", str)
+			continue
+		}
+		s.LoadBalancerSourceRanges = append(s.LoadBalancerSourceRanges, lb.SourceRange(p))
 	}
 
 	if spec.SessionAffinity == v1.ServiceAffinityClientIP {

@@ -343,11 +343,11 @@ func TestConvert(t *testing.T) {
 			})},
 		},
 		{
-			name: "loadBalancerSourceRanges: padded ones trimmed, masked; an unparsable one left out",
+			name: "loadBalancerSourceRanges: padded ones trimmed, masked, leading zeros and mapped ones taken as kube-proxy takes them; an unparsable one left out, an empty one skipped",
 			svc: svc(func(s *v1.Service) {
 				s.Spec.Type = v1.ServiceTypeLoadBalancer
 				s.Spec.Ports[0].NodePort = 30080
-				s.Spec.LoadBalancerSourceRanges = []string{" 10.0.0.0/8", "192.0.2.1/24 ", "2001:db8::/32", "10.0.0.0"}
+				s.Spec.LoadBalancerSourceRanges = []string{" 10.0.0.0/8", "192.0.2.1/24 ", "2001:db8::/32", "10.0.0.0", "", "010.020.0.0/16", "::ffff:172.16.0.0/108"}
 				s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "192.0.2.10"}}
 			}),
 			want: []lb.Service{base(func(s *lb.Service) {
@@ -355,6 +355,7 @@ func TestConvert(t *testing.T) {
 				s.LoadBalancerIPs = addrs("192.0.2.10")
 				s.LoadBalancerSourceRanges = []netip.Prefix{
 					netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("2001:db8::/32"),
+					netip.MustParsePrefix("10.20.0.0/16"), netip.MustParsePrefix("172.16.0.0/12"),
 				}
 			})},
 			errs: []string{`spec.loadBalancerSourceRanges[3]: "10.0.0.0" is not a CIDR; ignored`},
