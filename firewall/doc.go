@@ -23,8 +23,8 @@
 // refuses overlaps). The priority puts the check before any DNAT or
 // REDIRECT (dstnat, -100), as kube-proxy's firewall-check chain is; the
 // output hook covers the node's own connections (a range holding a node
-// address also admits the LoadBalancer IP itself as a source, for a VIP
-// that is local on the node).
+// address also admits the Service's LoadBalancer IPs as sources, for a
+// VIP that is local on the node).
 //
 // Unlike kube-proxy, which checks only new connections (ct state new), the
 // check applies to every packet: the firewall needs no connection tracking

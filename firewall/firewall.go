@@ -17,69 +17,66 @@ import (
 // Config is what a Firewall writes and where.
 type Config struct {
 	Kernel Kernel
-	// IPv6 says whether the node serves IPv6 too: else IPv6 LoadBalancer
+	// IPv6 says whether the node serves IPv6 too (asked at each Apply: the
+	// daemon decides it once the mode is chosen); else IPv6 LoadBalancer
 	// IPs are not restricted here (no mode serves them) and no ip6 table
-	// is written.
-	IPv6 bool
+	// is written. Nil: IPv4 only.
+	IPv6 func() bool
 	// NodeIPs are the node's own addresses, for lb.Service.AllowedSources.
 	NodeIPs []netip.Addr
 }
 
 // Firewall keeps the firewall tables in step with the snapshots it is
-// given. Its methods are safe to call from one goroutine at a time (the
-// daemon's syncer), and Close from another once that has stopped.
+// given. Apply is called from one goroutine at a time (the daemon's
+// syncer); Close, Cleanup and Frontends may be called from any.
 type Firewall struct {
-	cfg      Config
-	families []netfilter.Family
+	cfg Config
 
-	mu      sync.Mutex
-	applied bool                 // something was written or deleted since start
+	mu sync.Mutex
+	// known says the family's table is as written says: nothing is known
+	// at start (a predecessor's table may be there) or after a failed
+	// write or delete (an atomic write leaves the old table, but which
+	// one is there is for the next Apply to settle, whatever it holds).
+	known   [2]bool
 	written [2][]nftable.Element // per family, what the last write left; nil: no table
 }
 
 // New returns a Firewall that has written nothing yet: its first Apply
 // replaces (or removes) whatever a predecessor left.
-func New(cfg Config) *Firewall {
-	f := &Firewall{cfg: cfg, families: []netfilter.Family{netfilter.IPv4}}
-	if cfg.IPv6 {
-		f.families = append(f.families, netfilter.IPv6)
-	}
-	return f
-}
+func New(cfg Config) *Firewall { return &Firewall{cfg: cfg} }
+
+func (f *Firewall) ipv6() bool { return f.cfg.IPv6 != nil && f.cfg.IPv6() }
 
 // Apply makes the tables restrict the LoadBalancer frontends of snap that
 // have source ranges. A family's table is written again only when what it
-// must hold changed, or when full is set (which also repairs a table
-// someone else changed); one with nothing to hold is removed.
+// must hold changed, when full is set (which also repairs a table someone
+// else changed) or when the last attempt failed; one with nothing to hold
+// is removed.
 func (f *Firewall) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	want := f.desired(snap)
+	ipv6 := f.ipv6()
+	want := f.desired(snap, ipv6)
 	var errs []error
-	for _, fam := range f.families {
+	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
 		w := want[fam]
-		switch {
-		case len(w) == 0:
-			if f.written[fam] == nil && f.applied && !full {
-				continue
-			}
+		if fam == netfilter.IPv6 && !ipv6 && f.known[fam] && f.written[fam] == nil {
+			continue
+		}
+		if f.known[fam] && !full && slices.Equal(w, f.written[fam]) {
+			continue
+		}
+		f.known[fam] = false
+		if len(w) == 0 {
 			if err := f.cfg.Kernel.Delete(ctx, fam); err != nil {
 				errs = append(errs, fmt.Errorf("removing the %v firewall: %w", fam, err))
 				continue
 			}
-			f.written[fam] = nil
-		case !full && f.applied && slices.Equal(w, f.written[fam]):
-		default:
-			if err := f.cfg.Kernel.Write(ctx, fam, w); err != nil {
-				errs = append(errs, fmt.Errorf("writing the %v firewall: %w", fam, err))
-				f.written[fam] = nil // unknown: the next Apply writes again
-				continue
-			}
-			f.written[fam] = w
+		} else if err := f.cfg.Kernel.Write(ctx, fam, w); err != nil {
+			errs = append(errs, fmt.Errorf("writing the %v firewall: %w", fam, err))
+			continue
 		}
-	}
-	if len(errs) == 0 {
-		f.applied = true
+		f.known[fam], f.written[fam] = true, w
 	}
 	return errors.Join(errs...)
 }
@@ -115,17 +112,18 @@ func (f *Firewall) Cleanup(ctx context.Context) error {
 	defer f.mu.Unlock()
 	var errs []error
 	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
+		f.known[fam] = false
 		if err := f.cfg.Kernel.Delete(ctx, fam); err != nil {
 			errs = append(errs, fmt.Errorf("removing the %v firewall: %w", fam, err))
 			continue
 		}
-		f.written[fam] = nil
+		f.known[fam], f.written[fam] = true, nil
 	}
 	return errors.Join(errs...)
 }
 
 // desired is each family's elements for snap, sorted.
-func (f *Firewall) desired(snap *lb.Snapshot) [2][]nftable.Element {
+func (f *Firewall) desired(snap *lb.Snapshot, ipv6 bool) [2][]nftable.Element {
 	var out [2][]nftable.Element
 	for _, b := range snap.Balancers() {
 		svc := b.Service
@@ -137,12 +135,9 @@ func (f *Firewall) desired(snap *lb.Snapshot) [2][]nftable.Element {
 			if !slices.Contains(svc.LoadBalancerIPs, ip) {
 				continue // a ClusterIP or an ExternalIP: never restricted
 			}
-			fam := netfilter.IPv4
-			if !ip.Is4() {
-				fam = netfilter.IPv6
-				if !f.cfg.IPv6 {
-					continue
-				}
+			fam := netfilter.FamilyOf(ip)
+			if fam == netfilter.IPv6 && !ipv6 {
+				continue
 			}
 			allowed := svc.AllowedSources(ip, f.cfg.NodeIPs)
 			if allowed == nil {

@@ -144,7 +144,7 @@ func TestApplyAdmits(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			k := &firewalltest.Kernel{}
-			f := firewall.New(firewall.Config{Kernel: k, IPv6: tc.ipv6, NodeIPs: tc.nodeIPs})
+			f := firewall.New(firewall.Config{Kernel: k, IPv6: func() bool { return tc.ipv6 }, NodeIPs: tc.nodeIPs})
 			if err := f.Apply(ctx, snapshot(t, tc.svcs...), false); err != nil {
 				t.Fatal(err)
 			}
@@ -172,7 +172,7 @@ func TestApplyWritesOnlyChanges(t *testing.T) {
 		full  bool
 		calls []string
 	}{
-		{"first: a predecessor's table goes", web(), false, []string{"delete IPv4"}},
+		{"first: a predecessor's tables go", web(), false, []string{"delete IPv4", "delete IPv6"}},
 		{"still nothing", web(), false, nil},
 		{"ranges come", web("10.0.0.0/8"), false, []string{"write IPv4 2"}},
 		{"the same", web("10.0.0.0/8"), false, nil},
@@ -191,25 +191,44 @@ func TestApplyWritesOnlyChanges(t *testing.T) {
 	}
 }
 
+// TestApplyRetriesAfterFailure: after a failed write or delete the next
+// Apply tries again, even when what the table must hold is what the failed
+// attempt wanted or what an earlier success wrote.
 func TestApplyRetriesAfterFailure(t *testing.T) {
 	ctx := context.Background()
 	boom := errors.New("boom")
-	k := &firewalltest.Kernel{Fail: boom}
+	k := &firewalltest.Kernel{}
 	f := firewall.New(firewall.Config{Kernel: k})
-	snap := snapshot(t, web("10.0.0.0/8"))
-	if err := f.Apply(ctx, snap, false); !errors.Is(err, boom) {
-		t.Fatalf("Apply = %v, want %v", err, boom)
+	ranged, open := snapshot(t, web("10.0.0.0/8")), snapshot(t, web())
+	steps := []struct {
+		name  string
+		snap  *lb.Snapshot
+		fail  bool
+		calls []string
+		table bool // the IPv4 table after the step
+	}{
+		{"written", ranged, false, []string{"write IPv4 2", "delete IPv6"}, true},
+		{"the removal fails", open, true, []string{"delete IPv4"}, true},
+		{"no change since, but the removal is retried", open, false, []string{"delete IPv4"}, false},
+		{"the write fails", ranged, true, []string{"write IPv4 2"}, false},
+		{"back to no ranges: the failed write may have been half done, so remove", open, false, []string{"delete IPv4"}, false},
+		{"nothing to do", open, false, nil, false},
 	}
-	k.Fail = nil
-	k.Calls()
-	if err := f.Apply(ctx, snap, false); err != nil {
-		t.Fatal(err)
-	}
-	if got := k.Calls(); !slices.Equal(got, []string{"write IPv4 2"}) {
-		t.Errorf("calls after a failure %q, want the write again", got)
-	}
-	if got := f.Frontends(); got != 1 {
-		t.Errorf("Frontends = %d, want 1", got)
+	for _, s := range steps {
+		k.Fail = nil
+		if s.fail {
+			k.Fail = boom
+		}
+		err := f.Apply(ctx, s.snap, false)
+		if s.fail != errors.Is(err, boom) {
+			t.Fatalf("%s: Apply = %v", s.name, err)
+		}
+		if got := k.Calls(); !slices.Equal(got, s.calls) {
+			t.Errorf("%s: calls %q, want %q", s.name, got, s.calls)
+		}
+		if got := k.Has(netfilter.IPv4); got != s.table {
+			t.Errorf("%s: IPv4 table there %v, want %v", s.name, got, s.table)
+		}
 	}
 }
 
@@ -217,7 +236,7 @@ func TestClose(t *testing.T) {
 	ctx := context.Background()
 	for _, handedOver := range []bool{true, false} {
 		k := &firewalltest.Kernel{}
-		f := firewall.New(firewall.Config{Kernel: k, IPv6: true})
+		f := firewall.New(firewall.Config{Kernel: k, IPv6: func() bool { return true }})
 		if err := f.Apply(ctx, snapshot(t, web("10.0.0.0/8", "fd00::/8")), false); err != nil {
 			t.Fatal(err)
 		}

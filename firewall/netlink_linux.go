@@ -2,9 +2,11 @@ package firewall
 
 import (
 	"context"
+	"errors"
 
 	nft "github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
 
 	"github.com/svcproxy/svcproxy/netfilter"
 	"github.com/svcproxy/svcproxy/netfilter/nftable"
@@ -59,5 +61,16 @@ func (k *netlinkKernel) Write(ctx context.Context, fam netfilter.Family, elems [
 }
 
 func (k *netlinkKernel) Delete(ctx context.Context, fam netfilter.Family) error {
-	return k.c.Delete(ctx, fam, Table)
+	if err := k.c.Delete(ctx, fam, Table); err != nil && !noNFTables(err) {
+		return err
+	}
+	return nil
+}
+
+// noNFTables says err is the kernel having no nf_tables at all (no netlink
+// protocol for it, as in a kernel built without it or with its module not
+// loaded): then there is no table to delete either, and a node that
+// restricts nothing must not fail for it.
+func noNFTables(err error) bool {
+	return errors.Is(err, unix.EPROTONOSUPPORT) || errors.Is(err, unix.EAFNOSUPPORT)
 }

@@ -102,7 +102,7 @@ func TestPrivilegedTraffic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := firewall.New(firewall.Config{Kernel: firewall.Netlink(node.NS), IPv6: true})
+	f := firewall.New(firewall.Config{Kernel: firewall.Netlink(node.NS), IPv6: func() bool { return true }})
 	t.Cleanup(func() { _ = f.Cleanup(ctx) })
 	if err := f.Apply(ctx, snap, true); err != nil {
 		t.Fatalf("Apply: %v", err)
@@ -125,13 +125,14 @@ func TestPrivilegedTraffic(t *testing.T) {
 		n, _ := c.Read(b)
 		return n > 0
 	}
-	check := func(when string, cases []struct {
+	type reach struct {
 		h       *topology.Host
 		network string
 		dst     netip.Addr
 		port    uint16
 		want    bool
-	}) {
+	}
+	check := func(when string, cases []reach) {
 		t.Helper()
 		for _, c := range cases {
 			if got := reaches(c.h, c.network, c.dst, c.port); got != c.want {
@@ -139,13 +140,7 @@ func TestPrivilegedTraffic(t *testing.T) {
 			}
 		}
 	}
-	type cs = []struct {
-		h       *topology.Host
-		network string
-		dst     netip.Addr
-		port    uint16
-		want    bool
-	}
+	type cs = []reach
 	check("restricted", cs{
 		{allowed, "tcp", lbIP, 80, true},
 		{denied, "tcp", lbIP, 80, false},
@@ -154,6 +149,23 @@ func TestPrivilegedTraffic(t *testing.T) {
 		{allowed, "udp", lbIP, 53, true},
 		{denied, "udp", lbIP, 53, false},
 		{denied, "tcp", clusterIP, 80, true}, // ClusterIPs are never restricted
+	})
+
+	// Other ranges: the table is rewritten whole, in one transaction.
+	other := []netip.Prefix{netip.PrefixFrom(denied.Addr, 32), netip.PrefixFrom(denied.Addr6, 128)}
+	if snap, err = st.Replace([]lb.Service{svc(lb.TCP, 80, other...), svc(lb.UDP, 53, other...)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Apply(ctx, snap, false); err != nil {
+		t.Fatal(err)
+	}
+	check("other ranges", cs{
+		{allowed, "tcp", lbIP, 80, false},
+		{denied, "tcp", lbIP, 80, true},
+		{allowed, "tcp", lbIP6, 80, false},
+		{denied, "tcp", lbIP6, 80, true},
+		{allowed, "udp", lbIP, 53, false},
+		{denied, "udp", lbIP, 53, true},
 	})
 
 	// The ranges go: so does the table, and everyone gets through.

@@ -34,9 +34,22 @@ func (k *Kernel) Write(_ context.Context, fam netfilter.Family, elems []nftable.
 	if k.Fail != nil {
 		return k.Fail
 	}
-	for _, e := range elems {
+	for i, e := range elems {
 		if e.Set != firewall.SetFirewalled && e.Set != firewall.SetAllowed {
 			return fmt.Errorf("no set %s", e.Set)
+		}
+		if e.Set != firewall.SetAllowed {
+			continue
+		}
+		// As the kernel's interval set: same-length bounds, first ≤ last,
+		// and no two intervals overlapping.
+		if len(e.Key) != len(e.End) || e.Key > e.End {
+			return fmt.Errorf("adding %x-%x to %s: not an interval", e.Key, e.End, e.Set)
+		}
+		for _, o := range elems[:i] {
+			if o.Set == e.Set && len(o.Key) == len(e.Key) && o.Key <= e.End && e.Key <= o.End {
+				return fmt.Errorf("adding %x-%x to %s: overlaps %x-%x", e.Key, e.End, e.Set, o.Key, o.End)
+			}
 		}
 	}
 	if k.tables == nil {
@@ -80,10 +93,7 @@ func (k *Kernel) Has(fam netfilter.Family) bool {
 func (k *Kernel) Admits(proto lb.Protocol, src netip.Addr, dst netip.AddrPort) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	fam := netfilter.IPv4
-	if !dst.Addr().Unmap().Is4() {
-		fam = netfilter.IPv6
-	}
+	fam := netfilter.FamilyOf(dst.Addr())
 	key := nftable.FrontendKey(dst.Addr(), proto, dst.Port())
 	firewalled := false
 	for _, e := range k.tables[fam] {

@@ -32,11 +32,13 @@ type Table struct {
 
 // Netlink caps an attribute at 64 KiB and a batch at the socket's send
 // buffer: elements go 64 to a message, a batch ends after about 2,000
-// elements or 512 KiB.
+// elements or 512 KiB. Replace's one batch may hold up to replaceBytes of
+// elements (half the buffers bigBuffers asks for).
 const (
 	elementsPerMessage = 64
 	elementsPerBatch   = 2000
 	bytesPerBatch      = 512 << 10
+	replaceBytes       = 4 << 20
 )
 
 func (t *Table) table() *nft.Table {
@@ -278,9 +280,17 @@ func queue(c *nft.Conn, t Table, nt *nft.Table, stale []string) error {
 // Replace makes t exactly as declared, holding exactly elems, in one
 // transaction: the table is deleted (if there) and written anew, so no
 // packet meets it half written, and nothing of an earlier layout or
-// content is left. For small tables (the whole table and every element
-// go in one batch).
+// content is left. For small tables: the whole table and every element go
+// in one batch, and elements of more than replaceBytes (about 40,000 IPv4
+// ones) are refused.
 func (k *Conn) Replace(ctx context.Context, t Table, elems []Element) (err error) {
+	size := 0
+	for _, e := range elems {
+		size += len(e.Key) + len(e.Val) + len(e.End) + 48 // attribute headers
+	}
+	if size > replaceBytes {
+		return fmt.Errorf("writing table %s: %d elements (%d bytes) are more than one transaction takes (%d bytes)", t.Name, len(elems), size, replaceBytes)
+	}
 	c, done, err := k.dial()
 	if err != nil {
 		return err
