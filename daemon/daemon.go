@@ -102,6 +102,8 @@ type Firewall interface {
 	Close(ctx context.Context, handedOver bool) error
 	// Cleanup removes the rules, also another process's.
 	Cleanup(ctx context.Context) error
+	// Frontends is how many LoadBalancer frontends the rules restrict.
+	Frontends() int
 }
 
 // Source feeds the store until ctx ends (nil) or it fails.
@@ -205,7 +207,17 @@ func Run(ctx context.Context, cfg Config) error {
 			return runner.New(sync, cfg.MinSyncPeriod, cfg.SyncPeriod)
 		}
 	}
-	syncer := newSyncer(store, mode, cfg.Firewall, m, tracker, newRunner, func(ctx context.Context, snap *lb.Snapshot) {
+	if fw := cfg.Firewall; fw != nil {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: "svcproxy", Subsystem: "firewall", Name: "restricted_frontends",
+			Help: "LoadBalancer IP, protocol and port triples whose sources loadBalancerSourceRanges restrict.",
+		}, func() float64 { return float64(fw.Frontends()) }))
+	}
+	fwFailed := func(err error) {
+		m.firewallFailures.Inc()
+		log.Error("writing the loadBalancerSourceRanges firewall failed; trying again at the next sync", zap.Error(err))
+	}
+	syncer := newSyncer(store, mode, cfg.Firewall, fwFailed, m, tracker, newRunner, func(ctx context.Context, snap *lb.Snapshot) {
 		unserved.check(snap)
 		memory.Applied(snap)
 		// The health checks take the sockets a predecessor handed over

@@ -445,10 +445,23 @@ func TestRunHandsOverHealthChecks(t *testing.T) {
 	}
 }
 
+// fwRecorder is a fake firewall: a recorder that also records the syncs
+// that are not full.
+type fwRecorder struct{ recorder }
+
+func (f fwRecorder) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
+	if !full {
+		f.record("apply")
+	}
+	return f.recorder.Apply(ctx, snap, full)
+}
+func (fwRecorder) Frontends() int { return 3 }
+
 // TestRunFirewall: the loadBalancerSourceRanges firewall is applied in
-// each sync before the mode, a failing firewall neither keeps the mode
-// from the snapshot nor passes as a success (the sync is retried), and it
-// is closed after the mode, handed over or not.
+// each sync before the mode; a failing firewall is logged and counted but
+// neither keeps the mode from the snapshot nor fails the sync (it is
+// tried again at the next one); it is closed after the mode, handed over
+// or not.
 func TestRunFirewall(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -457,11 +470,11 @@ func TestRunFirewall(t *testing.T) {
 		want      []string
 	}{
 		{name: "before the mode, closed after it",
-			want: []string{"firewall apply full", "iptables apply full", "iptables close", "firewall close"}},
-		{name: "a failing firewall: the mode applied anyway, the sync retried", fwFails: 1,
-			want: []string{"firewall apply full", "iptables apply full", "firewall apply full", "iptables apply full", "iptables close", "firewall close"}},
+			want: []string{"firewall apply full", "iptables apply full", "firewall apply", "iptables close", "firewall close"}},
+		{name: "a failing firewall: the mode applied anyway, the firewall again at the next sync", fwFails: 1,
+			want: []string{"firewall apply full", "iptables apply full", "firewall apply", "iptables close", "firewall close"}},
 		{name: "handed over: left to the successor", successor: true,
-			want: []string{"firewall apply full", "iptables apply full", "iptables close, handed over", "firewall close, handed over"}},
+			want: []string{"firewall apply full", "iptables apply full", "firewall apply", "iptables close, handed over", "firewall close, handed over"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var mu sync.Mutex
@@ -473,7 +486,9 @@ func TestRunFirewall(t *testing.T) {
 				e.Cleanup = nil
 				table[name] = e
 			}
-			log := zaptest.NewLogger(t)
+			logs, observed := observer.New(zap.ErrorLevel)
+			log := zap.New(zapcore.NewTee(zaptest.NewLogger(t).Core(), logs))
+			reg := prometheus.NewPedanticRegistry()
 			path := ""
 			if tc.successor {
 				path = filepath.Join(t.TempDir(), "handover.sock")
@@ -482,11 +497,12 @@ func TestRunFirewall(t *testing.T) {
 			defer term.Stop()
 			ctx, cancel := context.WithCancel(termCtx)
 			defer cancel()
+			store := lb.NewStore(lb.StoreOptions{})
 			cfg := Config{
-				Logger: log, Registry: prometheus.NewPedanticRegistry(), Store: lb.NewStore(lb.StoreOptions{}),
+				Logger: log, Registry: reg, Store: store,
 				Source:  func(ctx context.Context, feed Feed) error { feed.Loaded(0, nil); <-ctx.Done(); return nil },
 				Tracker: health.NewTracker(time.Minute, nil), Modes: table, Mode: proxymode.IPTables,
-				Firewall:    recorder{name: "firewall", mu: &mu, calls: &calls, fails: &fwFails},
+				Firewall:    fwRecorder{recorder{name: "firewall", mu: &mu, calls: &calls, fails: &fwFails}},
 				IPv6:        func(context.Context, proxymode.Name) error { return nil },
 				Succession:  handover.NewSuccession(path, handover.OS{NotifyRestart: func(chan<- os.Signal) error { return errors.ErrUnsupported }}, log),
 				Termination: term, DrainTimeout: time.Second, SyncPeriod: time.Hour,
@@ -494,20 +510,23 @@ func TestRunFirewall(t *testing.T) {
 			done := make(chan error, 1)
 			go func() { done <- Run(ctx, cfg) }()
 			waitForCall(t, &mu, &calls, "iptables apply full")
-			if tc.fwFails > 0 {
-				deadline := time.Now().Add(10 * time.Second)
-				for {
-					mu.Lock()
-					n := len(calls)
-					mu.Unlock()
-					if n >= 4 {
-						break
-					}
-					if time.Now().After(deadline) {
-						t.Fatal("no retry of the failed sync within 10s")
-					}
-					time.Sleep(10 * time.Millisecond)
-				}
+			// A change: an incremental sync, the firewall first again.
+			svc := lb.Service{Name: lb.ServicePortName{Namespace: "ns", Name: "web"}, Port: 80, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.0.0.1")}}
+			if _, err := store.Replace([]lb.Service{svc}); err != nil {
+				t.Fatal(err)
+			}
+			waitForCall(t, &mu, &calls, "firewall apply")
+			if got := counterValue(t, reg, "svcproxy_firewall_sync_failures_total"); got != float64(tc.fwFails) {
+				t.Errorf("svcproxy_firewall_sync_failures_total = %v, want %d", got, tc.fwFails)
+			}
+			if got := len(observed.FilterMessageSnippet("firewall failed").All()); got != int(tc.fwFails) {
+				t.Errorf("%d firewall failures logged, want %d: %v", got, tc.fwFails, observed.All())
+			}
+			if got := len(observed.FilterMessage("sync failed; retrying").All()); got != 0 {
+				t.Errorf("a firewall failure failed the sync: %v", observed.All())
+			}
+			if got := counterValue(t, reg, "svcproxy_firewall_restricted_frontends"); got != 3 {
+				t.Errorf("svcproxy_firewall_restricted_frontends = %v, want 3", got)
 			}
 			if tc.successor {
 				takeOver(t, path)

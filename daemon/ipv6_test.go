@@ -193,7 +193,8 @@ func labelValues(t *testing.T, reg prometheus.Gatherer, metric, label string) []
 	return out
 }
 
-// counterValue gathers reg and returns the unlabelled counter metric.
+// counterValue gathers reg and returns the unlabelled counter (or gauge)
+// metric.
 func counterValue(t *testing.T, reg prometheus.Gatherer, metric string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -202,6 +203,9 @@ func counterValue(t *testing.T, reg prometheus.Gatherer, metric string) float64 
 	}
 	for _, mf := range mfs {
 		if mf.GetName() == metric && len(mf.GetMetric()) == 1 {
+			if g := mf.GetMetric()[0].GetGauge(); g != nil {
+				return g.GetValue()
+			}
 			return mf.GetMetric()[0].GetCounter().GetValue()
 		}
 	}

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -30,6 +29,7 @@ type daemonMetrics struct {
 	services           prometheus.Gauge
 	sourceErrors       prometheus.Counter
 	rulesChanged       prometheus.Counter
+	firewallFailures   prometheus.Counter
 	mode               *prometheus.GaugeVec
 
 	programmed uint64 // the newest snapshot version synced; the sync loop's only
@@ -61,12 +61,16 @@ func newDaemonMetrics(reg prometheus.Registerer, families []string) *daemonMetri
 			Namespace: "svcproxy", Name: "rules_changed_by_others_total",
 			Help: "Notifications that another process changed the mode's rules (nf_tables); each asks for a full sync at once.",
 		}),
+		firewallFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "svcproxy", Subsystem: "firewall", Name: "sync_failures_total",
+			Help: "Syncs whose loadBalancerSourceRanges firewall could not be written (the mode was synced all the same); tried again at the next sync, a full one every --sync-period at the latest.",
+		}),
 		mode: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "svcproxy", Name: "proxy_mode",
 			Help: "1 for the proxy mode running, with the mode asked for (they differ after a fallback).",
 		}, []string{"mode", "requested"}),
 	}
-	reg.MustRegister(m.mode, m.networkProgramming, m.services, m.sourceErrors, m.rulesChanged)
+	reg.MustRegister(m.mode, m.networkProgramming, m.services, m.sourceErrors, m.rulesChanged, m.firewallFailures)
 	return m
 }
 
@@ -178,24 +182,22 @@ func (m *daemonMetrics) synced(snap *lb.Snapshot) {
 // store's snapshots to fw (nil: none), then dp. After each successful sync
 // it records what was programmed, tells the health tracker and calls
 // served with the snapshot (nil: nothing); a failed sync is counted and
-// retried by the runner, and moves neither. A firewall that fails does not
-// keep dp from serving the snapshot (one broken part must not hold every
-// Service's changes back); the sync still fails, so it is logged, counted
-// and retried.
-func newSyncer(store *lb.Store, dp proxymode.Mode, fw Firewall, m *daemonMetrics, tracker *health.Tracker, newRunner func(sync func(context.Context, bool) error) *runner.Runner, served func(context.Context, *lb.Snapshot)) *runner.Runner {
+// retried by the runner, and moves neither. The firewall failing is not
+// the sync failing: it goes to fwFailed, and the firewall tries again at
+// the next sync (a write is atomic, so the table it had stays meanwhile),
+// while dp, the health checks and a handover carry on; a failing firewall
+// must not hold every Service's changes back, nor make the runner sync the
+// mode in full every second.
+func newSyncer(store *lb.Store, dp proxymode.Mode, fw Firewall, fwFailed func(error), m *daemonMetrics, tracker *health.Tracker, newRunner func(sync func(context.Context, bool) error) *runner.Runner, served func(context.Context, *lb.Snapshot)) *runner.Runner {
 	r := newRunner(func(ctx context.Context, full bool) error {
 		snap := store.Snapshot()
-		var fwErr error
 		if fw != nil {
-			if err := fw.Apply(ctx, snap, full); err != nil {
-				fwErr = fmt.Errorf("applying snapshot %d to the loadBalancerSourceRanges firewall: %w", snap.Version, err)
+			if err := fw.Apply(ctx, snap, full); err != nil && ctx.Err() == nil {
+				fwFailed(fmt.Errorf("applying snapshot %d: %w", snap.Version, err))
 			}
 		}
 		if err := dp.Apply(ctx, snap, full); err != nil {
-			return errors.Join(fwErr, fmt.Errorf("applying snapshot %d: %w", snap.Version, err))
-		}
-		if fwErr != nil {
-			return fwErr
+			return fmt.Errorf("applying snapshot %d: %w", snap.Version, err)
 		}
 		m.synced(snap)
 		tracker.Applied()

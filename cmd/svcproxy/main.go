@@ -155,7 +155,7 @@ func run(o *options) error {
 	return daemon.Run(ctx, daemon.Config{
 		Logger: log, Registry: reg, Store: store, Source: source, Tracker: tracker, HealthChecks: hc,
 		Modes: modes(o, reg, log, clog), Mode: o.proxyMode,
-		Firewall: firewall.New(firewall.Config{Kernel: firewall.Netlink(""), IPv6: o.ipv6, NodeIPs: kube.PrimaryIPs(node, o.bindAddress)}), Annotation: kube.ProxyMode(node), Steering: o.steering,
+		Firewall: firewall.New(firewall.Config{Kernel: firewall.Netlink(""), IPv6: func() bool { return o.ipv6 }, NodeIPs: kube.PrimaryIPs(node, o.bindAddress)}), Annotation: kube.ProxyMode(node), Steering: o.steering,
 		IPv6: func(ctx context.Context, mode proxymode.Name) error {
 			return detectIPv6(ctx, daemon.HostIPv6, hostNFTSteering(o), mode, o, log)
 		},
