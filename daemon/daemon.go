@@ -56,7 +56,8 @@ type Config struct {
 	Annotation string // the Node's proxymode.Annotation
 	// Firewall, if set, enforces the Services' loadBalancerSourceRanges
 	// (package firewall), for whichever mode runs: each sync applies it
-	// before the mode, and it is removed on a last exit.
+	// before the mode. It stays after the process (the kernel modes'
+	// rules go on forwarding, restricted), and Cleanup removes it.
 	Firewall Firewall
 	// Steering is the userspace mode's: "redirect" writes rules and
 	// "local" puts the virtual IPs on a device, so the other modes' rules
@@ -97,9 +98,10 @@ type Config struct {
 
 // Firewall is what the daemon needs of package firewall's Firewall.
 type Firewall interface {
+	// Apply writes what snap restricts. The rules outlive the process,
+	// as the kernel modes' forwarding rules do (the next process's first
+	// Apply replaces them); --cleanup removes them.
 	Apply(ctx context.Context, snap *lb.Snapshot, full bool) error
-	// Close removes the rules unless handedOver.
-	Close(ctx context.Context, handedOver bool) error
 	// Cleanup removes the rules, also another process's.
 	Cleanup(ctx context.Context) error
 	// Frontends is how many LoadBalancer frontends the rules restrict.
@@ -213,11 +215,23 @@ func Run(ctx context.Context, cfg Config) error {
 			Help: "LoadBalancer IP, protocol and port triples whose sources loadBalancerSourceRanges restrict.",
 		}, func() float64 { return float64(fw.Frontends()) }))
 	}
-	fwFailed := func(err error) {
+	// A firewall that failed is tried again by an incremental sync (cheap
+	// for the mode), one second later, then twice as late each time it
+	// fails again, up to SyncPeriod: a kernel that cannot take it is not
+	// retried, and logged about, every second.
+	var syncer *runner.Runner
+	var fwBackoff time.Duration // the syncer goroutine's only
+	fwDone := func(err error) {
+		if err == nil {
+			fwBackoff = 0
+			return
+		}
 		m.firewallFailures.Inc()
-		log.Error("writing the loadBalancerSourceRanges firewall failed; trying again at the next sync", zap.Error(err))
+		fwBackoff = min(max(2*fwBackoff, time.Second), max(cfg.SyncPeriod, time.Second))
+		log.Error("writing the loadBalancerSourceRanges firewall failed; trying again", zap.Duration("in", fwBackoff), zap.Error(err))
+		time.AfterFunc(fwBackoff, syncer.Trigger)
 	}
-	syncer := newSyncer(store, mode, cfg.Firewall, fwFailed, m, tracker, newRunner, func(ctx context.Context, snap *lb.Snapshot) {
+	syncer = newSyncer(store, mode, cfg.Firewall, fwDone, m, tracker, newRunner, func(ctx context.Context, snap *lb.Snapshot) {
 		unserved.check(snap)
 		memory.Applied(snap)
 		// The health checks take the sockets a predecessor handed over
@@ -302,9 +316,6 @@ func Run(ctx context.Context, cfg Config) error {
 	defer cancel()
 	web.shutdown(shutdownCtx)
 	err = errors.Join(err, mode.Close(shutdownCtx, handedOver))
-	if cfg.Firewall != nil {
-		err = errors.Join(err, cfg.Firewall.Close(shutdownCtx, handedOver))
-	}
 	if handedOver {
 		cfg.Termination.Linger(ctx)
 	}

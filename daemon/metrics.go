@@ -183,18 +183,19 @@ func (m *daemonMetrics) synced(snap *lb.Snapshot) {
 // it records what was programmed, tells the health tracker and calls
 // served with the snapshot (nil: nothing); a failed sync is counted and
 // retried by the runner, and moves neither. The firewall failing is not
-// the sync failing: it goes to fwFailed, and the firewall tries again at
-// the next sync (a write is atomic, so the table it had stays meanwhile),
-// while dp, the health checks and a handover carry on; a failing firewall
-// must not hold every Service's changes back, nor make the runner sync the
-// mode in full every second.
-func newSyncer(store *lb.Store, dp proxymode.Mode, fw Firewall, fwFailed func(error), m *daemonMetrics, tracker *health.Tracker, newRunner func(sync func(context.Context, bool) error) *runner.Runner, served func(context.Context, *lb.Snapshot)) *runner.Runner {
+// the sync failing: fwDone hears of each firewall Apply (nil: it worked)
+// and schedules the firewall's retries, while dp, the health checks and a
+// handover carry on; a failing firewall must not hold every Service's
+// changes back, nor make the runner sync the mode in full every second.
+func newSyncer(store *lb.Store, dp proxymode.Mode, fw Firewall, fwDone func(error), m *daemonMetrics, tracker *health.Tracker, newRunner func(sync func(context.Context, bool) error) *runner.Runner, served func(context.Context, *lb.Snapshot)) *runner.Runner {
 	r := newRunner(func(ctx context.Context, full bool) error {
 		snap := store.Snapshot()
 		if fw != nil {
-			if err := fw.Apply(ctx, snap, full); err != nil && ctx.Err() == nil {
-				fwFailed(fmt.Errorf("applying snapshot %d: %w", snap.Version, err))
+			err := fw.Apply(ctx, snap, full)
+			if err != nil {
+				err = fmt.Errorf("applying snapshot %d: %w", snap.Version, err)
 			}
+			fwDone(err)
 		}
 		if err := dp.Apply(ctx, snap, full); err != nil {
 			return fmt.Errorf("applying snapshot %d: %w", snap.Version, err)

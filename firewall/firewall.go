@@ -28,7 +28,10 @@ type Config struct {
 
 // Firewall keeps the firewall tables in step with the snapshots it is
 // given. Apply is called from one goroutine at a time (the daemon's
-// syncer); Close, Cleanup and Frontends may be called from any.
+// syncer); Cleanup and Frontends may be called from any. The tables
+// outlive the process, as the forwarding rules of the kernel modes do: a
+// process that stops leaves them (its successor's first Apply replaces
+// them), and Cleanup (svcproxy --cleanup) removes them.
 type Firewall struct {
 	cfg Config
 
@@ -96,16 +99,6 @@ func (f *Firewall) Frontends() int {
 	return n
 }
 
-// Close ends the firewall on a clean exit: the tables are removed unless
-// handedOver (a successor process serves, and rewrites them on its first
-// sync).
-func (f *Firewall) Close(ctx context.Context, handedOver bool) error {
-	if handedOver {
-		return nil
-	}
-	return f.Cleanup(ctx)
-}
-
 // Cleanup removes the tables, also those another process wrote.
 func (f *Firewall) Cleanup(ctx context.Context) error {
 	f.mu.Lock()
@@ -166,7 +159,7 @@ type span struct{ first, last netip.Addr }
 func merge(prefixes []netip.Prefix) []span {
 	spans := make([]span, 0, len(prefixes))
 	for _, p := range prefixes {
-		spans = append(spans, span{p.Addr(), lastAddr(p)})
+		spans = append(spans, span{p.Masked().Addr(), lastAddr(p)})
 	}
 	slices.SortFunc(spans, func(a, b span) int { return a.first.Compare(b.first) })
 	out := spans[:0]

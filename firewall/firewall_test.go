@@ -188,6 +188,9 @@ func TestApplyWritesOnlyChanges(t *testing.T) {
 		if got := k.Calls(); !slices.Equal(got, s.calls) {
 			t.Errorf("%s: calls %q, want %q", s.name, got, s.calls)
 		}
+		if got, want := f.Frontends(), min(len(s.svc.LoadBalancerSourceRanges), 1); got != want {
+			t.Errorf("%s: Frontends = %d, want %d", s.name, got, want)
+		}
 	}
 }
 
@@ -232,21 +235,39 @@ func TestApplyRetriesAfterFailure(t *testing.T) {
 	}
 }
 
-func TestClose(t *testing.T) {
+// TestCleanup removes both families' tables, whatever this process wrote.
+func TestCleanup(t *testing.T) {
 	ctx := context.Background()
-	for _, handedOver := range []bool{true, false} {
-		k := &firewalltest.Kernel{}
-		f := firewall.New(firewall.Config{Kernel: k, IPv6: func() bool { return true }})
-		if err := f.Apply(ctx, snapshot(t, web("10.0.0.0/8", "fd00::/8")), false); err != nil {
-			t.Fatal(err)
+	k := &firewalltest.Kernel{}
+	f := firewall.New(firewall.Config{Kernel: k, IPv6: func() bool { return true }})
+	if err := f.Apply(ctx, snapshot(t, web("10.0.0.0/8", "fd00::/8")), false); err != nil {
+		t.Fatal(err)
+	}
+	if err := firewall.New(firewall.Config{Kernel: k}).Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
+		if k.Has(fam) {
+			t.Errorf("%v table there after Cleanup", fam)
 		}
-		if err := f.Close(ctx, handedOver); err != nil {
-			t.Fatal(err)
-		}
-		for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
-			if got := k.Has(fam); got != handedOver {
-				t.Errorf("Close(handedOver %v): %v table there %v", handedOver, fam, got)
-			}
-		}
+	}
+}
+
+// TestIPv6DecidedLater: whether IPv6 is served is asked at each Apply, as
+// the daemon decides it after building the firewall.
+func TestIPv6DecidedLater(t *testing.T) {
+	ctx := context.Background()
+	k := &firewalltest.Kernel{}
+	ipv6 := false
+	f := firewall.New(firewall.Config{Kernel: k, IPv6: func() bool { return ipv6 }})
+	ipv6 = true
+	if err := f.Apply(ctx, snapshot(t, web("10.0.0.0/8", "fd00::/8")), false); err != nil {
+		t.Fatal(err)
+	}
+	if k.Admits(lb.TCP, ip("2001:db8:1::5"), ap("[2001:db8::10]:80")) {
+		t.Error("the IPv6 LoadBalancer IP is open")
+	}
+	if got := f.Frontends(); got != 2 {
+		t.Errorf("Frontends = %d, want 2", got)
 	}
 }

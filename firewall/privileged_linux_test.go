@@ -108,6 +108,10 @@ func TestPrivilegedTraffic(t *testing.T) {
 		t.Fatalf("Apply: %v", err)
 	}
 
+	if got := ours(t, node.NS); len(got) != 2 {
+		t.Fatalf("firewall tables %v, want ip and ip6", got)
+	}
+
 	reaches := func(h *topology.Host, network string, dst netip.Addr, port uint16) bool {
 		t.Helper()
 		c, err := kerneltest.Dial(t, h.NS, network, netip.AddrPortFrom(dst, port).String(), 300*time.Millisecond, 0)
@@ -180,13 +184,23 @@ func TestPrivilegedTraffic(t *testing.T) {
 		{denied, "tcp", lbIP6, 80, true},
 		{denied, "udp", lbIP, 53, true},
 	})
-	if tables, err := nftable.ListTables(node.NS); err != nil {
+	if got := ours(t, node.NS); len(got) != 0 {
+		t.Errorf("%v still there with no ranges", got)
+	}
+}
+
+// ours lists the firewall tables in namespace ns.
+func ours(t *testing.T, ns string) []string {
+	t.Helper()
+	tables, err := nftable.ListTables(ns)
+	if err != nil {
 		t.Fatal(err)
-	} else {
-		for _, tb := range tables {
-			if tb == "ip "+firewall.Table || tb == "ip6 "+firewall.Table {
-				t.Errorf("%s still there with no ranges", tb)
-			}
+	}
+	var out []string
+	for _, tb := range tables {
+		if tb == "table ip "+firewall.Table || tb == "table ip6 "+firewall.Table {
+			out = append(out, tb)
 		}
 	}
+	return out
 }

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"slices"
@@ -16,8 +17,8 @@ import (
 // steering) this machine has, with a dual-stack LoadBalancer Service whose
 // ranges take the client pods' networks but not the node: the client
 // reaches its LoadBalancer IPs, the node does not, and the node still
-// reaches its ClusterIP (never restricted). A clean stop removes the
-// firewall.
+// reaches its ClusterIP (never restricted). A clean stop leaves the
+// firewall, as the kernel modes leave their rules; --cleanup removes it.
 func TestPrivilegedLoadBalancerSourceRanges(t *testing.T) {
 	const fencedVIP, fencedLB, fencedLB6 = "198.19.0.20", "198.19.2.20", "fd00:19:2::20"
 	extra := fmt.Sprintf(`  - name: fenced
@@ -56,14 +57,33 @@ func TestPrivilegedLoadBalancerSourceRanges(t *testing.T) {
 			if _, err := c.get(node, fencedVIP+":80"); err != nil {
 				t.Errorf("the node to the ClusterIP: %v", err)
 			}
+			// The kernel modes' rules outlive the process, and so does the
+			// firewall: stopped, nothing is served unrestricted.
 			c.stopProxy()
-			tables, err := nftable.ListTables(node.NS)
-			if err != nil {
-				t.Fatal(err)
+			has := func(fam string) bool {
+				t.Helper()
+				tables, err := nftable.ListTables(node.NS)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return slices.Contains(tables, "table "+fam+" "+firewall.Table)
 			}
-			for _, fam := range []string{"ip ", "ip6 "} {
-				if slices.Contains(tables, fam+firewall.Table) {
-					t.Errorf("%s%s left after a clean stop: %v", fam, firewall.Table, tables)
+			for _, fam := range []string{"ip", "ip6"} {
+				if !has(fam) {
+					t.Errorf("%s %s gone after a clean stop", fam, firewall.Table)
+				}
+			}
+			if strings.Contains(strings.Join(args, " "), "--proxy-mode") { // the kernel still forwards
+				if _, err := c.getWithin(node, fencedLB+":80", 500*time.Millisecond); err == nil {
+					t.Error("with svcproxy stopped, the node reached the LoadBalancer IP the kernel still forwards")
+				}
+			}
+			if out, err := node.Command(context.Background(), bins.svcproxy, "--cleanup").CombinedOutput(); err != nil {
+				t.Fatalf("--cleanup: %v\n%s", err, out)
+			}
+			for _, fam := range []string{"ip", "ip6"} {
+				if has(fam) {
+					t.Errorf("%s %s left after --cleanup", fam, firewall.Table)
 				}
 			}
 		})

@@ -281,7 +281,7 @@ func queue(c *nft.Conn, t Table, nt *nft.Table, stale []string) error {
 // transaction: the table is deleted (if there) and written anew, so no
 // packet meets it half written, and nothing of an earlier layout or
 // content is left. For small tables: the whole table and every element go
-// in one batch, and elements of more than replaceBytes (about 40,000 IPv4
+// in one batch, and elements of more than replaceBytes (about 50,000 IPv4
 // ones) are refused.
 func (k *Conn) Replace(ctx context.Context, t Table, elems []Element) (err error) {
 	size := 0
