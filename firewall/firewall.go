@@ -126,7 +126,7 @@ func (f *Firewall) desired(snap *lb.Snapshot, ipv6 bool) [2][]nftable.Element {
 		for fr := range snap.Frontends(b) {
 			ip := fr.Addr.Addr()
 			if !slices.Contains(svc.LoadBalancerIPs, ip) {
-				continue // a ClusterIP or an ExternalIP: never restricted
+				continue // a ClusterIP or an ExternalIP only: never restricted
 			}
 			fam := netfilter.FamilyOf(ip)
 			if fam == netfilter.IPv6 && !ipv6 {

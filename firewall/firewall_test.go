@@ -133,6 +133,21 @@ func TestApplyAdmits(t *testing.T) {
 			tables: []netfilter.Family{netfilter.IPv4},
 		},
 		{
+			name: "an ingress IP that is also an ExternalIP or the ClusterIP is restricted, as kube-proxy's nftables mode",
+			svcs: []lb.Service{func() lb.Service {
+				s := web("10.0.0.0/8")
+				s.LoadBalancerIPs = append(s.LoadBalancerIPs, ip("192.0.2.50"), ip("10.96.0.10"))
+				return s
+			}()},
+			packets: []packet{
+				{lb.TCP, "198.51.100.1", "192.0.2.50:80", false},
+				{lb.TCP, "10.2.3.4", "192.0.2.50:80", true},
+				{lb.TCP, "198.51.100.1", "10.96.0.10:80", false},
+				{lb.TCP, "198.51.100.1", "203.0.113.10:80", false},
+			},
+			tables: []netfilter.Family{netfilter.IPv4},
+		},
+		{
 			name: "the whole address space",
 			svcs: []lb.Service{web("0.0.0.0/1", "128.0.0.0/1")},
 			packets: []packet{

@@ -266,18 +266,26 @@ func (f Frontend) String() string { return f.Protocol.String() + "/" + f.Addr.St
 
 // frontends yields every fixed frontend of s (not its NodePort, which is on
 // every node address), saying whether it is an external one, until yield
-// returns false.
+// returns false. A LoadBalancer IP that is also a ClusterIP or an
+// ExternalIP of s is served once, as that (clouds report such ingress
+// IPs); it stays a LoadBalancer IP for AllowedSources.
 func (s *Service) frontends(yield func(f Frontend, external bool) bool) {
 	for _, ip := range s.ClusterIPs {
 		if !yield(Frontend{s.Protocol, netip.AddrPortFrom(ip, s.Port)}, false) {
 			return
 		}
 	}
-	for _, ips := range [2][]netip.Addr{s.ExternalIPs, s.LoadBalancerIPs} {
-		for _, ip := range ips {
-			if !yield(Frontend{s.Protocol, netip.AddrPortFrom(ip, s.Port)}, true) {
-				return
-			}
+	for _, ip := range s.ExternalIPs {
+		if !yield(Frontend{s.Protocol, netip.AddrPortFrom(ip, s.Port)}, true) {
+			return
+		}
+	}
+	for _, ip := range s.LoadBalancerIPs {
+		if slices.Contains(s.ClusterIPs, ip) || slices.Contains(s.ExternalIPs, ip) {
+			continue
+		}
+		if !yield(Frontend{s.Protocol, netip.AddrPortFrom(ip, s.Port)}, true) {
+			return
 		}
 	}
 }

@@ -58,3 +58,35 @@ func TestSourceRange(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadBalancerIPAlsoServedOtherwise: an ingress IP that is also a
+// ClusterIP or an ExternalIP of the Service is one frontend, served as
+// that, with no conflict; it stays a LoadBalancer IP.
+func TestLoadBalancerIPAlsoServedOtherwise(t *testing.T) {
+	ip := netip.MustParseAddr
+	svc := Service{
+		Name: ServicePortName{Namespace: "ns", Name: "web"}, Port: 80,
+		ClusterIPs: []netip.Addr{ip("10.96.0.1")}, ExternalIPs: []netip.Addr{ip("192.0.2.1")},
+		LoadBalancerIPs: []netip.Addr{ip("192.0.2.1"), ip("10.96.0.1"), ip("203.0.113.1")},
+		Endpoints:       []Endpoint{{Addr: netip.MustParseAddrPort("10.1.0.1:8080"), Ready: true, Serving: true}},
+	}
+	snap, err := NewStore(StoreOptions{}).Replace([]Service{svc})
+	if err != nil {
+		t.Fatalf("Replace: %v", err)
+	}
+	b := snap.Balancers()[0]
+	var got []string
+	for f, p := range snap.Frontends(b) {
+		kind := "internal"
+		if p == b.External {
+			kind = "external"
+		}
+		got = append(got, f.Addr.Addr().String()+" "+kind)
+	}
+	if want := []string{"10.96.0.1 internal", "192.0.2.1 external", "203.0.113.1 external"}; !slices.Equal(got, want) {
+		t.Errorf("frontends %v, want %v", got, want)
+	}
+	if len(b.Service.LoadBalancerIPs) != 3 {
+		t.Errorf("LoadBalancerIPs %v, want all three kept", b.Service.LoadBalancerIPs)
+	}
+}

@@ -214,10 +214,11 @@ func (c *converter) frontends() lb.Service {
 		if ing.IP == "" || (ing.IPMode != nil && *ing.IPMode != v1.LoadBalancerIPModeVIP) {
 			continue
 		}
-		// An ingress IP that is also a ClusterIP, an externalIP or an
-		// earlier ingress IP is served once (clouds repeat them).
-		if ip, ok := c.addr(fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), ing.IP); ok && !used[ip] {
-			used[ip] = true
+		// An ingress IP repeated is one (clouds repeat them); one that is
+		// also a ClusterIP or an externalIP stays a LoadBalancer IP, so
+		// loadBalancerSourceRanges restrict it as kube-proxy does, and is
+		// served once, as that (lb.Service.frontends).
+		if ip, ok := c.addr(fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), ing.IP); ok && !slices.Contains(s.LoadBalancerIPs, ip) {
 			s.LoadBalancerIPs = append(s.LoadBalancerIPs, ip)
 		}
 	}

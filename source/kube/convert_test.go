@@ -361,7 +361,7 @@ func TestConvert(t *testing.T) {
 			errs: []string{`spec.loadBalancerSourceRanges[3]: "10.0.0.0" is not a CIDR; ignored`},
 		},
 		{
-			name: "invalid: duplicate nodePorts keep the first; an ingress IP equal to the ClusterIP is served once",
+			name: "invalid: duplicate nodePorts keep the first; an ingress IP equal to the ClusterIP stays a LoadBalancer IP (served once: lb)",
 			svc: svc(func(s *v1.Service) {
 				s.Spec.Type = v1.ServiceTypeLoadBalancer
 				s.Spec.Ports = []v1.ServicePort{
@@ -372,12 +372,12 @@ func TestConvert(t *testing.T) {
 				s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "10.0.0.10"}, {IP: "192.0.2.1"}, {IP: "192.0.2.1"}}
 			}),
 			want: []lb.Service{
-				base(func(s *lb.Service) { s.Name.Port, s.Port = "alt", 81; s.LoadBalancerIPs = addrs("192.0.2.1") }),
+				base(func(s *lb.Service) { s.Name.Port, s.Port = "alt", 81; s.LoadBalancerIPs = addrs("10.0.0.10", "192.0.2.1") }),
 				base(func(s *lb.Service) {
 					s.Name.Port, s.Protocol, s.Port, s.NodePort = "dns", lb.UDP, 53, 30080
-					s.LoadBalancerIPs = addrs("192.0.2.1")
+					s.LoadBalancerIPs = addrs("10.0.0.10", "192.0.2.1")
 				}),
-				base(func(s *lb.Service) { s.NodePort = 30080; s.LoadBalancerIPs = addrs("192.0.2.1") }),
+				base(func(s *lb.Service) { s.NodePort = 30080; s.LoadBalancerIPs = addrs("10.0.0.10", "192.0.2.1") }),
 			},
 			errs: []string{"spec.ports[1].nodePort: duplicate nodePort TCP/30080 (also spec.ports[0])"},
 		},
