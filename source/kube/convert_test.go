@@ -372,7 +372,10 @@ func TestConvert(t *testing.T) {
 				s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "10.0.0.10"}, {IP: "192.0.2.1"}, {IP: "192.0.2.1"}}
 			}),
 			want: []lb.Service{
-				base(func(s *lb.Service) { s.Name.Port, s.Port = "alt", 81; s.LoadBalancerIPs = addrs("10.0.0.10", "192.0.2.1") }),
+				base(func(s *lb.Service) {
+					s.Name.Port, s.Port = "alt", 81
+					s.LoadBalancerIPs = addrs("10.0.0.10", "192.0.2.1")
+				}),
 				base(func(s *lb.Service) {
 					s.Name.Port, s.Protocol, s.Port, s.NodePort = "dns", lb.UDP, 53, 30080
 					s.LoadBalancerIPs = addrs("10.0.0.10", "192.0.2.1")
