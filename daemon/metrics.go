@@ -63,7 +63,7 @@ func newDaemonMetrics(reg prometheus.Registerer, families []string) *daemonMetri
 		}),
 		firewallFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "svcproxy", Subsystem: "firewall", Name: "sync_failures_total",
-			Help: "Syncs whose loadBalancerSourceRanges firewall could not be written (the mode was synced all the same); tried again at the next sync, a full one every --sync-period at the latest.",
+			Help: "Syncs whose loadBalancerSourceRanges firewall could not be written (the mode was synced all the same); tried again a second later, backing off to --sync-period.",
 		}),
 		mode: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "svcproxy", Name: "proxy_mode",

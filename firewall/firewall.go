@@ -69,19 +69,28 @@ func (f *Firewall) Apply(ctx context.Context, snap *lb.Snapshot, full bool) erro
 		if f.known[fam] && !full && slices.Equal(w, f.written[fam]) {
 			continue
 		}
-		f.known[fam] = false
 		if len(w) == 0 {
-			if err := f.cfg.Kernel.Delete(ctx, fam); err != nil {
-				errs = append(errs, fmt.Errorf("removing the %v firewall: %w", fam, err))
-				continue
-			}
-		} else if err := f.cfg.Kernel.Write(ctx, fam, w); err != nil {
+			errs = append(errs, f.remove(ctx, fam))
+			continue
+		}
+		f.known[fam] = false
+		if err := f.cfg.Kernel.Write(ctx, fam, w); err != nil {
 			errs = append(errs, fmt.Errorf("writing the %v firewall: %w", fam, err))
 			continue
 		}
 		f.known[fam], f.written[fam] = true, w
 	}
 	return errors.Join(errs...)
+}
+
+// remove deletes fam's table. The caller holds f.mu.
+func (f *Firewall) remove(ctx context.Context, fam netfilter.Family) error {
+	f.known[fam] = false
+	if err := f.cfg.Kernel.Delete(ctx, fam); err != nil {
+		return fmt.Errorf("removing the %v firewall: %w", fam, err)
+	}
+	f.known[fam], f.written[fam] = true, nil
+	return nil
 }
 
 // Frontends is how many LoadBalancer frontends the tables restrict.
@@ -103,16 +112,7 @@ func (f *Firewall) Frontends() int {
 func (f *Firewall) Cleanup(ctx context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var errs []error
-	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
-		f.known[fam] = false
-		if err := f.cfg.Kernel.Delete(ctx, fam); err != nil {
-			errs = append(errs, fmt.Errorf("removing the %v firewall: %w", fam, err))
-			continue
-		}
-		f.known[fam], f.written[fam] = true, nil
-	}
-	return errors.Join(errs...)
+	return errors.Join(f.remove(ctx, netfilter.IPv4), f.remove(ctx, netfilter.IPv6))
 }
 
 // desired is each family's elements for snap, sorted.

@@ -286,7 +286,7 @@ func queue(c *nft.Conn, t Table, nt *nft.Table, stale []string) error {
 func (k *Conn) Replace(ctx context.Context, t Table, elems []Element) (err error) {
 	size := 0
 	for _, e := range elems {
-		size += len(e.Key) + len(e.Val) + len(e.End) + 48 // attribute headers
+		size += elementSize(e)
 	}
 	if size > replaceBytes {
 		return fmt.Errorf("writing table %s: %d elements (%d bytes) are more than one transaction takes (%d bytes)", t.Name, len(elems), size, replaceBytes)
@@ -302,21 +302,9 @@ func (k *Conn) Replace(ctx context.Context, t Table, elems []Element) (err error
 	if err := queue(c, t, nt, nil); err != nil {
 		return fmt.Errorf("writing table %s: %w", t.Name, err)
 	}
-	elems = bySet(elems)
-	for len(elems) > 0 {
-		name := elems[0].Set
-		s := t.set(nt, name)
-		if s == nil {
-			return fmt.Errorf("table %s declares no set %s", t.Name, name)
-		}
-		var batch []nft.SetElement
-		for len(elems) > 0 && elems[0].Set == name && len(batch) < elementsPerMessage {
-			batch = append(batch, setElement(s, elems[0]))
-			elems = elems[1:]
-		}
-		if err := c.SetAddElements(s, batch); err != nil {
-			return fmt.Errorf("adding elements to %s: %w", name, err)
-		}
+	add := func(s *nft.Set, batch []nft.SetElement, _ int) error { return c.SetAddElements(s, batch) }
+	if err := messages(t, nt, elems, add); err != nil {
+		return fmt.Errorf("adding elements to table %s: %w", t.Name, err)
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("writing table %s: %w", t.Name, err)
@@ -397,34 +385,18 @@ func (k *Conn) Update(ctx context.Context, t Table, del, add []Element) (err err
 	nt := t.table()
 	pending, bytes := 0, 0
 	write := func(es []Element, f func(*nft.Set, []nft.SetElement) error) error {
-		// One message per run of a set's elements: grouped by set, a
-		// change of many sets does not cost a message per element.
-		es = bySet(es)
-		for len(es) > 0 {
-			name := es[0].Set
-			s := t.set(nt, name)
-			if s == nil {
-				return fmt.Errorf("table %s declares no set %s", t.Name, name)
-			}
-			n := 0
-			var batch []nft.SetElement
-			for n < len(es) && es[n].Set == name && n < elementsPerMessage {
-				batch = append(batch, setElement(s, es[n]))
-				bytes += len(es[n].Key) + len(es[n].Val) + 48 // attribute headers
-				n++
-			}
-			es = es[n:]
+		return messages(t, nt, es, func(s *nft.Set, batch []nft.SetElement, size int) error {
 			if err := f(s, batch); err != nil {
 				return err
 			}
-			if pending += n; pending >= elementsPerBatch || bytes >= bytesPerBatch {
+			if pending, bytes = pending+len(batch), bytes+size; pending >= elementsPerBatch || bytes >= bytesPerBatch {
 				if err := c.Flush(); err != nil {
 					return err
 				}
 				pending, bytes = 0, 0
 			}
-		}
-		return nil
+			return nil
+		})
 	}
 	if err := write(del, c.SetDeleteElements); err != nil {
 		return fmt.Errorf("deleting elements: %w", err)
@@ -437,6 +409,34 @@ func (k *Conn) Update(ctx context.Context, t Table, del, add []Element) (err err
 	}
 	return nil
 }
+
+// messages calls f with es as netlink messages: one per run of up to
+// elementsPerMessage elements of one set (grouped by set, a change of many
+// sets does not cost a message per element), with their encoded size.
+func messages(t Table, nt *nft.Table, es []Element, f func(s *nft.Set, batch []nft.SetElement, size int) error) error {
+	es = bySet(es)
+	for len(es) > 0 {
+		name := es[0].Set
+		s := t.set(nt, name)
+		if s == nil {
+			return fmt.Errorf("table %s declares no set %s", t.Name, name)
+		}
+		var batch []nft.SetElement
+		size := 0
+		for len(es) > 0 && es[0].Set == name && len(batch) < elementsPerMessage {
+			batch = append(batch, setElement(s, es[0]))
+			size += elementSize(es[0])
+			es = es[1:]
+		}
+		if err := f(s, batch, size); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// elementSize is about what e takes in a netlink message.
+func elementSize(e Element) int { return len(e.Key) + len(e.Val) + len(e.End) + 48 } // attribute headers
 
 // bySet is es with each set's elements together, sets in the order they
 // first appear, each set's elements in their order (O(len(es))).
