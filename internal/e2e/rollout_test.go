@@ -44,9 +44,10 @@ func testRolloutUnderLoad(t *testing.T, steering string) {
 	client := c.topo.Clients[0]
 
 	p := pod.start("pod-0")
-	c.waitServing(t, p)
+	targets := []string{webVIP + ":80", fmt.Sprintf("%s:%d", topology.NodeAddr, webNode)} // a ClusterIP, and a NodePort
+	c.waitServing(t, p, targets...)
 
-	load := c.startLoad(client, webVIP+":80", fmt.Sprintf("%s:%d", topology.NodeAddr, webNode)) // a ClusterIP, and a NodePort
+	load := c.startLoad(client, targets...)
 	time.Sleep(time.Second)
 
 	for i, sigtermAt := range []string{"at once", "after the takeover"} {
@@ -247,11 +248,15 @@ func (p *podSpec) start(name string) *proctest.Process {
 	return proctest.Start(t, name, cmd) // ip, unshare and sh exec: the PID is svcproxy's
 }
 
-// waitServing waits until a ClusterIP answers from the client.
-func (c *cluster) waitServing(t *testing.T, pp *proctest.Process) {
+// waitServing waits until each of addrs answers from the client.
+func (c *cluster) waitServing(t *testing.T, pp *proctest.Process, addrs ...string) {
 	t.Helper()
-	if !waitFor(20*time.Second, func() bool { _, err := c.get(c.topo.Clients[0], webVIP+":80"); return err == nil }) {
-		t.Fatalf("%s did not start steering within 20s; output:\n%s", pp.Name, pp.Out)
+	// Each address: a first sync binds its frontends one after the other
+	// (local steering), so one answering says nothing of the next.
+	for _, addr := range addrs {
+		if !waitFor(20*time.Second, func() bool { _, err := c.get(c.topo.Clients[0], addr); return err == nil }) {
+			t.Fatalf("%s did not serve %s within 20s; output:\n%s", pp.Name, addr, pp.Out)
+		}
 	}
 }
 
