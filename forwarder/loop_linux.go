@@ -537,12 +537,23 @@ func (w *worker) register(fd int, e fdEntry, events uint32) error {
 	return nil
 }
 
-// closeFD forgets fd and closes it, which takes it out of the epoll.
+// closeFD forgets fd and closes it, which takes it out of the epoll when
+// fd was the socket's last descriptor: a connection's.
 func (w *worker) closeFD(fd int) {
 	if fd < len(w.fds) {
 		w.fds[fd] = fdEntry{}
 	}
 	sysClose(fd)
+}
+
+// closeShared takes fd out of the epoll, then closes it: a listener's or a
+// UDP frontend's, whose socket a successor may hold a duplicate of. The
+// epoll watches the socket, not the descriptor, until its last descriptor
+// closes: left in, every connection or datagram the successor takes would
+// wake this worker for nothing while it drains.
+func (w *worker) closeShared(fd int) {
+	_ = unix.EpollCtl(w.ep, unix.EPOLL_CTL_DEL, fd, nil)
+	w.closeFD(fd)
 }
 
 // post queues fn to run on the worker's goroutine.
@@ -671,7 +682,7 @@ func (ln *loopListener) closeNow() {
 	}
 	ln.closed = true
 	ln.w.timers.stop(&ln.retry)
-	ln.w.closeFD(ln.fd)
+	ln.w.closeShared(ln.fd)
 }
 
 func (g *loopListeners) files() ([]*os.File, error) {

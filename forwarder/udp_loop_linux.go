@@ -268,7 +268,7 @@ func (w *worker) udpClose(fe *loopUDP) {
 	for _, fl := range fe.flows {
 		w.udpEnd(fl, reasonShutdown)
 	}
-	w.closeFD(fe.fd)
+	w.closeShared(fe.fd)
 	fe.closed = true
 	fe.f.m.Listeners.Dec()
 }
