@@ -297,6 +297,10 @@ func TestDaemonMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	s = d.waitMetric(ownFailures, func(v float64) bool { return v >= 1 })
+	// A sync the earlier changes left queued may be the one that fails,
+	// before the source has received the update: wait until it has. A
+	// failed sync must leave it pending.
+	s = d.waitMetric(epPending, func(v float64) bool { return v == 1 })
 	if s[lastSync] != before[lastSync] || s[ownLastSync] != before[ownLastSync] {
 		t.Errorf("a failed sync moved the last-sync timestamps: kubeproxy %v → %v, svcproxy %v → %v",
 			before[lastSync], s[lastSync], before[ownLastSync], s[ownLastSync])
