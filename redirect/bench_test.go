@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/svcproxy/svcproxy/conntrack/conntracktest"
 	"github.com/svcproxy/svcproxy/internal/kerneltest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
@@ -19,7 +20,7 @@ func BenchmarkApply(b *testing.B) {
 	for _, n := range []int{10, 100, 1000, 10000} {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			f := netfiltertest.NewFake()
-			r, err := New(Config{Backend: BackendIPTables, NFT: steertabletest.NewFake(), Mark: testMark, Exec: f, Logger: zap.NewNop()})
+			r, err := New(Config{Backend: BackendIPTables, NFT: steertabletest.NewFake(), Conntrack: &conntracktest.Table{}, Mark: testMark, Exec: f, Logger: zap.NewNop()})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/svcproxy/svcproxy/conntrack/conntracktest"
 	"github.com/svcproxy/svcproxy/internal/kerneltest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
@@ -176,7 +177,7 @@ func FuzzApply(f *testing.F) {
 		in := kerneltest.NewInput(data)
 		flags := in.Next()
 		cfg := Config{Mark: testMark, IPv6: flags&1 != 0, NodePortAddresses: in.NodePortAddresses(), Logger: zap.NewNop(),
-			Backend: BackendIPTables, Exec: netfiltertest.NewFake(), NFT: steertabletest.NewFake()}
+			Backend: BackendIPTables, Exec: netfiltertest.NewFake(), NFT: steertabletest.NewFake(), Conntrack: &conntracktest.Table{}}
 		var fake interface {
 			tracer
 			empty() bool

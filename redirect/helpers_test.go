@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/svcproxy/svcproxy/conntrack/conntracktest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 	"github.com/svcproxy/svcproxy/redirect/steertable/steertabletest"
@@ -153,6 +154,9 @@ func newRedirector(t testing.TB, cfg Config) *Redirector {
 	t.Helper()
 	if cfg.Mark == 0 {
 		cfg.Mark = testMark
+	}
+	if cfg.Conntrack == nil && cfg.NetNS == "" { // never this process's namespace's entries
+		cfg.Conntrack = &conntracktest.Table{}
 	}
 	if tt, ok := t.(*testing.T); ok && cfg.Logger == nil {
 		cfg.Logger = zaptest.NewLogger(tt)

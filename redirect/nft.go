@@ -190,6 +190,7 @@ func (r *Redirector) applyNFT(ctx context.Context, snap *lb.Snapshot, ports Port
 	}
 	if r.ncur != nil {
 		r.forgetMoved(ctx, r.ncur.udp)
+		r.clearUnsteered(ctx, snap, ports)
 	}
 	level := zap.DebugLevel
 	if took := time.Since(start); full && (old == nil || took > time.Second) {

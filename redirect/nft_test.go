@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/svcproxy/svcproxy/conntrack/conntracktest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
@@ -49,7 +50,7 @@ func TestBackendChoice(t *testing.T) {
 			if !tc.iptables {
 				f.FailNext("iptables-version", noIPTables)
 			}
-			cfg := Config{Backend: tc.backend, Mark: testMark, NFT: k, Exec: f, Logger: zaptest.NewLogger(t)}
+			cfg := Config{Backend: tc.backend, Mark: testMark, NFT: k, Exec: f, Conntrack: &conntracktest.Table{}, Logger: zaptest.NewLogger(t)}
 			r, err := New(cfg)
 			if tc.want == "" {
 				if err == nil {
@@ -231,7 +232,7 @@ func TestNFTSteeredUDP(t *testing.T) {
 	ctx := context.Background()
 	r, k, f := newFakeNFTRedirector(t, Config{IPv6: true})
 	mustApply(t, r, store(t, testServices()...).Snapshot(), testPorts(), true)
-	next, err := New(Config{Backend: BackendNFTables, Mark: testMark, IPv6: true, NFT: k, Exec: f})
+	next, err := New(Config{Backend: BackendNFTables, Mark: testMark, IPv6: true, NFT: k, Exec: f, Conntrack: &conntracktest.Table{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +258,7 @@ func TestBackendSwitch(t *testing.T) {
 	empty := f.Dump()
 	snap := store(t, testServices()...).Snapshot()
 	newWith := func(b Backend) *Redirector {
-		r, err := New(Config{Backend: b, Mark: testMark, IPv6: true, NFT: k, Exec: f, Logger: zaptest.NewLogger(t)})
+		r, err := New(Config{Backend: b, Mark: testMark, IPv6: true, NFT: k, Exec: f, Conntrack: &conntracktest.Table{}, Logger: zaptest.NewLogger(t)})
 		if err != nil {
 			t.Fatal(err)
 		}

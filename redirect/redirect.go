@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/svcproxy/svcproxy/conntrack"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 	"github.com/svcproxy/svcproxy/redirect/steertable"
@@ -93,6 +94,10 @@ type Config struct {
 	// NFT writes the nftables backend's tables. Nil:
 	// steertable.Netlink(NetNS).
 	NFT steertable.Kernel
+	// Conntrack clears the entries of packets that reached a frontend
+	// before it was steered (see clearUnsteered). Nil:
+	// conntrack.NewNetlink(NetNS).
+	Conntrack conntrack.Table
 	// Logger; nil: no logging.
 	Logger *zap.Logger
 }
@@ -130,6 +135,8 @@ type Redirector struct {
 	ncur *nftState
 	// othersGone: the other backend's leftovers were removed.
 	othersGone bool
+	ct         conntrack.Table
+	unsteered  unsteered
 }
 
 // New validates cfg and chooses the backend: with BackendAuto, nftables
@@ -150,10 +157,13 @@ func New(cfg Config) (*Redirector, error) {
 	if cfg.NFT == nil {
 		cfg.NFT = steertable.Netlink(cfg.NetNS)
 	}
+	if cfg.Conntrack == nil {
+		cfg.Conntrack = conntrack.NewNetlink(cfg.NetNS)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	r := &Redirector{cfg: cfg, exec: cfg.Exec, nk: cfg.NFT, log: cfg.Logger.Named("redirect"), families: []netfilter.Family{netfilter.IPv4}}
+	r := &Redirector{cfg: cfg, exec: cfg.Exec, nk: cfg.NFT, ct: cfg.Conntrack, log: cfg.Logger.Named("redirect"), families: []netfilter.Family{netfilter.IPv4}}
 	if cfg.IPv6 {
 		r.families = append(r.families, netfilter.IPv6)
 	}
@@ -336,6 +346,7 @@ func (r *Redirector) Apply(ctx context.Context, snap *lb.Snapshot, ports Ports, 
 		r.cur = want
 		r.sets.Written(rs)
 		r.forgetMoved(ctx, want.udp)
+		r.clearUnsteered(ctx, snap, ports)
 	}
 	// Reusing the old members map saves the garbage collector a
 	// 10,000-entry map per Apply; but not one sized for far more than

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/svcproxy/svcproxy/conntrack/conntracktest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
@@ -333,7 +334,7 @@ func TestCleanup(t *testing.T) {
 
 	// Cleanup by a process that installed nothing (svcproxy --cleanup).
 	mustApply(t, r, store(t, testServices()...).Snapshot(), testPorts(), true)
-	other, err := New(Config{Backend: BackendIPTables, NFT: steertabletest.NewFake(), Mark: 1, Exec: f})
+	other, err := New(Config{Backend: BackendIPTables, NFT: steertabletest.NewFake(), Conntrack: &conntracktest.Table{}, Mark: 1, Exec: f})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -445,7 +446,7 @@ func TestBackend(t *testing.T) {
 	} {
 		f := netfiltertest.NewFake()
 		f.SetVersion(v)
-		r, err := New(Config{Backend: BackendIPTables, NFT: steertabletest.NewFake(), Mark: 1, Exec: f})
+		r, err := New(Config{Backend: BackendIPTables, NFT: steertabletest.NewFake(), Conntrack: &conntracktest.Table{}, Mark: 1, Exec: f})
 		if err != nil {
 			t.Fatal(err)
 		}

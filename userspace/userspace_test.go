@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/svcproxy/svcproxy/conntrack/conntracktest"
 	"github.com/svcproxy/svcproxy/forwarder"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
@@ -160,7 +161,7 @@ func TestRedirectLeftToSuccessor(t *testing.T) {
 			m, err := New(Config{
 				RedirectPort: port,
 				Forwarder:    forwarder.Config{Workers: 1, Mark: -1, DrainTimeout: time.Second, Logger: zaptest.NewLogger(t)},
-				Steering:     &redirect.Config{Backend: redirect.BackendNFTables, Mark: forwarder.DefaultMark, Exec: netfiltertest.NewFake(), NFT: nft},
+				Steering:     &redirect.Config{Backend: redirect.BackendNFTables, Mark: forwarder.DefaultMark, Exec: netfiltertest.NewFake(), NFT: nft, Conntrack: &conntracktest.Table{}},
 				Logger:       zaptest.NewLogger(t),
 			})
 			if err != nil {

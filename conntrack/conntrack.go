@@ -1,0 +1,49 @@
+// Package conntrack owns deleting connection-tracking entries: a family's
+// table read once over ctnetlink, and every entry a predicate picks deleted
+// (Netlink). What an entry looks like to the predicate is Flow.
+// conntracktest holds the in-memory table.
+package conntrack
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+
+	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
+)
+
+// TCPState is a TCP entry's state as the kernel numbers them
+// (enum tcp_conntrack).
+type TCPState uint8
+
+// SynSent is a connection whose SYN has had no answer: a SYN that no rule
+// caught and that went nowhere stays so for nf_conntrack_tcp_timeout_syn_sent
+// (two minutes), and the client's retransmissions, or a later connection
+// from the same port, are taken for it.
+const SynSent TCPState = 1
+
+// Flow is what a predicate sees of an entry.
+type Flow struct {
+	Proto    lb.Protocol    // TCP, UDP or SCTP; 0 for others
+	OrigSrc  netip.AddrPort // the client
+	OrigDst  netip.AddrPort // where the client sent it
+	ReplySrc netip.AddrPort // where replies come from: OrigDst unless NAT rewrote the destination
+	TCPState TCPState       // TCP only
+}
+
+// DstNATed reports whether a rule rewrote f's destination (DNAT or
+// REDIRECT). An entry that was not stays so: conntrack does not consult the
+// nat rules again for the packets it takes to be f's.
+func (f Flow) DstNATed() bool { return f.ReplySrc != f.OrigDst }
+
+func (f Flow) String() string {
+	return fmt.Sprintf("%s %v → %v (replies from %v)", netfilter.ProtoName(f.Proto), f.OrigSrc, f.OrigDst, f.ReplySrc)
+}
+
+// Table deletes entries: Netlink, or conntracktest.Table.
+type Table interface {
+	// Delete deletes family's entries for which match is true and says how
+	// many it deleted. An entry that vanished meanwhile is not an error.
+	Delete(ctx context.Context, family netfilter.Family, match func(Flow) bool) (int, error)
+}
