@@ -136,7 +136,7 @@ type Redirector struct {
 	// othersGone: the other backend's leftovers were removed.
 	othersGone bool
 	ct         conntrack.Table
-	unsteered  unsteered
+	served     conntrack.Served
 }
 
 // New validates cfg and chooses the backend: with BackendAuto, nftables

@@ -1,0 +1,117 @@
+package conntrack
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"slices"
+
+	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
+)
+
+// Served follows the frontends a mode serves (steers to the forwarder, or
+// DNATs to endpoints), to tell at each sync which ones started being
+// served. Its owner serializes the calls.
+type Served struct {
+	snap   *lb.Snapshot                         // what byName and count are of; nil: nothing yet
+	byName map[lb.ServicePortName][]lb.Frontend // each Service port's served frontends
+	count  map[lb.Frontend]int                  // how many of byName's lists hold each
+}
+
+// Fresh records the frontends snap serves, as frontends lists them for one
+// Service port (called with nil for a port snap no longer has), and
+// returns those that were not served at the last call: at the first, all
+// of them. After the first call it visits only the Service ports that
+// changed since. Call it after each successful sync of snap.
+func (s *Served) Fresh(snap *lb.Snapshot, frontends func(*lb.Balancer) []lb.Frontend) map[lb.Frontend]bool {
+	var names []lb.ServicePortName
+	if s.snap == nil {
+		s.byName, s.count = map[lb.ServicePortName][]lb.Frontend{}, map[lb.Frontend]int{}
+		for _, bal := range snap.Balancers() {
+			names = append(names, bal.Service.Name)
+		}
+	} else {
+		d := snap.Changed(s.snap)
+		names = slices.Concat(d.Removed, d.Updated, d.Added)
+	}
+	s.snap = snap
+	next := make(map[lb.ServicePortName][]lb.Frontend, len(names))
+	fresh := map[lb.Frontend]bool{}
+	for _, name := range names {
+		fes := frontends(snap.Balancer(name))
+		next[name] = fes
+		for _, fe := range fes {
+			if s.count[fe] == 0 {
+				fresh[fe] = true
+			}
+		}
+	}
+	// A frontend that moved from one Service port to another in this
+	// change was served before: counted before the old lists go.
+	for _, name := range names {
+		for _, fe := range s.byName[name] {
+			if s.count[fe]--; s.count[fe] <= 0 {
+				delete(s.count, fe)
+			}
+		}
+		delete(s.byName, name)
+		if fes := next[name]; len(fes) > 0 {
+			s.byName[name] = fes
+			for _, fe := range fes {
+				s.count[fe]++
+			}
+		}
+	}
+	return fresh
+}
+
+// ClearUnNATed deletes the entries of packets sent to the fresh frontends
+// before they were served, those whose destination no rule rewrote:
+// conntrack does not consult the nat rules again for a packet it takes to
+// be one of those flows, so the flow would go on unserved. For UDP that is
+// every datagram of a client that keeps its port (a resolver): kube-proxy
+// clears UDP entries not DNATed to an endpoint for the same reason. For TCP
+// it is a SYN that went nowhere, whose retransmissions, and a new
+// connection from the same client port for two minutes, would follow it:
+// entries in SYN_SENT only, as an established connection that was never
+// NATed goes on as it is. A frontend whose address is unspecified (a
+// NodePort) stands for every address of its family, as kube-proxy matches
+// NodePort flows by port. One read of the table per family that has fresh
+// frontends; it returns how many entries it deleted.
+func ClearUnNATed(ctx context.Context, t Table, fresh map[lb.Frontend]bool) (int, error) {
+	var inFamily [2]bool
+	for fe := range fresh {
+		inFamily[familyOf(fe)] = true
+	}
+	total := 0
+	var errs []error
+	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
+		if !inFamily[fam] {
+			continue
+		}
+		all := netip.IPv4Unspecified()
+		if fam == netfilter.IPv6 {
+			all = netip.IPv6Unspecified()
+		}
+		n, err := t.Delete(ctx, fam, func(f Flow) bool {
+			if f.DstNATed() || f.Proto == lb.TCP && f.TCPState != SynSent {
+				return false
+			}
+			return fresh[lb.Frontend{Protocol: f.Proto, Addr: f.OrigDst}] ||
+				fresh[lb.Frontend{Protocol: f.Proto, Addr: netip.AddrPortFrom(all, f.OrigDst.Port())}]
+		})
+		total += n
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return total, errors.Join(errs...)
+}
+
+func familyOf(fe lb.Frontend) netfilter.Family {
+	if a := fe.Addr.Addr(); a.Is6() && !a.Is4In6() {
+		return netfilter.IPv6
+	}
+	return netfilter.IPv4
+}
