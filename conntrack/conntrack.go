@@ -1,6 +1,9 @@
 // Package conntrack owns deleting connection-tracking entries: a family's
 // table read once over ctnetlink, and every entry a predicate picks deleted
-// (Netlink). What an entry looks like to the predicate is Flow.
+// (Netlink). What an entry looks like to the predicate is Flow. Served and
+// ClearUnNATed are what the NAT modes (REDIRECT steering, the iptables and
+// nftables modes) do with it: delete the entries of packets that reached a
+// frontend before it was served, which would keep their flows unserved.
 // conntracktest holds the in-memory table.
 package conntrack
 

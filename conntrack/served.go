@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"slices"
 
+	"go.uber.org/zap"
+
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 )
@@ -17,6 +19,7 @@ type Served struct {
 	snap   *lb.Snapshot                         // what byName and count are of; nil: nothing yet
 	byName map[lb.ServicePortName][]lb.Frontend // each Service port's served frontends
 	count  map[lb.Frontend]int                  // how many of byName's lists hold each
+	peak   int                                  // the most Service ports byName held since its maps were made
 }
 
 // Fresh records the frontends snap serves, as frontends lists them for one
@@ -63,7 +66,30 @@ func (s *Served) Fresh(snap *lb.Snapshot, frontends func(*lb.Balancer) []lb.Fron
 			}
 		}
 	}
+	s.shrink()
 	return fresh
+}
+
+// shrink makes byName and count anew once they hold far fewer entries than
+// they once did: a Go map keeps the room of its largest size, and after a
+// cluster shrinks from 60,000 Services that room would stay.
+func (s *Served) shrink() {
+	n := len(s.byName)
+	if n > s.peak {
+		s.peak = n
+	}
+	if s.peak < 1024 || n > s.peak/4 {
+		return
+	}
+	byName := make(map[lb.ServicePortName][]lb.Frontend, n)
+	for name, fes := range s.byName {
+		byName[name] = fes
+	}
+	count := make(map[lb.Frontend]int, len(s.count))
+	for fe, c := range s.count {
+		count[fe] = c
+	}
+	s.byName, s.count, s.peak = byName, count, n
 }
 
 // ClearUnNATed deletes the entries of packets sent to the fresh frontends
@@ -114,4 +140,45 @@ func familyOf(fe lb.Frontend) netfilter.Family {
 		return netfilter.IPv6
 	}
 	return netfilter.IPv4
+}
+
+// Clear is Fresh, then ClearUnNATed of what it found in t, logged: what
+// each mode calls after a successful sync of snap. A failure is logged and
+// not retried (the frontends count as served): such a flow stays
+// unserved until it ends, as before svcproxy cleared any.
+func (s *Served) Clear(ctx context.Context, t Table, snap *lb.Snapshot, frontends func(*lb.Balancer) []lb.Frontend, log *zap.Logger) {
+	fresh := s.Fresh(snap, frontends)
+	if len(fresh) == 0 {
+		return
+	}
+	n, err := ClearUnNATed(ctx, t, fresh)
+	if err != nil {
+		log.Warn("cannot clear conntrack entries of packets sent to Services before they were served; such a flow stays unserved until it ends", zap.Error(err))
+	}
+	if n > 0 {
+		log.Info("cleared conntrack entries of packets sent to Services before they were served", zap.Int("entries", n))
+	}
+}
+
+// WithEndpoints lists bal's frontends in snap that a DNAT mode serves: its
+// TCP and UDP frontends whose pool has endpoints, and its NodePort (the
+// unspecified address of IPv4, and of IPv6 with ipv6) when its external
+// pool has; IPv6 frontends only with ipv6. nil: none.
+func WithEndpoints(snap *lb.Snapshot, bal *lb.Balancer, ipv6 bool) []lb.Frontend {
+	if bal == nil || bal.Service == nil || bal.Service.Protocol != lb.TCP && bal.Service.Protocol != lb.UDP {
+		return nil
+	}
+	var out []lb.Frontend
+	for fe, pool := range snap.Frontends(bal) {
+		if pool != nil && len(pool.Backends()) > 0 && (ipv6 || familyOf(fe) == netfilter.IPv4) {
+			out = append(out, fe)
+		}
+	}
+	if np := snap.NodePort(bal); np != 0 && bal.External != nil && len(bal.External.Backends()) > 0 {
+		out = append(out, lb.Frontend{Protocol: bal.Service.Protocol, Addr: netip.AddrPortFrom(netip.IPv4Unspecified(), np)})
+		if ipv6 {
+			out = append(out, lb.Frontend{Protocol: bal.Service.Protocol, Addr: netip.AddrPortFrom(netip.IPv6Unspecified(), np)})
+		}
+	}
+	return out
 }

@@ -4,9 +4,6 @@ import (
 	"context"
 	"net/netip"
 
-	"go.uber.org/zap"
-
-	"github.com/svcproxy/svcproxy/conntrack"
 	"github.com/svcproxy/svcproxy/lb"
 )
 
@@ -16,7 +13,7 @@ import (
 // unsteered: see conntrack.ClearUnNATed. Called with r.mu held, after a
 // successful sync of snap.
 func (r *Redirector) clearUnsteered(ctx context.Context, snap *lb.Snapshot, ports Ports) {
-	fresh := r.served.Fresh(snap, func(bal *lb.Balancer) []lb.Frontend {
+	r.served.Clear(ctx, r.ct, snap, func(bal *lb.Balancer) []lb.Frontend {
 		var fes []lb.Frontend
 		r.walkBalancer(snap, bal, ports, func(x target) {
 			if x.usable { // a NodePort's address is unspecified: every node address
@@ -24,15 +21,5 @@ func (r *Redirector) clearUnsteered(ctx context.Context, snap *lb.Snapshot, port
 			}
 		}, nil)
 		return fes
-	})
-	if len(fresh) == 0 {
-		return
-	}
-	n, err := conntrack.ClearUnNATed(ctx, r.ct, fresh)
-	if err != nil {
-		r.log.Warn("cannot clear conntrack entries of packets sent to Services before they were steered; such a flow stays unsteered until it ends", zap.Error(err))
-	}
-	if n > 0 {
-		r.log.Info("cleared conntrack entries of packets sent to Services before they were steered", zap.Int("entries", n))
-	}
+	}, r.log)
 }
