@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"syscall"
@@ -114,5 +115,63 @@ func Refused(t testing.TB, h *Host, network, dst string) {
 	}
 	if !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("error %v, want connection refused", err)
+	}
+}
+
+// SamePorts asks tcpDst and udpDst from h, each from one fixed client port
+// (a SYN retransmitted, a resolver that keeps its port): first before
+// serve, when neither may answer, then after it, when both must, from the
+// ServeNames host named backend. It is what conntrack entries of the
+// unanswered packets must not get in the way of.
+func SamePorts(t testing.TB, h *Host, tcpDst, udpDst netip.AddrPort, backend string, serve func()) {
+	t.Helper()
+	const tcpPort, udpPort = 42000, 42053
+	var uc *net.UDPConn
+	if err := h.Do(func() (err error) { uc, err = net.ListenUDP("udp4", &net.UDPAddr{Port: udpPort}); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer uc.Close()
+	askTCP := func(timeout time.Duration) (string, error) {
+		var c net.Conn
+		err := h.Do(func() (err error) {
+			d := net.Dialer{Timeout: timeout, LocalAddr: &net.TCPAddr{Port: tcpPort}}
+			c, err = d.Dial("tcp4", tcpDst.String())
+			return err
+		})
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(timeout))
+		return bufio.NewReader(c).ReadString('\n')
+	}
+	askUDP := func(timeout time.Duration) (string, error) {
+		if _, err := uc.WriteToUDPAddrPort([]byte("hello"), udpDst); err != nil {
+			return "", err
+		}
+		uc.SetReadDeadline(time.Now().Add(timeout))
+		buf := make([]byte, 200)
+		n, _, err := uc.ReadFromUDPAddrPort(buf)
+		return string(buf[:n]), err
+	}
+	if got, err := askTCP(500 * time.Millisecond); err == nil {
+		t.Fatalf("TCP to %v answered %q before it was served", tcpDst, got)
+	}
+	if got, err := askUDP(300 * time.Millisecond); err == nil {
+		t.Fatalf("UDP to %v answered %q before it was served", udpDst, got)
+	}
+	serve()
+	if got, err := askTCP(2 * time.Second); err != nil || !strings.HasPrefix(got, backend+" ") {
+		t.Errorf("TCP to %v from the same client port once served: %q, %v; want %s's answer", tcpDst, got, err, backend)
+	}
+	var got string
+	var err error
+	for range 4 { // a datagram may be lost; the port stays the same
+		if got, err = askUDP(500 * time.Millisecond); err == nil {
+			break
+		}
+	}
+	if err != nil || !strings.HasPrefix(got, backend+" ") {
+		t.Errorf("UDP to %v from the same client port once served: %q, %v; want %s's answer", udpDst, got, err, backend)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/svcproxy/svcproxy/conntrack/conntracktest"
 	"github.com/svcproxy/svcproxy/internal/kerneltest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
@@ -149,7 +150,7 @@ func FuzzApply(f *testing.F) {
 			cfg.ClusterCIDRs = []netip.Prefix{podCIDR, netip.MustParsePrefix("fd00:244::/64")}
 		}
 		fake := netfiltertest.NewFake()
-		cfg.Exec = fake
+		cfg.Exec, cfg.Conntrack = fake, &conntracktest.Table{}
 		m, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)

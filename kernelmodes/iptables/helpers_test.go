@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/svcproxy/svcproxy/conntrack/conntracktest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
@@ -140,6 +141,9 @@ func newFakeMode(t testing.TB, cfg Config) (*Mode, *netfiltertest.Fake) {
 	t.Helper()
 	f := netfiltertest.NewFake()
 	cfg.Exec = f
+	if cfg.Conntrack == nil {
+		cfg.Conntrack = &conntracktest.Table{}
+	}
 	if tt, ok := t.(*testing.T); ok && cfg.Logger == nil {
 		cfg.Logger = zaptest.NewLogger(tt)
 	}

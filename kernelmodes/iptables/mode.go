@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/svcproxy/svcproxy/conntrack"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 )
@@ -65,6 +66,11 @@ type Config struct {
 	// Exec runs the kernel tools. Nil: netfilter.NewExec("") (the real
 	// tools, in this process's network namespace).
 	Exec netfilter.Executor
+	// Conntrack clears the entries of packets that reached a frontend
+	// before it was served (conntrack.ClearUnNATed). Nil:
+	// conntrack.NewNetlink in Exec's network namespace (a *netfilter.Exec's
+	// NetNS; else this process's).
+	Conntrack conntrack.Table
 	// Logger; nil: no logging.
 	Logger *zap.Logger
 }
@@ -97,6 +103,7 @@ type Mode struct {
 	cur      *state
 	lastFull time.Time        // when the last full sync succeeded
 	now      func() time.Time // time.Now; tests move it
+	served   conntrack.Served
 }
 
 // New validates cfg and detects the iptables backend and version. It does
@@ -113,6 +120,13 @@ func New(cfg Config) (*Mode, error) {
 	}
 	if cfg.Exec == nil {
 		cfg.Exec = netfilter.NewExec("")
+	}
+	if cfg.Conntrack == nil {
+		ns := ""
+		if e, ok := cfg.Exec.(*netfilter.Exec); ok {
+			ns = e.NetNS
+		}
+		cfg.Conntrack = conntrack.NewNetlink(ns)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
@@ -259,6 +273,7 @@ func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
 		}
 		m.cur = next
 		m.clearStaleFlows(ctx, changes)
+		m.served.Clear(ctx, m.cfg.Conntrack, snap, func(bal *lb.Balancer) []lb.Frontend { return conntrack.WithEndpoints(snap, bal, m.cfg.IPv6) }, m.log)
 	}
 	took := time.Since(start)
 	level := zap.DebugLevel

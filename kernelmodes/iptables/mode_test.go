@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/svcproxy/svcproxy/conntrack/conntracktest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
@@ -598,7 +599,7 @@ func TestCleanup(t *testing.T) {
 
 	// Cleanup by a process that installed nothing (svcproxy --cleanup).
 	mustApply(t, m, store(t, testServices()...).Snapshot(), true)
-	other, err := New(Config{Exec: f})
+	other, err := New(Config{Exec: f, Conntrack: &conntracktest.Table{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -700,7 +701,7 @@ func TestConfig(t *testing.T) {
 	} {
 		f := netfiltertest.NewFake()
 		f.SetVersion(v)
-		m, err := New(Config{Exec: f})
+		m, err := New(Config{Exec: f, Conntrack: &conntracktest.Table{}})
 		if err != nil {
 			t.Fatal(err)
 		}

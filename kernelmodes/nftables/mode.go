@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/svcproxy/svcproxy/conntrack"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 	"github.com/svcproxy/svcproxy/netfilter/nftable"
@@ -62,6 +63,10 @@ type Config struct {
 	// ClearFlows deletes conntrack entries (UDP flows DNATed to an endpoint
 	// that left). Nil: the conntrack tool.
 	ClearFlows func(ctx context.Context, fam netfilter.Family, f netfilter.ConntrackFilter) error
+	// Conntrack clears the entries of packets that reached a frontend
+	// before it was served (conntrack.ClearUnNATed). Nil:
+	// conntrack.NewNetlink(NetNS).
+	Conntrack conntrack.Table
 	// Logger; nil: no logging.
 	Logger *zap.Logger
 }
@@ -143,6 +148,7 @@ type Mode struct {
 	cur      *state
 	lastFull time.Time
 	now      func() time.Time
+	served   conntrack.Served
 }
 
 // New checks cfg and returns the mode; it touches no kernel state.
@@ -172,6 +178,9 @@ func New(cfg Config) (*Mode, error) {
 	if cfg.ClearFlows == nil {
 		exec := netfilter.NewExec(cfg.NetNS)
 		m.cfg.ClearFlows = exec.ConntrackDelete
+	}
+	if cfg.Conntrack == nil {
+		m.cfg.Conntrack = conntrack.NewNetlink(cfg.NetNS)
 	}
 	if cfg.IPv6 {
 		m.families = append(m.families, netfilter.IPv6)
@@ -262,6 +271,7 @@ func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
 		m.cur = nil
 	} else {
 		m.clearStaleFlows(ctx, flows)
+		m.served.Clear(ctx, m.cfg.Conntrack, snap, func(bal *lb.Balancer) []lb.Frontend { return conntrack.WithEndpoints(snap, bal, m.cfg.IPv6) }, m.log)
 	}
 	took := time.Since(start)
 	level := zap.DebugLevel

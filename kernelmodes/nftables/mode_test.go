@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/svcproxy/svcproxy/conntrack/conntracktest"
 	"github.com/svcproxy/svcproxy/internal/kerneltest"
 	"github.com/svcproxy/svcproxy/kernelmodes/nftables"
 	"github.com/svcproxy/svcproxy/kernelmodes/nftables/nftablestest"
@@ -79,6 +80,9 @@ func newMode(t testing.TB, cfg nftables.Config) (*nftables.Mode, *nftablestest.F
 	cfg.Logger = zaptest.NewLogger(t)
 	if cfg.ClearFlows == nil {
 		cfg.ClearFlows = func(context.Context, netfilter.Family, netfilter.ConntrackFilter) error { return nil }
+	}
+	if cfg.Conntrack == nil {
+		cfg.Conntrack = &conntracktest.Table{}
 	}
 	m, err := nftables.New(cfg)
 	if err != nil {
@@ -463,7 +467,7 @@ func BenchmarkFirstLoad(b *testing.B) {
 	snap := snapshot(b, st, kerneltest.ScaleServices(10000))
 	b.ResetTimer()
 	for range b.N {
-		m, err := nftables.New(nftables.Config{Kernel: discard{}})
+		m, err := nftables.New(nftables.Config{Kernel: discard{}, Conntrack: &conntracktest.Table{}})
 		if err != nil {
 			b.Fatal(err)
 		}
