@@ -28,7 +28,8 @@ const SynSent TCPState = 1
 
 // Flow is what a predicate sees of an entry.
 type Flow struct {
-	Proto    lb.Protocol    // TCP, UDP or SCTP; 0 for others
+	Other    bool           // neither TCP, UDP nor SCTP: Proto means nothing
+	Proto    lb.Protocol    // TCP, UDP or SCTP
 	OrigSrc  netip.AddrPort // the client
 	OrigDst  netip.AddrPort // where the client sent it
 	ReplySrc netip.AddrPort // where replies come from: OrigDst unless NAT rewrote the destination
@@ -41,7 +42,11 @@ type Flow struct {
 func (f Flow) DstNATed() bool { return f.ReplySrc != f.OrigDst }
 
 func (f Flow) String() string {
-	return fmt.Sprintf("%s %v → %v (replies from %v)", netfilter.ProtoName(f.Proto), f.OrigSrc, f.OrigDst, f.ReplySrc)
+	proto := netfilter.ProtoName(f.Proto)
+	if f.Other {
+		proto = "other"
+	}
+	return fmt.Sprintf("%s %v → %v (replies from %v)", proto, f.OrigSrc, f.OrigDst, f.ReplySrc)
 }
 
 // Table deletes entries: Netlink, or conntracktest.Table.

@@ -19,10 +19,9 @@ import (
 // socket is opened on first use, so a node without ctnetlink fails only
 // then.
 type Netlink struct {
-	ns   string // ip netns name; "": the caller's
-	once sync.Once
-	h    *netlink.Handle
-	err  error
+	ns string // ip netns name; "": the caller's
+	mu sync.Mutex
+	h  *netlink.Handle // nil: not open yet, or the last try failed
 }
 
 var _ Table = (*Netlink)(nil)
@@ -31,21 +30,27 @@ var _ Table = (*Netlink)(nil)
 // knows it; "": the caller's).
 func NewNetlink(ns string) *Netlink { return &Netlink{ns: ns} }
 
+// open opens the socket the first time, and again after a failed try.
 func (n *Netlink) open() (*netlink.Handle, error) {
-	n.once.Do(func() {
-		h := netns.None()
-		if n.ns != "" {
-			if h, n.err = netns.GetFromName(n.ns); n.err != nil {
-				n.err = fmt.Errorf("opening network namespace %s: %w", n.ns, n.err)
-				return
-			}
-			defer h.Close()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.h != nil {
+		return n.h, nil
+	}
+	ns := netns.None()
+	if n.ns != "" {
+		var err error
+		if ns, err = netns.GetFromName(n.ns); err != nil {
+			return nil, fmt.Errorf("opening network namespace %s: %w", n.ns, err)
 		}
-		if n.h, n.err = netlink.NewHandleAt(h, unix.NETLINK_NETFILTER); n.err != nil {
-			n.err = fmt.Errorf("opening ctnetlink socket: %w", n.err)
-		}
-	})
-	return n.h, n.err
+		defer ns.Close()
+	}
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_NETFILTER)
+	if err != nil {
+		return nil, fmt.Errorf("opening ctnetlink socket: %w", err)
+	}
+	n.h = h
+	return h, nil
 }
 
 // Delete implements Table: one dump of family's table, then one delete
@@ -87,6 +92,8 @@ func flowOf(c *netlink.ConntrackFlow) Flow {
 		f.Proto = lb.UDP
 	case unix.IPPROTO_SCTP:
 		f.Proto = lb.SCTP
+	default:
+		f.Other = true
 	}
 	return f
 }

@@ -40,7 +40,7 @@ func TestFlowOf(t *testing.T) {
 		{"SCTP", netlink.ConntrackFlow{Forward: tuple(unix.IPPROTO_SCTP, "10.0.0.2:1", "10.96.0.1:2"), Reverse: tuple(unix.IPPROTO_SCTP, "10.96.0.1:2", "10.0.0.2:1")},
 			Flow{Proto: lb.SCTP, OrigSrc: ap("10.0.0.2:1"), OrigDst: ap("10.96.0.1:2"), ReplySrc: ap("10.96.0.1:2")}, false},
 		{"other protocol", netlink.ConntrackFlow{Forward: tuple(unix.IPPROTO_ICMP, "10.0.0.2:0", "10.96.0.1:0"), Reverse: tuple(unix.IPPROTO_ICMP, "10.96.0.1:0", "10.0.0.2:0")},
-			Flow{OrigSrc: ap("10.0.0.2:0"), OrigDst: ap("10.96.0.1:0"), ReplySrc: ap("10.96.0.1:0")}, false},
+			Flow{Other: true, OrigSrc: ap("10.0.0.2:0"), OrigDst: ap("10.96.0.1:0"), ReplySrc: ap("10.96.0.1:0")}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := flowOf(&tc.in)

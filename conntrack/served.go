@@ -16,29 +16,41 @@ import (
 // DNATs to endpoints), to tell at each sync which ones started being
 // served. Its owner serializes the calls.
 type Served struct {
-	snap   *lb.Snapshot                         // what byName and count are of; nil: nothing yet
-	byName map[lb.ServicePortName][]lb.Frontend // each Service port's served frontends
-	count  map[lb.Frontend]int                  // how many of byName's lists hold each
-	peak   int                                  // the most Service ports byName held since its maps were made
+	snap    *lb.Snapshot                         // what byName and count are of; nil: nothing yet
+	byName  map[lb.ServicePortName][]lb.Frontend // each Service port's served frontends
+	count   map[lb.Frontend]int                  // how many of byName's lists hold each
+	peak    int                                  // the most Service ports byName held since its maps were made
+	recheck bool                                 // the next Fresh visits every Service port
 }
 
 // Fresh records the frontends snap serves, as frontends lists them for one
 // Service port (called with nil for a port snap no longer has), and
 // returns those that were not served at the last call: at the first, all
 // of them. After the first call it visits only the Service ports that
-// changed since. Call it after each successful sync of snap.
+// changed since (every one after Recheck). Call it after each successful
+// sync of snap.
 func (s *Served) Fresh(snap *lb.Snapshot, frontends func(*lb.Balancer) []lb.Frontend) map[lb.Frontend]bool {
 	var names []lb.ServicePortName
-	if s.snap == nil {
+	switch {
+	case s.snap == nil:
 		s.byName, s.count = map[lb.ServicePortName][]lb.Frontend{}, map[lb.Frontend]int{}
 		for _, bal := range snap.Balancers() {
 			names = append(names, bal.Service.Name)
 		}
-	} else {
+	case s.recheck: // what snap has, and what it no longer has
+		for _, bal := range snap.Balancers() {
+			names = append(names, bal.Service.Name)
+		}
+		for name := range s.byName {
+			if snap.Balancer(name) == nil {
+				names = append(names, name)
+			}
+		}
+	default:
 		d := snap.Changed(s.snap)
 		names = slices.Concat(d.Removed, d.Updated, d.Added)
 	}
-	s.snap = snap
+	s.snap, s.recheck = snap, false
 	next := make(map[lb.ServicePortName][]lb.Frontend, len(names))
 	fresh := map[lb.Frontend]bool{}
 	for _, name := range names {
@@ -69,6 +81,16 @@ func (s *Served) Fresh(snap *lb.Snapshot, frontends func(*lb.Balancer) []lb.Fron
 	s.shrink()
 	return fresh
 }
+
+// Recheck makes the next Fresh visit every Service port: what the mode
+// serves changed for reasons of its own, not the snapshot's (a socket the
+// forwarder could open only now).
+func (s *Served) Recheck() { s.recheck = true }
+
+// Reset forgets what was served: the next Fresh finds everything fresh.
+// For when the rules were missing (removed by someone, repaired, cleaned
+// up): packets meanwhile met none.
+func (s *Served) Reset() { *s = Served{} }
 
 // shrink makes byName and count anew once they hold far fewer entries than
 // they once did: a Go map keeps the room of its largest size, and after a
@@ -101,7 +123,7 @@ func (s *Served) shrink() {
 // it is a SYN that went nowhere, whose retransmissions, and a new
 // connection from the same client port for two minutes, would follow it:
 // entries in SYN_SENT only, as an established connection that was never
-// NATed goes on as it is. A frontend whose address is unspecified (a
+// NATed goes on as it is. A UDP frontend whose address is unspecified (a
 // NodePort) stands for every address of its family, as kube-proxy matches
 // NodePort flows by port. One read of the table per family that has fresh
 // frontends; it returns how many entries it deleted.
@@ -121,8 +143,14 @@ func ClearUnNATed(ctx context.Context, t Table, fresh map[lb.Frontend]bool) (int
 			all = netip.IPv6Unspecified()
 		}
 		n, err := t.Delete(ctx, fam, func(f Flow) bool {
-			if f.DstNATed() || f.Proto == lb.TCP && f.TCPState != SynSent {
+			switch {
+			case f.Other || f.DstNATed():
 				return false
+			case f.Proto == lb.TCP:
+				// A SYN to a NodePort not served yet met the node itself
+				// and was refused, which ends its entry: ClusterIPs,
+				// ExternalIPs and LoadBalancer IPs only.
+				return f.TCPState == SynSent && fresh[lb.Frontend{Protocol: f.Proto, Addr: f.OrigDst}]
 			}
 			return fresh[lb.Frontend{Protocol: f.Proto, Addr: f.OrigDst}] ||
 				fresh[lb.Frontend{Protocol: f.Proto, Addr: netip.AddrPortFrom(all, f.OrigDst.Port())}]

@@ -3,6 +3,7 @@ package conntrack_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
@@ -52,12 +53,16 @@ func withEndpoints(snap *lb.Snapshot) func(*lb.Balancer) []lb.Frontend {
 func TestServedFresh(t *testing.T) {
 	s := lb.NewStore(lb.StoreOptions{})
 	var served conntrack.Served
+	hidden := map[lb.Frontend]bool{} // what the mode cannot serve for reasons of its own
 	fresh := func(snap *lb.Snapshot, err error) []lb.Frontend {
 		t.Helper()
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := slices.Collect(maps.Keys(served.Fresh(snap, withEndpoints(snap))))
+		frontends := func(bal *lb.Balancer) []lb.Frontend {
+			return slices.DeleteFunc(withEndpoints(snap)(bal), func(fe lb.Frontend) bool { return hidden[fe] })
+		}
+		got := slices.Collect(maps.Keys(served.Fresh(snap, frontends)))
 		slices.SortFunc(got, func(a, b lb.Frontend) int { return a.Addr.Compare(b.Addr) })
 		return got
 	}
@@ -81,6 +86,18 @@ func TestServedFresh(t *testing.T) {
 		{"b gets them back", func() (*lb.Snapshot, error) { return s.Update([]lb.Service{service("b", 1, "10.96.0.2")}, nil) }, []lb.Frontend{tcp("10.96.0.2:80")}},
 		{"d removed", func() (*lb.Snapshot, error) { return s.Update(nil, []lb.ServicePortName{{Namespace: "ns", Name: "d"}}) }, nil},
 		{"d added again", func() (*lb.Snapshot, error) { return s.Update([]lb.Service{service("d", 1, "10.96.0.3")}, nil) }, []lb.Frontend{tcp("10.96.0.3:80")}},
+		{"the mode stops serving a, recheck", func() (*lb.Snapshot, error) {
+			hidden[tcp("10.96.0.1:80")] = true
+			served.Recheck()
+			return s.Update(nil, nil)
+		}, nil},
+		{"the mode serves a again, no recheck: not seen", func() (*lb.Snapshot, error) {
+			delete(hidden, tcp("10.96.0.1:80"))
+			return s.Update(nil, nil)
+		}, nil},
+		{"recheck", func() (*lb.Snapshot, error) { served.Recheck(); return s.Update(nil, nil) }, []lb.Frontend{tcp("10.96.0.1:80")}},
+		{"reset: everything", func() (*lb.Snapshot, error) { served.Reset(); return s.Update(nil, nil) },
+			[]lb.Frontend{tcp("10.96.0.1:80"), tcp("10.96.0.2:80"), tcp("10.96.0.3:80")}},
 	}
 	for _, st := range steps {
 		if got := fresh(st.snap()); !slices.Equal(got, st.want) {
@@ -106,9 +123,11 @@ func TestClearUnNATed(t *testing.T) {
 		udpWrongIP = unNATed(lb.UDP, "10.96.0.11:53", 0)
 		nodePort   = unNATed(lb.UDP, "192.0.2.7:30053", 0)
 		syn6       = unNATed(lb.TCP, "[fd00::1]:80", conntrack.SynSent)
+		tcpNode    = unNATed(lb.TCP, "192.0.2.7:30080", conntrack.SynSent) // refused by the node: no entry to clear
+		other      = conntrack.Flow{Other: true, OrigDst: ap("10.96.0.1:80"), ReplySrc: ap("10.96.0.1:80"), TCPState: conntrack.SynSent}
 	)
 	ct := &conntracktest.Table{}
-	ct.Add(netfilter.IPv4, syn, open, nated, otherPort, udp, udpWrongIP, nodePort)
+	ct.Add(netfilter.IPv4, syn, open, nated, otherPort, udp, udpWrongIP, nodePort, tcpNode, other)
 	ct.Add(netfilter.IPv6, syn6)
 	fresh := map[lb.Frontend]bool{
 		tcp("10.96.0.1:80"):                             true,
@@ -121,7 +140,7 @@ func TestClearUnNATed(t *testing.T) {
 	if err != nil || n != 3 {
 		t.Errorf("ClearUnNATed = %d, %v; want 3 deleted", n, err)
 	}
-	if got, want := ct.Flows(netfilter.IPv4), []conntrack.Flow{open, nated, otherPort, udpWrongIP}; !slices.Equal(got, want) {
+	if got, want := ct.Flows(netfilter.IPv4), []conntrack.Flow{open, nated, otherPort, udpWrongIP, tcpNode, other}; !slices.Equal(got, want) {
 		t.Errorf("IPv4 left %v, want %v", got, want)
 	}
 	if got := ct.Flows(netfilter.IPv6); len(got) != 1 {
@@ -134,5 +153,38 @@ func TestClearUnNATed(t *testing.T) {
 	ct.FailNext(errors.New("no ctnetlink"))
 	if _, err := conntrack.ClearUnNATed(context.Background(), ct, map[lb.Frontend]bool{tcp("[fd00::1]:80"): true}); err == nil {
 		t.Error("a failed read was not reported")
+	}
+}
+
+// TestServedAfterShrink: after a cluster shrinks far below its peak (the
+// maps are made anew), what is served and what is fresh stay right.
+func TestServedAfterShrink(t *testing.T) {
+	s := lb.NewStore(lb.StoreOptions{})
+	var served conntrack.Served
+	big := []lb.Service{service("a", 1, "10.96.0.1")}
+	for i := range 3000 {
+		big = append(big, service(fmt.Sprintf("s%d", i), 1, netip.AddrFrom4([4]byte{10, 97, byte(i >> 8), byte(i)}).String()))
+	}
+	fresh := func(snap *lb.Snapshot, err error) int {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(served.Fresh(snap, withEndpoints(snap)))
+	}
+	if n := fresh(s.Replace(big)); n != len(big) {
+		t.Fatalf("first: %d fresh, want %d", n, len(big))
+	}
+	if n := fresh(s.Replace(big[:2])); n != 0 {
+		t.Errorf("after shrinking to 2: %d fresh, want 0", n)
+	}
+	if n := fresh(s.Replace(big[:3])); n != 1 {
+		t.Errorf("one Service back: %d fresh, want 1", n)
+	}
+	if n := fresh(s.Replace(big[1:3])); n != 0 {
+		t.Errorf("one removed: %d fresh, want 0", n)
+	}
+	if n := fresh(s.Replace(big[:3])); n != 1 {
+		t.Errorf("a back, after the shrink: %d fresh, want 1", n)
 	}
 }

@@ -306,6 +306,7 @@ func (r *Redirector) nftFull(ctx context.Context, old, want *nftState) error {
 	}
 	if old != nil && len(diffs) > 0 {
 		r.nftRepairs.Add(1)
+		r.served.Reset() // meanwhile packets met no rule: every frontend's entries are suspect
 		r.log.Warn("steering table changed behind svcproxy's back; repaired", zap.Strings("differences", diffs))
 	}
 	return nil

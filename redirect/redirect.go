@@ -137,6 +137,9 @@ type Redirector struct {
 	othersGone bool
 	ct         conntrack.Table
 	served     conntrack.Served
+	// servedPorts are the forwarder ports served was last brought up to
+	// date with.
+	servedPorts Ports
 }
 
 // New validates cfg and chooses the backend: with BackendAuto, nftables
@@ -170,6 +173,7 @@ func New(cfg Config) (*Redirector, error) {
 	r.rec = netfilter.NewReconciler(netfilter.ReconcilerConfig{
 		Tools: cfg.Exec, ChainPrefix: chainPrefix, SetPrefix: setPrefix,
 		Repaired: func(diffs []string) {
+			r.served.Reset() // meanwhile packets met no rule: every frontend's entries are suspect
 			r.log.Warn("rules or sets were changed behind svcproxy's back; repairing",
 				zap.Strings("differences", diffs[:min(len(diffs), 10)]), zap.Int("count", len(diffs)))
 		},
@@ -389,6 +393,7 @@ func (r *Redirector) Cleanup(ctx context.Context) error {
 	r.cur, r.ncur = nil, nil
 	r.steered = nil
 	r.rec.Forget()
+	r.served.Reset()
 	var errs []error
 	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
 		if err := r.nk.Delete(ctx, fam); err != nil && r.kind == BackendNFTables && (fam == netfilter.IPv4 || r.cfg.IPv6) {

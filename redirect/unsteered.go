@@ -2,6 +2,7 @@ package redirect
 
 import (
 	"context"
+	"maps"
 	"net/netip"
 
 	"github.com/svcproxy/svcproxy/lb"
@@ -13,6 +14,12 @@ import (
 // unsteered: see conntrack.ClearUnNATed. Called with r.mu held, after a
 // successful sync of snap.
 func (r *Redirector) clearUnsteered(ctx context.Context, snap *lb.Snapshot, ports Ports) {
+	// What is steered depends on the forwarder's ports too: a UDP frontend
+	// whose socket opens only now is steered from this sync on.
+	if ports.TCP != r.servedPorts.TCP || !maps.Equal(ports.UDP, r.servedPorts.UDP) {
+		r.served.Recheck()
+		r.servedPorts = Ports{TCP: ports.TCP, UDP: maps.Clone(ports.UDP)}
+	}
 	r.served.Clear(ctx, r.ct, snap, func(bal *lb.Balancer) []lb.Frontend {
 		var fes []lb.Frontend
 		r.walkBalancer(snap, bal, ports, func(x target) {

@@ -1,6 +1,7 @@
 package redirect
 
 import (
+	"context"
 	"errors"
 	"net/netip"
 	"slices"
@@ -106,6 +107,34 @@ func TestClearUnsteered(t *testing.T) {
 			}
 			mustApply(t, r, s.Snapshot(), ports, false)
 			left(netfilter.IPv4, webSteered, webOpen, webOtherSyn, dnsFlow)
+		})
+	}
+}
+
+// TestClearUnsteeredWhenSocketOpens: a UDP frontend whose forwarder socket
+// could not be opened is not steered; when it opens at a later sync of the
+// same snapshot, the frontend's unsteered flows are cleared then.
+func TestClearUnsteeredWhenSocketOpens(t *testing.T) {
+	dnsFlow := conntrack.Flow{Proto: lb.UDP, OrigSrc: ap("198.18.0.2:5353"), OrigDst: ap("198.18.10.53:53"), ReplySrc: ap("198.18.10.53:53")}
+	dns := lb.Service{Name: svcName("dns"), Protocol: lb.UDP, Port: 53, Endpoints: eps(1, ""), ClusterIPs: []netip.Addr{ip("198.18.10.53")}}
+	for _, backend := range []Backend{BackendIPTables, BackendNFTables} {
+		t.Run(string(backend), func(t *testing.T) {
+			ct := &conntracktest.Table{}
+			var r *Redirector
+			if backend == BackendNFTables {
+				r, _, _ = newFakeNFTRedirector(t, Config{Conntrack: ct})
+			} else {
+				r, _ = newFakeRedirector(t, Config{Conntrack: ct})
+			}
+			snap := store(t, dns).Snapshot()
+			if err := r.Apply(context.Background(), snap, Ports{TCP: testTCPPort}, true); err == nil {
+				t.Fatal("a UDP frontend without a forwarder socket was not reported")
+			}
+			ct.Add(netfilter.IPv4, dnsFlow)
+			mustApply(t, r, snap, Ports{TCP: testTCPPort, UDP: map[lb.Frontend]uint16{{Protocol: lb.UDP, Addr: ap("198.18.10.53:53")}: 40053}}, false)
+			if left := ct.Flows(netfilter.IPv4); len(left) != 0 {
+				t.Errorf("entries left once the socket opened: %v", left)
+			}
 		})
 	}
 }

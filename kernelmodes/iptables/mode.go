@@ -160,6 +160,7 @@ func New(cfg Config) (*Mode, error) {
 	m.rec = netfilter.NewReconciler(netfilter.ReconcilerConfig{
 		Tools: cfg.Exec, ChainPrefix: chainPrefix, SetPrefix: setPrefix,
 		Repaired: func(diffs []string) {
+			m.served.Reset() // meanwhile packets met no rule: every frontend's entries are suspect
 			m.log.Warn("rules or sets were changed behind svcproxy's back; repairing",
 				zap.Strings("differences", diffs[:min(len(diffs), 10)]), zap.Int("count", len(diffs)))
 		},
@@ -295,6 +296,7 @@ func (m *Mode) Cleanup(ctx context.Context) error {
 	defer m.mu.Unlock()
 	m.cur = nil
 	m.rec.Forget()
+	m.served.Reset()
 	return netfilter.Cleanup(ctx, m.exec, chainPrefix, setPrefix, m.cfg.IPv6)
 }
 

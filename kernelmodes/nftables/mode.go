@@ -412,6 +412,7 @@ func (m *Mode) fullSync(ctx context.Context, snap *lb.Snapshot, prev *state, dee
 	}
 	if repaired {
 		m.repairs.Add(1)
+		m.served.Reset() // meanwhile packets met no rule: every frontend's entries are suspect
 	}
 	if prev != nil {
 		for _, fam := range m.families {
@@ -611,6 +612,7 @@ func (m *Mode) Cleanup(ctx context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.cur = nil
+	m.served.Reset()
 	var errs []error
 	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
 		if err := m.k.Delete(ctx, fam); err != nil {
