@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/svcproxy/svcproxy/conntrack/conntracktest"
 	"github.com/svcproxy/svcproxy/daemon"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
@@ -151,7 +152,7 @@ func TestSteeringFailuresMetrics(t *testing.T) {
 				t.Fatal(err)
 			}
 			rc := redirectConfig(o, zaptest.NewLogger(t))
-			rc.Exec, rc.NFT = ipt, nft
+			rc.Exec, rc.NFT, rc.Conntrack = ipt, nft, &conntracktest.Table{}
 			red, err := redirect.New(rc)
 			if err != nil {
 				t.Fatal(err)

@@ -251,6 +251,9 @@ func (p *podSpec) start(name string) *proctest.Process {
 // waitServing waits until each of addrs answers from the client.
 func (c *cluster) waitServing(t *testing.T, pp *proctest.Process, addrs ...string) {
 	t.Helper()
+	if len(addrs) == 0 {
+		t.Fatal("waitServing: no address to wait for")
+	}
 	// Each address: a first sync binds its frontends one after the other
 	// (local steering), so one answering says nothing of the next.
 	for _, addr := range addrs {
