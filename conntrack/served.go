@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/netip"
 	"slices"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 
@@ -21,6 +22,7 @@ type Served struct {
 	count   map[lb.Frontend]int                  // how many of byName's lists hold each
 	peak    int                                  // the most Service ports byName held since its maps were made
 	recheck bool                                 // the next Fresh visits every Service port
+	cleared atomic.Uint64                        // entries Clear deleted
 }
 
 // Fresh records the frontends snap serves, as frontends lists them for one
@@ -90,7 +92,12 @@ func (s *Served) Recheck() { s.recheck = true }
 // Reset forgets what was served: the next Fresh finds everything fresh.
 // For when the rules were missing (removed by someone, repaired, cleaned
 // up): packets meanwhile met none.
-func (s *Served) Reset() { *s = Served{} }
+func (s *Served) Reset() {
+	s.snap, s.byName, s.count, s.peak, s.recheck = nil, nil, nil, 0, false
+}
+
+// Cleared counts the entries Clear deleted; safe to call at any time.
+func (s *Served) Cleared() uint64 { return s.cleared.Load() }
 
 // shrink makes byName and count anew once they hold far fewer entries than
 // they once did: a Go map keeps the room of its largest size, and after a
@@ -180,6 +187,7 @@ func (s *Served) Clear(ctx context.Context, t Table, snap *lb.Snapshot, frontend
 		return
 	}
 	n, err := ClearUnNATed(ctx, t, fresh)
+	s.cleared.Add(uint64(n))
 	if err != nil {
 		log.Warn("cannot clear conntrack entries of packets sent to Services before they were served; such a flow stays unserved until it ends", zap.Error(err))
 	}

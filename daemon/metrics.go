@@ -153,6 +153,16 @@ func RegisterRepairs(reg prometheus.Registerer, subsystem, help string, repairs 
 	}, func() float64 { return float64(repairs()) }))
 }
 
+// RegisterUnservedCleared exports a mode's count of conntrack entries
+// deleted because their packets reached a Service IP before it was served
+// (conntrack.Served.Clear).
+func RegisterUnservedCleared(reg prometheus.Registerer, cleared func() uint64) {
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: "svcproxy", Subsystem: "conntrack", Name: "unserved_entries_deleted_total",
+		Help: "Conntrack entries deleted because their packets reached a Service IP before it was served (not NATed: UDP, and TCP in SYN_SENT), when it started being served.",
+	}, func() float64 { return float64(cleared()) }))
+}
+
 // Families are the IP families the modes program, as kube-proxy's
 // ip_family label values: IPv4, and IPv6 when the node serves it.
 func Families(ipv6 bool) []string {

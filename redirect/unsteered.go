@@ -8,6 +8,9 @@ import (
 	"github.com/svcproxy/svcproxy/lb"
 )
 
+// UnservedCleared counts the conntrack entries clearUnsteered deleted.
+func (r *Redirector) UnservedCleared() uint64 { return r.served.Cleared() }
+
 // clearUnsteered deletes the conntrack entries of packets that reached a
 // frontend before this sync steered it (at start, when its Service was
 // added, or when it got endpoints), which would keep their flows

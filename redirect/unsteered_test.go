@@ -107,6 +107,9 @@ func TestClearUnsteered(t *testing.T) {
 			}
 			mustApply(t, r, s.Snapshot(), ports, false)
 			left(netfilter.IPv4, webSteered, webOpen, webOtherSyn, dnsFlow)
+			if got := r.UnservedCleared(); got != 5 { // 3 at the first sync, dead's SYN, web's again
+				t.Errorf("UnservedCleared = %d, want 5", got)
+			}
 		})
 	}
 }

@@ -115,6 +115,9 @@ func kernelEntry[M kernelMode](name string, o *options, reg prometheus.Registere
 			daemon.RegisterRestoreFailures(reg, daemon.Families(o.ipv6), m.RestoreFailures)
 		}
 		daemon.RegisterRepairs(reg, name, "Full syncs that found the "+name+" mode's rules tampered with and repaired them.", m.Repairs)
+		if u, ok := any(m).(interface{ UnservedCleared() uint64 }); ok { // not IPVS: its Service IPs are local
+			daemon.RegisterUnservedCleared(reg, u.UnservedCleared)
+		}
 		return m, nil
 	}
 	return e
@@ -215,6 +218,7 @@ func registerLocalSteering(reg prometheus.Registerer, m *userspace.Mode) {
 // kubeproxy_sync_proxy_rules_iptables_restore_failures_total.
 func registerSteering(reg prometheus.Registerer, families []string, red *redirect.Redirector) {
 	daemon.RegisterRepairs(reg, "redirect", "Full syncs that found svcproxy's rules or sets tampered with and repaired them.", red.Repairs)
+	daemon.RegisterUnservedCleared(reg, red.UnservedCleared)
 	if red.Backend() == redirect.BackendNFTables {
 		daemon.RegisterNFTablesSyncFailures(reg, families, red.SyncFailures)
 	} else {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 
 	"os"
 	"os/exec"
@@ -65,6 +66,12 @@ func testUserspaceMode(t *testing.T, steering string) {
 				t.Errorf("nft list tables: %v: %s (want no svcproxy table)", err, out)
 			}
 		})
+	}
+	if steering == "redirect" {
+		samples := proctest.Scrape(t, c.topo.Node.Dial, "http://127.0.0.1:10249/metrics")
+		if !slices.ContainsFunc(samples, func(l string) bool { return strings.HasPrefix(l, "svcproxy_conntrack_unserved_entries_deleted_total ") }) {
+			t.Error("svcproxy_conntrack_unserved_entries_deleted_total is not exported with REDIRECT steering")
+		}
 	}
 	for _, tc := range []struct {
 		name string

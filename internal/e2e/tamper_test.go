@@ -44,14 +44,18 @@ func TestPrivilegedTamperingRepaired(t *testing.T) {
 				t.Fatalf("%v: %v: %s", tc.tamper, err, out)
 			}
 			start := time.Now()
+			failed := 0 // SYNs that met no rule: their conntrack entries are cleared after the repair
 			if _, err := c.get(client, webVIP+":80"); err == nil && !notified {
 				t.Fatal("the ClusterIP still works right after its rules were flushed: the test tampers with nothing")
+			} else if err != nil {
+				failed++
 			}
 			deadline := start.Add(within)
 			for {
 				if _, err := c.get(client, webVIP+":80"); err == nil {
 					break
 				}
+				failed++
 				if time.Now().After(deadline) {
 					t.Fatalf("the ClusterIP still fails %v after tampering (%s, nf_tables notifications %v)", within, period, notified)
 				}
@@ -64,6 +68,13 @@ func TestPrivilegedTamperingRepaired(t *testing.T) {
 			}
 			if n := c.metric(t, tc.metric); n < 1 {
 				t.Errorf("%s = %v, want at least 1", tc.metric, n)
+			}
+			const cleared = "svcproxy_conntrack_unserved_entries_deleted_total"
+			for failed > 0 && c.metric(t, cleared) < 1 && time.Now().Before(waitFor) {
+				time.Sleep(100 * time.Millisecond)
+			}
+			if n := c.metric(t, cleared); failed > 0 && n < 1 {
+				t.Errorf("%s = %v after %d connections met no rule, want at least 1: the repair clears their entries", cleared, n, failed)
 			}
 			if notified {
 				if n := c.metric(t, "svcproxy_rules_changed_by_others_total"); n < 1 {

@@ -286,6 +286,11 @@ func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
 	return err
 }
 
+// UnservedCleared counts the conntrack entries of packets that reached a
+// frontend before it was served that the syncs deleted
+// (conntrack.Served.Clear).
+func (m *Mode) UnservedCleared() uint64 { return m.served.Cleared() }
+
 // Cleanup removes every chain, jump and set this mode installs, found by
 // name (SVCPROXY-DNAT-* chains and every rule jumping to one,
 // svcproxy-dnat-* sets) in both families, also when another process

@@ -44,6 +44,9 @@ func TestPrivilegedUnservedFlows(t *testing.T) {
 				}
 				mustApply(t, m, st.Snapshot(), false)
 			})
+			if got := m.UnservedCleared(); got != 2 {
+				t.Errorf("UnservedCleared = %d, want 2 (the SYN's entry and the datagram's)", got)
+			}
 		})
 	}
 }

@@ -607,6 +607,11 @@ func (m *Mode) clearStaleFlows(ctx context.Context, flows [2][]udpFlow) {
 	}
 }
 
+// UnservedCleared counts the conntrack entries of packets that reached a
+// frontend before it was served that the syncs deleted
+// (conntrack.Served.Clear).
+func (m *Mode) UnservedCleared() uint64 { return m.served.Cleared() }
+
 // Cleanup removes the mode's tables, also when another process wrote them.
 func (m *Mode) Cleanup(ctx context.Context) error {
 	m.mu.Lock()

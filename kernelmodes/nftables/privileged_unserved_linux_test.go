@@ -45,4 +45,7 @@ func TestPrivilegedUnservedFlows(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+	if got := m.UnservedCleared(); got != 2 {
+		t.Errorf("UnservedCleared = %d, want 2 (the SYN's entry and the datagram's)", got)
+	}
 }
