@@ -82,6 +82,29 @@ func newTopology(t testing.TB) topology {
 	return top
 }
 
+// acceptRedirected accepts on each of lns until it is closed, closing each
+// connection, and sends its SO_ORIGINAL_DST on the channel it returns.
+func acceptRedirected(t *testing.T, lns ...net.Listener) <-chan netip.AddrPort {
+	accepted := make(chan netip.AddrPort, 16)
+	for _, ln := range lns {
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				dst, err := originalDst(c.(*net.TCPConn))
+				if err != nil {
+					t.Errorf("SO_ORIGINAL_DST: %v", err)
+				}
+				c.Close()
+				accepted <- dst
+			}
+		}()
+	}
+	return accepted
+}
+
 // originalDst reads SO_ORIGINAL_DST (IP6T_SO_ORIGINAL_DST for netfilter.IPv6) of an
 // accepted, redirected connection.
 func originalDst(c *net.TCPConn) (netip.AddrPort, error) {

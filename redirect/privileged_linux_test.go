@@ -151,23 +151,7 @@ func testTraffic(t *testing.T, backend Backend, variant string) {
 	})
 	t.Cleanup(func() { ln4.Close(); ln6.Close(); udp.Close() })
 	pktinfoServer(t, udp)
-	accepted := make(chan netip.AddrPort, 16)
-	for _, ln := range []net.Listener{ln4, ln6} {
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				dst, err := originalDst(c.(*net.TCPConn))
-				if err != nil {
-					t.Errorf("SO_ORIGINAL_DST: %v", err)
-				}
-				c.Close()
-				accepted <- dst
-			}
-		}()
-	}
+	accepted := acceptRedirected(t, ln4, ln6)
 
 	services := []lb.Service{
 		{Name: svcName("web"), Port: 80, NodePort: 30080, Endpoints: eps(1, ""),

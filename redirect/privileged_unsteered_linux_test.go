@@ -48,21 +48,7 @@ func testUnsteeredFlows(t *testing.T, backend Backend) {
 	})
 	t.Cleanup(func() { ln.Close(); udp.Close() })
 	pktinfoServer(t, udp)
-	accepted := make(chan netip.AddrPort, 4)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			dst, err := originalDst(c.(*net.TCPConn))
-			if err != nil {
-				t.Errorf("SO_ORIGINAL_DST: %v", err)
-			}
-			c.Close()
-			accepted <- dst
-		}
-	}()
+	accepted := acceptRedirected(t, ln)
 
 	r, err := New(Config{Backend: backend, NetNS: top.node, Mark: testMark, Exec: &netfilter.Exec{NetNS: top.node}, Logger: zaptest.NewLogger(t)})
 	if err != nil {
