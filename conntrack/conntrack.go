@@ -4,7 +4,10 @@
 // ClearUnNATed are what the NAT modes (REDIRECT steering, the iptables and
 // nftables modes) do with it: delete the entries of packets that reached a
 // frontend before it was served, which would keep their flows unserved.
-// conntracktest holds the in-memory table.
+// Match and DeleteMatching are the rest: a UDP flow whose endpoint left
+// its frontend, or whose frontend moved to another forwarder port, loses
+// its entry so that its next datagram is served anew. conntracktest holds
+// the in-memory table.
 package conntrack
 
 import (

@@ -462,8 +462,7 @@ func TestSyncFailuresMetrics(t *testing.T) {
 		{"nftables", `kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family="IPv4"}`, RegisterNFTablesSyncFailures,
 			func(t *testing.T) (kernelMode, func()) {
 				f := nftablestest.New()
-				m, err := nftables.New(nftables.Config{Kernel: f, Conntrack: &conntracktest.Table{}, FullSyncPeriod: -1, Logger: zaptest.NewLogger(t),
-					ClearFlows: func(context.Context, netfilter.Family, netfilter.ConntrackFilter) error { return nil }})
+				m, err := nftables.New(nftables.Config{Kernel: f, Conntrack: &conntracktest.Table{}, FullSyncPeriod: -1, Logger: zaptest.NewLogger(t)})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -67,7 +67,8 @@ type Config struct {
 	// tools, in this process's network namespace).
 	Exec netfilter.Executor
 	// Conntrack clears the entries of packets that reached a frontend
-	// before it was served (conntrack.ClearUnNATed). Nil:
+	// before it was served (conntrack.ClearUnNATed), and of UDP flows whose
+	// endpoint left (conntrack.DeleteMatching). Nil:
 	// conntrack.NewNetlink in Exec's network namespace (a *netfilter.Exec's
 	// NetNS; else this process's).
 	Conntrack conntrack.Table

@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -298,9 +297,6 @@ func testTraffic(t *testing.T, variant string) {
 	})
 
 	t.Run("a UDP flow moves off a removed endpoint", func(t *testing.T) {
-		if _, err := exec.LookPath("conntrack"); err != nil {
-			t.Skipf("needs the conntrack tool (apt-get install conntrack): %v", err)
-		}
 		c, err := client.Dial(ctx, "udp4", "198.19.0.53:53")
 		if err != nil {
 			t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/svcproxy/svcproxy/conntrack"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 )
@@ -122,10 +123,11 @@ func (m *Mode) ruleset(st *state) *netfilter.Ruleset {
 // going to the removed endpoint until the entry times out, where the
 // userspace mode would pick a live endpoint for the next datagram. (TCP
 // connections to a removed endpoint are left to end, as kube-proxy does.)
-// Failures are logged, not returned: the rules are right either way.
+// One read of the table per family with such flows. Failures are logged,
+// not returned: the rules are right either way.
 func (m *Mode) clearStaleFlows(ctx context.Context, changes []change) {
 	for _, fam := range m.families {
-		seen := map[netfilter.ConntrackFilter]bool{}
+		var stale []conntrack.Match
 		for _, c := range changes {
 			if c.old == nil {
 				continue
@@ -135,18 +137,13 @@ func (m *Mode) clearStaleFlows(ctx context.Context, changes []change) {
 				now = c.new.rules[fam].udpFlows
 			}
 			for _, f := range c.old.rules[fam].udpFlows {
-				if slices.Contains(now, f) {
-					continue
-				}
-				filter := netfilter.ConntrackFilter{Proto: lb.UDP, OrigDst: f.front.Addr(), OrigDstPort: f.front.Port(), ReplySrc: f.ep}
-				if seen[filter] {
-					continue
-				}
-				seen[filter] = true
-				if err := m.exec.ConntrackDelete(ctx, fam, filter); err != nil {
-					m.log.Warn("clearing conntrack entries of a removed UDP endpoint", zap.Stringer("flows", filter), zap.Error(err))
+				if !slices.Contains(now, f) {
+					stale = append(stale, conntrack.Match{Proto: lb.UDP, OrigDst: f.front, ReplySrc: f.ep})
 				}
 			}
+		}
+		if _, err := conntrack.DeleteMatching(ctx, m.cfg.Conntrack, fam, stale); err != nil {
+			m.log.Warn("clearing conntrack entries of removed UDP endpoints", zap.Int("flows", len(stale)), zap.Error(err))
 		}
 	}
 }

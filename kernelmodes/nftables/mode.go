@@ -60,11 +60,9 @@ type Config struct {
 	NetNS string
 	// Kernel reads and writes the tables. Nil: netlink in NetNS.
 	Kernel Kernel
-	// ClearFlows deletes conntrack entries (UDP flows DNATed to an endpoint
-	// that left). Nil: the conntrack tool.
-	ClearFlows func(ctx context.Context, fam netfilter.Family, f netfilter.ConntrackFilter) error
 	// Conntrack clears the entries of packets that reached a frontend
-	// before it was served (conntrack.ClearUnNATed). Nil:
+	// before it was served (conntrack.ClearUnNATed), and of UDP flows DNATed
+	// to an endpoint that left (conntrack.DeleteMatching). Nil:
 	// conntrack.NewNetlink(NetNS).
 	Conntrack conntrack.Table
 	// Logger; nil: no logging.
@@ -174,10 +172,6 @@ func New(cfg Config) (*Mode, error) {
 	m := &Mode{cfg: cfg, k: cfg.Kernel, log: cfg.Logger.Named("nftables"), families: []netfilter.Family{netfilter.IPv4}, now: time.Now}
 	if m.k == nil {
 		m.k = NetlinkKernel(cfg.NetNS)
-	}
-	if cfg.ClearFlows == nil {
-		exec := netfilter.NewExec(cfg.NetNS)
-		m.cfg.ClearFlows = exec.ConntrackDelete
 	}
 	if cfg.Conntrack == nil {
 		m.cfg.Conntrack = conntrack.NewNetlink(cfg.NetNS)
@@ -590,19 +584,16 @@ func (m *Mode) clearAffinity(ctx context.Context, fam netfilter.Family, prev, ne
 }
 
 // clearStaleFlows deletes the conntrack entries of UDP flows whose
-// endpoint left their frontend, so their next datagram picks a live one.
+// endpoint left their frontend, so their next datagram picks a live one:
+// one read of the table per family with such flows.
 func (m *Mode) clearStaleFlows(ctx context.Context, flows [2][]udpFlow) {
 	for _, fam := range m.families {
-		seen := map[netfilter.ConntrackFilter]bool{}
+		stale := make([]conntrack.Match, 0, len(flows[fam]))
 		for _, f := range flows[fam] {
-			filter := netfilter.ConntrackFilter{Proto: lb.UDP, OrigDst: f.front.Addr(), OrigDstPort: f.front.Port(), ReplySrc: f.ep}
-			if seen[filter] {
-				continue
-			}
-			seen[filter] = true
-			if err := m.cfg.ClearFlows(ctx, fam, filter); err != nil {
-				m.log.Warn("clearing conntrack entries of a removed UDP endpoint", zap.Stringer("flows", filter), zap.Error(err))
-			}
+			stale = append(stale, conntrack.Match{Proto: lb.UDP, OrigDst: f.front, ReplySrc: f.ep})
+		}
+		if _, err := conntrack.DeleteMatching(ctx, m.cfg.Conntrack, fam, stale); err != nil {
+			m.log.Warn("clearing conntrack entries of removed UDP endpoints", zap.Int("flows", len(stale)), zap.Error(err))
 		}
 	}
 }

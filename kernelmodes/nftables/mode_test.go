@@ -7,12 +7,12 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/svcproxy/svcproxy/conntrack"
 	"github.com/svcproxy/svcproxy/conntrack/conntracktest"
 	"github.com/svcproxy/svcproxy/internal/kerneltest"
 	"github.com/svcproxy/svcproxy/kernelmodes/nftables"
@@ -78,9 +78,6 @@ func newMode(t testing.TB, cfg nftables.Config) (*nftables.Mode, *nftablestest.F
 	fake := nftablestest.New()
 	cfg.Kernel = fake
 	cfg.Logger = zaptest.NewLogger(t)
-	if cfg.ClearFlows == nil {
-		cfg.ClearFlows = func(context.Context, netfilter.Family, netfilter.ConntrackFilter) error { return nil }
-	}
 	if cfg.Conntrack == nil {
 		cfg.Conntrack = &conntracktest.Table{}
 	}
@@ -194,14 +191,14 @@ func TestMasqueradeAll(t *testing.T) {
 // one Update per family; no change writes nothing; adding a Service adds
 // its elements alone; a removed UDP endpoint's flows are cleared.
 func TestIncremental(t *testing.T) {
-	var mu sync.Mutex
-	var cleared []string
-	m, fake, st := newMode(t, nftables.Config{ClearFlows: func(_ context.Context, _ netfilter.Family, f netfilter.ConntrackFilter) error {
-		mu.Lock()
-		defer mu.Unlock()
-		cleared = append(cleared, f.String())
-		return nil
-	}})
+	ct := &conntracktest.Table{}
+	flows := []conntrack.Flow{
+		{Proto: lb.UDP, OrigSrc: ap("10.244.9.9:5353"), OrigDst: ap("10.96.0.53:53"), ReplySrc: ap("10.244.1.53:8080")},
+		{Proto: lb.UDP, OrigSrc: ap("10.244.9.9:5354"), OrigDst: ap("10.96.0.53:53"), ReplySrc: ap("10.244.1.54:8080")},
+		{Proto: lb.TCP, OrigSrc: ap("10.244.9.9:5355"), OrigDst: ap("10.96.0.53:53"), ReplySrc: ap("10.244.1.54:8080")},
+	}
+	ct.Add(netfilter.IPv4, flows...)
+	m, fake, st := newMode(t, nftables.Config{Conntrack: ct})
 	ctx := context.Background()
 	svcs := cluster()
 	if err := m.Apply(ctx, snapshot(t, st, svcs), true); err != nil {
@@ -228,11 +225,9 @@ func TestIncremental(t *testing.T) {
 	if v := fake.Trace(netfilter.IPv4, nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.53:53"), Proto: lb.UDP}); v.String() != (nftablestest.Verdict{DNAT: []nftablestest.Share{share("10.244.1.53:8080", 1, 1)}}).String() {
 		t.Errorf("after the change: %v", v)
 	}
-	mu.Lock()
-	if len(cleared) != 1 || !strings.Contains(cleared[0], "10.244.1.54") {
-		t.Errorf("conntrack cleared %q, want the removed endpoint's flows", cleared)
+	if got, want := ct.Flows(netfilter.IPv4), []conntrack.Flow{flows[0], flows[2]}; !slices.Equal(got, want) {
+		t.Errorf("conntrack entries left %v, want all but the UDP flow to the removed endpoint: %v", got, want)
 	}
-	mu.Unlock()
 
 	fake.ResetCalls()
 	svcs = append(svcs, lb.Service{Name: name("new"), Port: 8080, ClusterIPs: []netip.Addr{ip("10.96.1.1")}, Endpoints: eps(nodeName, "10.244.1.99")})
