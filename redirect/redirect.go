@@ -95,7 +95,8 @@ type Config struct {
 	// steertable.Netlink(NetNS).
 	NFT steertable.Kernel
 	// Conntrack clears the entries of packets that reached a frontend
-	// before it was steered (see clearUnsteered). Nil:
+	// before it was steered (see clearUnsteered), and of UDP frontends
+	// steered elsewhere since (forgetMoved). Nil:
 	// conntrack.NewNetlink(NetNS).
 	Conntrack conntrack.Table
 	// Logger; nil: no logging.
@@ -488,18 +489,19 @@ func parseSteered(fam netfilter.Family, save []byte) map[lb.Frontend]uint16 {
 // redirected to the port they were (moved or removed): conntrack would
 // keep sending those flows' datagrams to a port that is closed now, or
 // that another frontend's socket reuses. kube-proxy clears UDP entries for
-// the same reason. Called with r.mu held, after a successful sync.
+// the same reason. One read of the table per family with such frontends.
+// Called with r.mu held, after a successful sync.
 func (r *Redirector) forgetMoved(ctx context.Context, now map[lb.Frontend]uint16) {
+	var moved [2][]conntrack.Match
 	for fe, to := range r.steered {
-		if now[fe] == to {
-			continue
+		if now[fe] != to {
+			fam := familyOf(fe.Addr.Addr())
+			moved[fam] = append(moved[fam], conntrack.Match{Proto: lb.UDP, OrigDst: fe.Addr})
 		}
-		filter := netfilter.ConntrackFilter{Proto: lb.UDP, OrigDstPort: fe.Addr.Port()}
-		if !fe.Addr.Addr().IsUnspecified() {
-			filter.OrigDst = fe.Addr.Addr()
-		}
-		if err := r.exec.ConntrackDelete(ctx, familyOf(fe.Addr.Addr()), filter); err != nil {
-			r.log.Warn("clearing conntrack entries of a moved UDP frontend", zap.Stringer("flows", filter), zap.Error(err))
+	}
+	for fam, ms := range moved {
+		if _, err := conntrack.DeleteMatching(ctx, r.ct, netfilter.Family(fam), ms); err != nil {
+			r.log.Warn("clearing conntrack entries of moved UDP frontends", zap.Int("frontends", len(ms)), zap.Error(err))
 		}
 	}
 	r.steered = maps.Clone(now)

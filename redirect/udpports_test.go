@@ -7,19 +7,38 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/svcproxy/svcproxy/conntrack"
+	"github.com/svcproxy/svcproxy/conntrack/conntracktest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
-	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 	"github.com/svcproxy/svcproxy/redirect/steertable/steertabletest"
 )
 
-// conntrackDeletes are the conntrack deletions f received, as
-// "family: filter", sorted.
-func conntrackDeletes(f *netfiltertest.Fake) []string {
+// steeredFlows puts into a new table one redirected UDP flow to each
+// frontend TestUDPPortsStable steers (a NodePort's at one node address).
+func steeredFlows() (*conntracktest.Table, []conntrack.Flow) {
+	flows := []conntrack.Flow{
+		{Proto: lb.UDP, OrigSrc: ap("10.244.0.9:5000"), OrigDst: ap("10.96.0.53:53"), ReplySrc: ap("10.244.0.1:40053")},
+		{Proto: lb.UDP, OrigSrc: ap("10.244.0.9:5001"), OrigDst: ap("192.0.2.10:30053"), ReplySrc: ap("192.0.2.10:40054")},
+		{Proto: lb.UDP, OrigSrc: ap("[fd00:244::9]:5002"), OrigDst: ap("[2001:db8::10]:30053"), ReplySrc: ap("[2001:db8::10]:40055")},
+		{Proto: lb.UDP, OrigSrc: ap("10.244.0.9:5003"), OrigDst: ap("10.96.0.13:53"), ReplySrc: ap("10.244.0.1:40056")},
+	}
+	ct := &conntracktest.Table{}
+	for _, f := range flows {
+		ct.Add(familyOf(f.OrigDst.Addr()), f)
+	}
+	return ct, flows
+}
+
+// deletedFlows lists where the flows ct no longer holds were sent, sorted,
+// and puts them back.
+func deletedFlows(ct *conntracktest.Table, flows []conntrack.Flow) []string {
 	var out []string
-	for _, c := range f.Calls() {
-		if c.Op == "conntrack-delete" {
-			out = append(out, c.Family.String()+": "+string(c.Data))
+	for _, f := range flows {
+		fam := familyOf(f.OrigDst.Addr())
+		if !slices.Contains(ct.Flows(fam), f) {
+			out = append(out, f.OrigDst.String())
+			ct.Add(fam, f)
 		}
 	}
 	slices.Sort(out)
@@ -28,15 +47,16 @@ func conntrackDeletes(f *netfiltertest.Fake) []string {
 
 // TestUDPPortsStable: the ports UDP frontends are redirected to survive a
 // restart (a new Redirector reads them back), and a frontend that moves or
-// goes loses its conntrack entries, which would otherwise keep sending its
-// flows to the old port.
+// goes loses its conntrack entries (a NodePort's at every node address),
+// which would otherwise keep sending its flows to the old port.
 func TestUDPPortsStable(t *testing.T) {
 	ctx := context.Background()
-	r, f := newFakeRedirector(t, Config{IPv6: true})
+	ct, flows := steeredFlows()
+	r, _ := newFakeRedirector(t, Config{IPv6: true, Conntrack: ct})
 	snap := store(t, testServices()...).Snapshot()
 	ports := testPorts()
 	mustApply(t, r, snap, ports, true)
-	if got := conntrackDeletes(f); len(got) != 0 {
+	if got := deletedFlows(ct, flows); len(got) != 0 {
 		t.Errorf("first Apply on a clean node deleted conntrack entries: %v", got)
 	}
 
@@ -67,29 +87,29 @@ func TestUDPPortsStable(t *testing.T) {
 		{"a ClusterIP frontend moves", func(p Ports, s []lb.Service) (Ports, []lb.Service) {
 			p.UDP[lb.Frontend{Protocol: lb.UDP, Addr: ap("10.96.0.53:53")}] = 40060
 			return p, s
-		}, []string{"IPv4: udp dst 10.96.0.53 dport 53"}},
+		}, []string{"10.96.0.53:53"}},
 		{"an IPv6 NodePort moves", func(p Ports, s []lb.Service) (Ports, []lb.Service) {
 			p.UDP[lb.Frontend{Protocol: lb.UDP, Addr: ap("[::]:30053")}] = 40061
 			return p, s
-		}, []string{"IPv6: udp dport 30053"}},
+		}, []string{"[2001:db8::10]:30053"}},
 		{"a Service goes", func(p Ports, s []lb.Service) (Ports, []lb.Service) {
 			return p, slices.DeleteFunc(s, func(s lb.Service) bool { return s.Name == svcName("dns") })
-		}, []string{"IPv4: udp dport 30053", "IPv4: udp dst 10.96.0.53 dport 53", "IPv6: udp dport 30053"}},
+		}, []string{"10.96.0.53:53", "192.0.2.10:30053", "[2001:db8::10]:30053"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r, f := newFakeRedirector(t, Config{IPv6: true})
+			ct, flows := steeredFlows()
+			r, f := newFakeRedirector(t, Config{IPv6: true, Conntrack: ct})
 			mustApply(t, r, snap, testPorts(), true)
-			f.ResetCalls()
+			deletedFlows(ct, flows)
 			p, s := tc.change(testPorts(), testServices())
 			mustApply(t, r, store(t, s...).Snapshot(), p, false)
-			if got := conntrackDeletes(f); !slices.Equal(got, tc.deletes) {
-				t.Errorf("conntrack deletions %q, want %q", got, tc.deletes)
+			if got := deletedFlows(ct, flows); !slices.Equal(got, tc.deletes) {
+				t.Errorf("conntrack entries deleted: to %q, want to %q", got, tc.deletes)
 			}
 
 			// A restart: the new process reads the ports back, and its
 			// first Apply clears only what it moves.
-			f.ResetCalls()
-			r2, err := New(Config{Backend: BackendIPTables, NFT: steertabletest.NewFake(), Mark: testMark, IPv6: true, Exec: f})
+			r2, err := New(Config{Backend: BackendIPTables, NFT: steertabletest.NewFake(), Mark: testMark, IPv6: true, Exec: f, Conntrack: ct})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -102,8 +122,8 @@ func TestUDPPortsStable(t *testing.T) {
 			moved := maps.Clone(p.UDP)
 			moved[lb.Frontend{Protocol: lb.UDP, Addr: ap("10.96.0.13:53")}] = 40099
 			mustApply(t, r2, store(t, s...).Snapshot(), Ports{TCP: p.TCP, UDP: moved}, true)
-			if got, want := conntrackDeletes(f), []string{"IPv4: udp dst 10.96.0.13 dport 53"}; !slices.Equal(got, want) {
-				t.Errorf("after the restart, conntrack deletions %q, want %q", got, want)
+			if got, want := deletedFlows(ct, flows), []string{"10.96.0.13:53"}; !slices.Equal(got, want) {
+				t.Errorf("after the restart, conntrack entries deleted: to %q, want to %q", got, want)
 			}
 		})
 	}
