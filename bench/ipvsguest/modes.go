@@ -10,7 +10,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/vishvananda/netns"
 	"go.uber.org/zap"
 
 	"github.com/svcproxy/svcproxy/bench/internal/vmwire"
@@ -67,7 +66,7 @@ func (k *kernelTools) newProxy(ctx context.Context, mode string) (proxy, []strin
 			IPVS:      timedIPVS{k.ipvs, &k.calls},
 			Links:     timedLinks{k.links, &k.calls},
 			Rules:     timedRules{legacy, &k.calls},
-			Conntrack: ipvs.NewConntrack(netns.None()),
+			Conntrack: ipvs.NewConntrack(""),
 			Logger:    k.log,
 		})
 		return m, []string{"scheduler rr, ClusterIP not masqueraded (svcproxy's defaults)"}, err

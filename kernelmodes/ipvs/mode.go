@@ -218,7 +218,7 @@ func (m *Mode) kernel() error {
 		m.links = l
 	}
 	if m.conntrack == nil {
-		m.conntrack = NewConntrack(netns.None())
+		m.conntrack = NewConntrack("")
 	}
 	if m.ipvs == nil {
 		h, err := NewIPVS()

@@ -1,17 +1,12 @@
 package ipvs
 
 import (
-	"context"
 	"fmt"
-	"net/netip"
 	"os/exec"
 	"strings"
-	"sync"
-	"syscall"
 
 	"github.com/moby/ipvs"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -59,50 +54,4 @@ func NewIPVS() (*ipvs.Handle, error) {
 		return nil, fmt.Errorf("opening IPVS netlink socket: %w", err)
 	}
 	return h, nil
-}
-
-// NetlinkConntrack is the real Conntrack, over ctnetlink. The socket is
-// opened on first use, so a node without ctnetlink fails only then.
-type NetlinkConntrack struct {
-	ns   netns.NsHandle
-	once sync.Once
-	h    *netlink.Handle
-	err  error
-}
-
-var _ Conntrack = (*NetlinkConntrack)(nil)
-
-// NewConntrack returns the real Conntrack for network namespace ns
-// (netns.None(): the caller's).
-func NewConntrack(ns netns.NsHandle) *NetlinkConntrack { return &NetlinkConntrack{ns: ns} }
-
-// ClearUDP implements Conntrack. It is `conntrack -D -p udp --orig-dst vip
-// --orig-port-dst port --reply-src backend-ip --reply-port-src backend-port`.
-func (c *NetlinkConntrack) ClearUDP(ctx context.Context, vip netip.Addr, port uint16, backend netip.AddrPort) error {
-	c.once.Do(func() {
-		c.h, c.err = netlink.NewHandleAt(c.ns, unix.NETLINK_NETFILTER)
-	})
-	if c.err != nil {
-		return fmt.Errorf("opening ctnetlink socket: %w", c.err)
-	}
-	fam := netlink.InetFamily(unix.AF_INET)
-	if vip.Is6() {
-		fam = unix.AF_INET6
-	}
-	_, err := c.h.ConntrackDeleteFilters(netlink.ConntrackTable, fam, udpFlow{vip, port, backend})
-	return err
-}
-
-type udpFlow struct {
-	vip     netip.Addr
-	port    uint16
-	backend netip.AddrPort
-}
-
-func (f udpFlow) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
-	dst, _ := netip.AddrFromSlice(flow.Forward.DstIP)
-	src, _ := netip.AddrFromSlice(flow.Reverse.SrcIP)
-	return flow.Forward.Protocol == syscall.IPPROTO_UDP &&
-		dst.Unmap() == f.vip && flow.Forward.DstPort == f.port &&
-		src.Unmap() == f.backend.Addr() && flow.Reverse.SrcPort == f.backend.Port()
 }

@@ -3,13 +3,9 @@
 package ipvs
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"runtime"
-
-	"github.com/vishvananda/netns"
 )
 
 // unsupported says what needs Linux.
@@ -22,13 +18,3 @@ func Available() error { return fmt.Errorf("%w: %w", ErrUnavailable, unsupported
 
 // NewIPVS fails: there is no IPVS netlink family here.
 func NewIPVS() (IPVS, error) { return nil, unsupported("opening IPVS netlink socket") }
-
-// NewConntrack returns a Conntrack whose every call fails: there is no
-// ctnetlink here. Mode never reaches it, as NewLinks fails first.
-func NewConntrack(netns.NsHandle) Conntrack { return noConntrack{} }
-
-type noConntrack struct{}
-
-func (noConntrack) ClearUDP(context.Context, netip.Addr, uint16, netip.AddrPort) error {
-	return unsupported("opening ctnetlink socket")
-}

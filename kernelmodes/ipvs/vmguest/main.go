@@ -109,7 +109,7 @@ func run(r *vmtest.Reporter) error {
 		IPVS:      counted,
 		Links:     links,
 		Rules:     rules,
-		Conntrack: ipvs.NewConntrack(netns.None()),
+		Conntrack: ipvs.NewConntrack(""),
 		Logger:    log,
 	})
 	if err != nil {
@@ -257,7 +257,7 @@ func (g *guest) schedulers(ctx context.Context) {
 	}
 	for _, sched := range ipvs.Schedulers {
 		name := "scheduler " + sched
-		m, err := ipvs.New(ipvs.Config{Scheduler: sched, IPVS: g.ipvs, Links: links, Rules: rules, Conntrack: ipvs.NewConntrack(netns.None())})
+		m, err := ipvs.New(ipvs.Config{Scheduler: sched, IPVS: g.ipvs, Links: links, Rules: rules, Conntrack: ipvs.NewConntrack("")})
 		if err != nil {
 			g.r.Fail(name, "%v", err)
 			continue
