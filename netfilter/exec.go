@@ -6,14 +6,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
 
-	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter/internal/model"
 )
 
@@ -63,48 +61,6 @@ type Executor interface {
 	// IPSetDestroy destroys the named set: ErrNoSet when it does not exist,
 	// ErrSetInUse when a rule still references it.
 	IPSetDestroy(ctx context.Context, name string) error
-	// ConntrackDelete deletes the conntrack entries of family that match
-	// filter (`conntrack -D`). None matching is not an error.
-	ConntrackDelete(ctx context.Context, family Family, filter ConntrackFilter) error
-}
-
-// ConntrackFilter selects conntrack entries. Zero fields match anything,
-// but Proto is always matched.
-type ConntrackFilter struct {
-	Proto       lb.Protocol
-	OrigDst     netip.Addr     // the destination the client sent to (a Service IP); invalid: any
-	OrigDstPort uint16         // its port; 0: any
-	ReplySrc    netip.AddrPort // where replies come from: the endpoint the flow was DNATed to; invalid: any
-}
-
-func (c ConntrackFilter) String() string {
-	var b strings.Builder
-	b.WriteString(ProtoName(c.Proto))
-	if c.OrigDst.IsValid() {
-		b.WriteString(" dst " + c.OrigDst.String())
-	}
-	if c.OrigDstPort != 0 {
-		b.WriteString(" dport " + strconv.Itoa(int(c.OrigDstPort)))
-	}
-	if c.ReplySrc.IsValid() {
-		b.WriteString(" reply-src " + c.ReplySrc.String())
-	}
-	return b.String()
-}
-
-// args are c as conntrack options.
-func (c ConntrackFilter) args() []string {
-	args := []string{"-p", ProtoName(c.Proto)}
-	if c.OrigDst.IsValid() {
-		args = append(args, "--orig-dst", c.OrigDst.String())
-	}
-	if c.OrigDstPort != 0 {
-		args = append(args, "--orig-port-dst", strconv.Itoa(int(c.OrigDstPort)))
-	}
-	if c.ReplySrc.IsValid() {
-		args = append(args, "--reply-src", c.ReplySrc.Addr().String(), "--reply-port-src", strconv.Itoa(int(c.ReplySrc.Port())))
-	}
-	return args
 }
 
 // Exec runs the real tools with exec.CommandContext. The zero value runs the
@@ -310,20 +266,6 @@ func (e *Exec) IPSetNames(ctx context.Context) ([]string, error) {
 func (e *Exec) IPSetDestroy(ctx context.Context, name string) error {
 	_, err := e.run(ctx, nil, "ipset", "destroy", name)
 	return classifyIPSet(err)
-}
-
-// ConntrackDelete implements Executor.
-func (e *Exec) ConntrackDelete(ctx context.Context, family Family, filter ConntrackFilter) error {
-	fam := "ipv4"
-	if family == IPv6 {
-		fam = "ipv6"
-	}
-	_, err := e.run(ctx, nil, "conntrack", append([]string{"-D", "-f", fam}, filter.args()...)...)
-	var te *toolError
-	if errors.As(err, &te) && strings.Contains(te.stderr, "0 flow entries have been deleted") {
-		return nil // conntrack exits 1 when nothing matched
-	}
-	return err
 }
 
 // classifyIPSet wraps the sentinel errors ipset's messages stand for.

@@ -30,7 +30,7 @@ type Fake struct {
 
 // Call is one Executor call the Fake received.
 type Call struct {
-	Op     string           // "iptables-restore", "iptables-save", "iptables-version", "ipset-restore", "ipset-list", "ipset-names", "ipset-save", "ipset-destroy", "conntrack-delete"
+	Op     string           // "iptables-restore", "iptables-save", "iptables-version", "ipset-restore", "ipset-list", "ipset-names", "ipset-save", "ipset-destroy"
 	Family netfilter.Family // iptables calls
 	Data   string           // restore input, or the table or set name
 }
@@ -199,14 +199,6 @@ func (f *Fake) IPSetDestroy(ctx context.Context, name string) error {
 		return err
 	}
 	return f.k.IPSetDestroy(name)
-}
-
-// ConntrackDelete implements netfilter.Executor. The Fake keeps no
-// connections: it records the call (Op "conntrack-delete", Data the filter).
-func (f *Fake) ConntrackDelete(ctx context.Context, family netfilter.Family, filter netfilter.ConntrackFilter) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.record(Call{Op: "conntrack-delete", Family: family, Data: filter.String()})
 }
 
 // Dump renders everything the Fake holds, as iptables-save (IPv4 then IPv6,
