@@ -14,6 +14,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"sync/atomic"
 
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
@@ -58,3 +59,23 @@ type Table interface {
 	// many it deleted. An entry that vanished meanwhile is not an error.
 	Delete(ctx context.Context, family netfilter.Family, match func(Flow) bool) (int, error)
 }
+
+// Counting is a Table that counts, per family, the entries its Table
+// deleted: what a mode exports as kube-proxy's
+// kubeproxy_conntrack_reconciler_deleted_entries_total. Safe for
+// concurrent use if its Table is.
+type Counting struct {
+	Table
+	deleted [2]atomic.Uint64
+}
+
+// Delete implements Table.
+func (c *Counting) Delete(ctx context.Context, family netfilter.Family, match func(Flow) bool) (int, error) {
+	n, err := c.Table.Delete(ctx, family, match)
+	c.deleted[family].Add(uint64(n))
+	return n, err
+}
+
+// Deleted counts the entries of family deleted so far; safe to call at any
+// time.
+func (c *Counting) Deleted(family netfilter.Family) uint64 { return c.deleted[family].Load() }

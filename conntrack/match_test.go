@@ -100,3 +100,27 @@ func TestDeleteMatching(t *testing.T) {
 		t.Errorf("a failing table: %v, want %v", err, boom)
 	}
 }
+
+// TestCounting: what the Table deleted is counted in its family, and a
+// failed Delete counts only what it deleted.
+func TestCounting(t *testing.T) {
+	ctx := context.Background()
+	var tbl conntracktest.Table
+	tbl.Add(netfilter.IPv4, conntrack.Flow{Proto: lb.UDP, OrigDst: ap("10.96.0.53:53")}, conntrack.Flow{Proto: lb.UDP, OrigDst: ap("10.96.0.54:53")})
+	tbl.Add(netfilter.IPv6, conntrack.Flow{Proto: lb.UDP, OrigDst: ap("[fd00::53]:53")})
+	c := &conntrack.Counting{Table: &tbl}
+	all := func(conntrack.Flow) bool { return true }
+	if n, err := c.Delete(ctx, netfilter.IPv4, all); n != 2 || err != nil {
+		t.Fatalf("Delete = %d, %v", n, err)
+	}
+	tbl.FailNext(errors.New("boom"))
+	if _, err := c.Delete(ctx, netfilter.IPv6, all); err == nil {
+		t.Fatal("the failure did not come back")
+	}
+	if got := [2]uint64{c.Deleted(netfilter.IPv4), c.Deleted(netfilter.IPv6)}; got != [2]uint64{2, 0} {
+		t.Errorf("Deleted = %v, want [2 0]", got)
+	}
+	if n, _ := c.Delete(ctx, netfilter.IPv6, all); n != 1 || c.Deleted(netfilter.IPv6) != 1 {
+		t.Errorf("IPv6: deleted %d, counted %d; want 1, 1", n, c.Deleted(netfilter.IPv6))
+	}
+}

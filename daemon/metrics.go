@@ -163,6 +163,17 @@ func RegisterUnservedCleared(reg prometheus.Registerer, cleared func() uint64) {
 	}, func() float64 { return float64(cleared()) }))
 }
 
+// RegisterConntrackDeleted exports the conntrack entries a mode deleted,
+// per family, as kube-proxy's
+// kubeproxy_conntrack_reconciler_deleted_entries_total: kube-proxy counts
+// the UDP entries its reconciler deletes (not DNATed to a serving
+// endpoint); svcproxy's modes count those (a removed endpoint's flows,
+// flows that reached a frontend before it was served) and the TCP ones in
+// SYN_SENT that met no rule, and REDIRECT steering a moved UDP frontend's.
+func RegisterConntrackDeleted(reg prometheus.Registerer, families []string, deleted func(netfilter.Family) uint64) {
+	registerFamilyCounter(reg, "conntrack_reconciler_deleted_entries_total", "Cumulative conntrack flows deleted by conntrack reconciler", families, deleted)
+}
+
 // Families are the IP families the modes program, as kube-proxy's
 // ip_family label values: IPv4, and IPv6 when the node serves it.
 func Families(ipv6 bool) []string {

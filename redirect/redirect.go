@@ -136,7 +136,7 @@ type Redirector struct {
 	ncur *nftState
 	// othersGone: the other backend's leftovers were removed.
 	othersGone bool
-	ct         conntrack.Table
+	ct         *conntrack.Counting // cfg.Conntrack, counted
 	served     conntrack.Served
 	// servedPorts are the forwarder ports served was last brought up to
 	// date with.
@@ -167,7 +167,7 @@ func New(cfg Config) (*Redirector, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	r := &Redirector{cfg: cfg, exec: cfg.Exec, nk: cfg.NFT, ct: cfg.Conntrack, log: cfg.Logger.Named("redirect"), families: []netfilter.Family{netfilter.IPv4}}
+	r := &Redirector{cfg: cfg, exec: cfg.Exec, nk: cfg.NFT, ct: &conntrack.Counting{Table: cfg.Conntrack}, log: cfg.Logger.Named("redirect"), families: []netfilter.Family{netfilter.IPv4}}
 	if cfg.IPv6 {
 		r.families = append(r.families, netfilter.IPv6)
 	}

@@ -6,10 +6,16 @@ import (
 	"net/netip"
 
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 )
 
 // UnservedCleared counts the conntrack entries clearUnsteered deleted.
 func (r *Redirector) UnservedCleared() uint64 { return r.served.Cleared() }
+
+// ConntrackDeleted counts the conntrack entries of family the syncs
+// deleted: those UnservedCleared counts, and those of UDP frontends
+// steered elsewhere (forgetMoved).
+func (r *Redirector) ConntrackDeleted(family netfilter.Family) uint64 { return r.ct.Deleted(family) }
 
 // clearUnsteered deletes the conntrack entries of packets that reached a
 // frontend before this sync steered it (at start, when its Service was

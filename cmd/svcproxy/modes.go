@@ -118,6 +118,9 @@ func kernelEntry[M kernelMode](name string, o *options, reg prometheus.Registere
 		if u, ok := any(m).(interface{ UnservedCleared() uint64 }); ok { // not IPVS: its Service IPs are local
 			daemon.RegisterUnservedCleared(reg, u.UnservedCleared)
 		}
+		if d, ok := any(m).(interface{ ConntrackDeleted(netfilter.Family) uint64 }); ok {
+			daemon.RegisterConntrackDeleted(reg, daemon.Families(o.ipv6), d.ConntrackDeleted)
+		}
 		return m, nil
 	}
 	return e
@@ -210,8 +213,8 @@ func registerLocalSteering(reg prometheus.Registerer, m *userspace.Mode) {
 		}, func() float64 { _, f := m.LocalVIPs(); return float64(f) }))
 }
 
-// registerSteering exports red's repair count and its failed writes per
-// family, named as kube-proxy names them for the backend that writes the
+// registerSteering exports red's repair count, the conntrack entries it
+// deleted, and its failed writes per family, named as kube-proxy names them for the backend that writes the
 // rules: the nftables backend's transactions as
 // kubeproxy_sync_proxy_rules_nftables_sync_failures_total (as the
 // nftables mode's), the iptables backend's iptables-restore runs as
@@ -219,6 +222,7 @@ func registerLocalSteering(reg prometheus.Registerer, m *userspace.Mode) {
 func registerSteering(reg prometheus.Registerer, families []string, red *redirect.Redirector) {
 	daemon.RegisterRepairs(reg, "redirect", "Full syncs that found svcproxy's rules or sets tampered with and repaired them.", red.Repairs)
 	daemon.RegisterUnservedCleared(reg, red.UnservedCleared)
+	daemon.RegisterConntrackDeleted(reg, families, red.ConntrackDeleted)
 	if red.Backend() == redirect.BackendNFTables {
 		daemon.RegisterNFTablesSyncFailures(reg, families, red.SyncFailures)
 	} else {

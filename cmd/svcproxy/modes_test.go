@@ -14,9 +14,11 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/svcproxy/svcproxy/conntrack"
 	"github.com/svcproxy/svcproxy/conntrack/conntracktest"
 	"github.com/svcproxy/svcproxy/daemon"
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 	"github.com/svcproxy/svcproxy/proxymode"
 	"github.com/svcproxy/svcproxy/redirect"
@@ -112,7 +114,9 @@ func TestWatchRulesNFTablesSteering(t *testing.T) {
 // (as the nftables mode's), the iptables backend's failed iptables-restore
 // runs as kubeproxy_sync_proxy_rules_iptables_restore_failures_total. Each
 // moves by one on a failed write and not on the good syncs around it. The
-// redirector runs over both backends' fakes, so no root is needed.
+// conntrack entries it deleted are kube-proxy's
+// kubeproxy_conntrack_reconciler_deleted_entries_total. The redirector runs
+// over both backends' and conntrack's fakes, so no root is needed.
 func TestSteeringFailuresMetrics(t *testing.T) {
 	const (
 		nftKey = "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
@@ -152,7 +156,10 @@ func TestSteeringFailuresMetrics(t *testing.T) {
 				t.Fatal(err)
 			}
 			rc := redirectConfig(o, zaptest.NewLogger(t))
-			rc.Exec, rc.NFT, rc.Conntrack = ipt, nft, &conntracktest.Table{}
+			ct := &conntracktest.Table{}
+			ct.Add(netfilter.IPv4, conntrack.Flow{Proto: lb.TCP, OrigSrc: netip.MustParseAddrPort("10.244.0.9:40000"),
+				OrigDst: netip.MustParseAddrPort("10.96.0.10:80"), ReplySrc: netip.MustParseAddrPort("10.96.0.10:80"), TCPState: conntrack.SynSent})
+			rc.Exec, rc.NFT, rc.Conntrack = ipt, nft, ct
 			red, err := redirect.New(rc)
 			if err != nil {
 				t.Fatal(err)
@@ -186,6 +193,11 @@ func TestSteeringFailuresMetrics(t *testing.T) {
 			step("a good sync", false, 0)
 			step("a failed write", true, 1)
 			step("the good sync after it", false, 1)
+			// The SYN that reached the ClusterIP before any rule went.
+			const ctKey = `kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv4"}`
+			if got := gatherCounters(t, reg); got[ctKey] != 1 {
+				t.Errorf("%s = %v, want 1; all: %v", ctKey, got[ctKey], got)
+			}
 		})
 	}
 }

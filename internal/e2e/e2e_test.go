@@ -69,8 +69,10 @@ func testUserspaceMode(t *testing.T, steering string) {
 	}
 	if steering == "redirect" {
 		samples := proctest.Scrape(t, c.topo.Node.Dial, "http://127.0.0.1:10249/metrics")
-		if !slices.ContainsFunc(samples, func(l string) bool { return strings.HasPrefix(l, "svcproxy_conntrack_unserved_entries_deleted_total ") }) {
-			t.Error("svcproxy_conntrack_unserved_entries_deleted_total is not exported with REDIRECT steering")
+		for _, series := range []string{"svcproxy_conntrack_unserved_entries_deleted_total ", `kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv4"} `} {
+			if !slices.ContainsFunc(samples, func(l string) bool { return strings.HasPrefix(l, series) }) {
+				t.Errorf("%sis not exported with REDIRECT steering", series)
+			}
 		}
 	}
 	for _, tc := range []struct {

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/svcproxy/svcproxy/internal/proctest"
 )
 
 // TestPrivilegedTamperingRepaired: someone flushes svcproxy's nat chain
@@ -75,6 +77,12 @@ func TestPrivilegedTamperingRepaired(t *testing.T) {
 			}
 			if n := c.metric(t, cleared); failed > 0 && n < 1 {
 				t.Errorf("%s = %v after %d connections met no rule, want at least 1: the repair clears their entries", cleared, n, failed)
+			}
+			// kube-proxy's counter holds those and whatever else a sync
+			// deleted.
+			samples := proctest.Scrape(t, c.topo.Node.Dial, "http://127.0.0.1:10249/metrics")
+			if all, unserved := samples.Sum("kubeproxy_conntrack_reconciler_deleted_entries_total"), samples.Value(cleared); all < unserved {
+				t.Errorf("kubeproxy_conntrack_reconciler_deleted_entries_total = %v, less than %s = %v", all, cleared, unserved)
 			}
 			if notified {
 				if n := c.metric(t, "svcproxy_rules_changed_by_others_total"); n < 1 {

@@ -105,6 +105,7 @@ type Mode struct {
 	lastFull time.Time        // when the last full sync succeeded
 	now      func() time.Time // time.Now; tests move it
 	served   conntrack.Served
+	ct       *conntrack.Counting // cfg.Conntrack, counted
 }
 
 // New validates cfg and detects the iptables backend and version. It does
@@ -138,7 +139,7 @@ func New(cfg Config) (*Mode, error) {
 	case cfg.FullSyncPeriod < 0:
 		cfg.FullSyncPeriod = 0
 	}
-	m := &Mode{cfg: cfg, exec: cfg.Exec, log: cfg.Logger.Named("iptables"), families: []netfilter.Family{netfilter.IPv4}, now: time.Now}
+	m := &Mode{cfg: cfg, exec: cfg.Exec, ct: &conntrack.Counting{Table: cfg.Conntrack}, log: cfg.Logger.Named("iptables"), families: []netfilter.Family{netfilter.IPv4}, now: time.Now}
 	if cfg.IPv6 {
 		m.families = append(m.families, netfilter.IPv6)
 	}
@@ -275,7 +276,7 @@ func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
 		}
 		m.cur = next
 		m.clearStaleFlows(ctx, changes)
-		m.served.Clear(ctx, m.cfg.Conntrack, snap, func(bal *lb.Balancer) []lb.Frontend { return conntrack.WithEndpoints(snap, bal, m.cfg.IPv6) }, m.log)
+		m.served.Clear(ctx, m.ct, snap, func(bal *lb.Balancer) []lb.Frontend { return conntrack.WithEndpoints(snap, bal, m.cfg.IPv6) }, m.log)
 	}
 	took := time.Since(start)
 	level := zap.DebugLevel
@@ -291,6 +292,11 @@ func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
 // frontend before it was served that the syncs deleted
 // (conntrack.Served.Clear).
 func (m *Mode) UnservedCleared() uint64 { return m.served.Cleared() }
+
+// ConntrackDeleted counts the conntrack entries of family the syncs
+// deleted: those UnservedCleared counts, and the UDP flows of removed
+// endpoints.
+func (m *Mode) ConntrackDeleted(family netfilter.Family) uint64 { return m.ct.Deleted(family) }
 
 // Cleanup removes every chain, jump and set this mode installs, found by
 // name (SVCPROXY-DNAT-* chains and every rule jumping to one,

@@ -142,7 +142,7 @@ func (m *Mode) clearStaleFlows(ctx context.Context, changes []change) {
 				}
 			}
 		}
-		if _, err := conntrack.DeleteMatching(ctx, m.cfg.Conntrack, fam, stale); err != nil {
+		if _, err := conntrack.DeleteMatching(ctx, m.ct, fam, stale); err != nil {
 			m.log.Warn("clearing conntrack entries of removed UDP endpoints", zap.Int("flows", len(stale)), zap.Error(err))
 		}
 	}

@@ -20,8 +20,19 @@ func NewConntrack(netns string) Conntrack { return tableConntrack{conntrack.NewN
 // ClearUDP implements Conntrack: `conntrack -D -p udp --orig-dst vip
 // --orig-port-dst port --reply-src backend-ip --reply-port-src
 // backend-port`, in one read of the table.
-func (c tableConntrack) ClearUDP(ctx context.Context, vip netip.Addr, port uint16, backend netip.AddrPort) error {
+func (c tableConntrack) ClearUDP(ctx context.Context, vip netip.Addr, port uint16, backend netip.AddrPort) (int, error) {
 	m := conntrack.Match{Proto: lb.UDP, OrigDst: netip.AddrPortFrom(vip, port), ReplySrc: backend}
-	_, err := conntrack.DeleteMatching(ctx, c.t, netfilter.FamilyOf(vip), []conntrack.Match{m})
+	return conntrack.DeleteMatching(ctx, c.t, netfilter.FamilyOf(vip), []conntrack.Match{m})
+}
+
+// clearUDP is ClearUDP of k's flows answered by a, counted in
+// ConntrackDeleted.
+func (m *Mode) clearUDP(ctx context.Context, k vsKey, a netip.AddrPort) error {
+	n, err := m.conntrack.ClearUDP(ctx, k.addr.Addr(), k.addr.Port(), a)
+	m.ctDeleted[netfilter.FamilyOf(k.addr.Addr())].Add(uint64(n))
 	return err
 }
+
+// ConntrackDeleted counts the conntrack entries of family deleted with the
+// real servers of UDP virtual servers.
+func (m *Mode) ConntrackDeleted(family netfilter.Family) uint64 { return m.ctDeleted[family].Load() }

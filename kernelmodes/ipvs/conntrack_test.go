@@ -29,14 +29,14 @@ func TestClearUDP(t *testing.T) {
 	tbl.Add(netfilter.IPv6, six)
 	c := tableConntrack{tbl}
 	ctx := context.Background()
-	if err := c.ClearUDP(ctx, netip.MustParseAddr("10.96.0.53"), 53, ap("10.244.1.5:53")); err != nil {
-		t.Fatal(err)
+	if n, err := c.ClearUDP(ctx, netip.MustParseAddr("10.96.0.53"), 53, ap("10.244.1.5:53")); n != 1 || err != nil {
+		t.Fatalf("ClearUDP = %d, %v; want 1, nil", n, err)
 	}
 	if got, want := tbl.Flows(netfilter.IPv4), flows[1:]; !slices.Equal(got, want) {
 		t.Errorf("IPv4 entries left %v, want %v", got, want)
 	}
-	if err := c.ClearUDP(ctx, netip.MustParseAddr("fd00::53"), 53, ap("[fd00:244::5]:53")); err != nil {
-		t.Fatal(err)
+	if n, err := c.ClearUDP(ctx, netip.MustParseAddr("fd00::53"), 53, ap("[fd00:244::5]:53")); n != 1 || err != nil {
+		t.Fatalf("ClearUDP = %d, %v; want 1, nil", n, err)
 	}
 	if got := tbl.Flows(netfilter.IPv6); len(got) != 0 {
 		t.Errorf("IPv6 entries left %v, want none", got)

@@ -266,7 +266,7 @@ func (m *Mode) cleanupIPVS(ctx context.Context, cur *state) error {
 		}
 		if k.proto == lb.UDP && cur != nil && cur.vs[k] != nil {
 			for a := range cur.vs[k].dests {
-				errs = append(errs, m.conntrack.ClearUDP(ctx, k.addr.Addr(), k.addr.Port(), a))
+				errs = append(errs, m.clearUDP(ctx, k, a))
 			}
 		}
 	}

@@ -75,8 +75,8 @@ type Conntrack interface {
 	// ClearUDP deletes the UDP entries of flows sent to vip:port and
 	// answered by backend, so the next datagram of such a flow is
 	// scheduled afresh instead of following a stale entry to a real
-	// server that is gone.
-	ClearUDP(ctx context.Context, vip netip.Addr, port uint16, backend netip.AddrPort) error
+	// server that is gone, and says how many it deleted.
+	ClearUDP(ctx context.Context, vip netip.Addr, port uint16, backend netip.AddrPort) (int, error)
 }
 
 // Sysctls reads and writes kernel parameters, named as under /proc/sys

@@ -93,9 +93,10 @@ type Mode struct {
 	// sync found and wrote. Nil before the first sync and after Cleanup.
 	cur *state
 	// needFull: a sync failed part-way; the next Apply reads the kernel.
-	needFull bool
-	repairs  atomic.Uint64
-	draining atomic.Int64
+	needFull  bool
+	repairs   atomic.Uint64
+	ctDeleted [2]atomic.Uint64 // per family: see ConntrackDeleted
+	draining  atomic.Int64
 	// rec writes the iptables rules and ipsets; ruleDiffs are the
 	// differences its last full sync found.
 	rec       *netfilter.Reconciler
@@ -457,7 +458,7 @@ func (m *Mode) reconcile(ctx context.Context, have map[vsKey]*vsState, want map[
 		m.log.Debug("virtual server deleted", zap.Stringer("frontend", k))
 		if k.proto == lb.UDP {
 			for _, a := range sortedAddrPorts(s.dests) {
-				if err := m.conntrack.ClearUDP(ctx, k.addr.Addr(), k.addr.Port(), a); err != nil {
+				if err := m.clearUDP(ctx, k, a); err != nil {
 					errs = append(errs, fmt.Errorf("clearing conntrack entries of %v via %v: %w", k, a, err))
 				}
 			}
@@ -474,7 +475,7 @@ func (m *Mode) delDest(ctx context.Context, k vsKey, s *vsState, a netip.AddrPor
 	}
 	delete(s.dests, a)
 	if k.proto == lb.UDP {
-		if err := m.conntrack.ClearUDP(ctx, k.addr.Addr(), k.addr.Port(), a); err != nil {
+		if err := m.clearUDP(ctx, k, a); err != nil {
 			return fmt.Errorf("clearing conntrack entries: %w", err)
 		}
 	}

@@ -147,6 +147,7 @@ type Mode struct {
 	lastFull time.Time
 	now      func() time.Time
 	served   conntrack.Served
+	ct       *conntrack.Counting // cfg.Conntrack, counted
 }
 
 // New checks cfg and returns the mode; it touches no kernel state.
@@ -176,6 +177,7 @@ func New(cfg Config) (*Mode, error) {
 	if cfg.Conntrack == nil {
 		m.cfg.Conntrack = conntrack.NewNetlink(cfg.NetNS)
 	}
+	m.ct = &conntrack.Counting{Table: m.cfg.Conntrack}
 	if cfg.IPv6 {
 		m.families = append(m.families, netfilter.IPv6)
 	}
@@ -265,7 +267,7 @@ func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
 		m.cur = nil
 	} else {
 		m.clearStaleFlows(ctx, flows)
-		m.served.Clear(ctx, m.cfg.Conntrack, snap, func(bal *lb.Balancer) []lb.Frontend { return conntrack.WithEndpoints(snap, bal, m.cfg.IPv6) }, m.log)
+		m.served.Clear(ctx, m.ct, snap, func(bal *lb.Balancer) []lb.Frontend { return conntrack.WithEndpoints(snap, bal, m.cfg.IPv6) }, m.log)
 	}
 	took := time.Since(start)
 	level := zap.DebugLevel
@@ -592,7 +594,7 @@ func (m *Mode) clearStaleFlows(ctx context.Context, flows [2][]udpFlow) {
 		for _, f := range flows[fam] {
 			stale = append(stale, conntrack.Match{Proto: lb.UDP, OrigDst: f.front, ReplySrc: f.ep})
 		}
-		if _, err := conntrack.DeleteMatching(ctx, m.cfg.Conntrack, fam, stale); err != nil {
+		if _, err := conntrack.DeleteMatching(ctx, m.ct, fam, stale); err != nil {
 			m.log.Warn("clearing conntrack entries of removed UDP endpoints", zap.Int("flows", len(stale)), zap.Error(err))
 		}
 	}
@@ -602,6 +604,11 @@ func (m *Mode) clearStaleFlows(ctx context.Context, flows [2][]udpFlow) {
 // frontend before it was served that the syncs deleted
 // (conntrack.Served.Clear).
 func (m *Mode) UnservedCleared() uint64 { return m.served.Cleared() }
+
+// ConntrackDeleted counts the conntrack entries of family the syncs
+// deleted: those UnservedCleared counts, and the UDP flows of removed
+// endpoints.
+func (m *Mode) ConntrackDeleted(family netfilter.Family) uint64 { return m.ct.Deleted(family) }
 
 // Cleanup removes the mode's tables, also when another process wrote them.
 func (m *Mode) Cleanup(ctx context.Context) error {

@@ -185,18 +185,20 @@ type udpFlow struct {
 var _ ipvs.Conntrack = (*Conntrack)(nil)
 
 // ClearUDP implements ipvs.Conntrack.
-func (f *Conntrack) ClearUDP(ctx context.Context, vip netip.Addr, port uint16, backend netip.AddrPort) error {
+func (f *Conntrack) ClearUDP(ctx context.Context, vip netip.Addr, port uint16, backend netip.AddrPort) (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("ClearUDP", netip.AddrPortFrom(vip, port), backend); err != nil {
-		return err
+		return 0, err
 	}
+	n := 0
 	for k, b := range f.flows {
 		if k.vip == netip.AddrPortFrom(vip, port) && b == backend {
 			delete(f.flows, k)
+			n++
 		}
 	}
-	return nil
+	return n, nil
 }
 
 // Flows returns the UDP flows as "client -> vip:port -> backend", sorted.
