@@ -63,11 +63,10 @@ func (k *kernelTools) newProxy(ctx context.Context, mode string) (proxy, []strin
 		return nil, nil, nil
 	case vmwire.ModeIPVS:
 		m, err := ipvs.New(ipvs.Config{
-			IPVS:      timedIPVS{k.ipvs, &k.calls},
-			Links:     timedLinks{k.links, &k.calls},
-			Rules:     timedRules{legacy, &k.calls},
-			Conntrack: ipvs.NewConntrack(""),
-			Logger:    k.log,
+			IPVS:   timedIPVS{k.ipvs, &k.calls},
+			Links:  timedLinks{k.links, &k.calls},
+			Rules:  timedRules{legacy, &k.calls},
+			Logger: k.log,
 		})
 		return m, []string{"scheduler rr, ClusterIP not masqueraded (svcproxy's defaults)"}, err
 	case vmwire.ModeIPTables:

@@ -2,6 +2,8 @@ package ipvs
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/netip"
 
 	"github.com/svcproxy/svcproxy/conntrack"
@@ -9,30 +11,32 @@ import (
 	"github.com/svcproxy/svcproxy/netfilter"
 )
 
-// tableConntrack is the real Conntrack: a conntrack.Table, ctnetlink's.
-type tableConntrack struct{ t conntrack.Table }
-
-// NewConntrack returns the real Conntrack, over ctnetlink in the named
-// network namespace (as ip netns knows it; "": the caller's). Its socket
-// opens on first use, so a node without ctnetlink fails only then.
-func NewConntrack(netns string) Conntrack { return tableConntrack{conntrack.NewNetlink(netns)} }
-
-// ClearUDP implements Conntrack: `conntrack -D -p udp --orig-dst vip
-// --orig-port-dst port --reply-src backend-ip --reply-port-src
-// backend-port`, in one read of the table.
-func (c tableConntrack) ClearUDP(ctx context.Context, vip netip.Addr, port uint16, backend netip.AddrPort) (int, error) {
-	m := conntrack.Match{Proto: lb.UDP, OrigDst: netip.AddrPortFrom(vip, port), ReplySrc: backend}
-	return conntrack.DeleteMatching(ctx, c.t, netfilter.FamilyOf(vip), []conntrack.Match{m})
+// forgetUDP notes that the UDP flows of virtual server k answered by real
+// server a lose their conntrack entries at the end of the sync (flushUDP),
+// so that the next datagram of such a flow is scheduled afresh instead of
+// following a stale entry to a real server that is gone. A virtual server
+// of no single address and port (not svcproxy's) has none noted: its match
+// would take other flows.
+func (m *Mode) forgetUDP(k vsKey, a netip.AddrPort) {
+	if vip := k.addr.Addr(); vip.IsValid() && !vip.IsUnspecified() && k.addr.Port() != 0 {
+		fam := netfilter.FamilyOf(vip)
+		m.staleUDP[fam] = append(m.staleUDP[fam], conntrack.Match{Proto: lb.UDP, OrigDst: k.addr, ReplySrc: a})
+	}
 }
 
-// clearUDP is ClearUDP of k's flows answered by a, counted in
-// ConntrackDeleted.
-func (m *Mode) clearUDP(ctx context.Context, k vsKey, a netip.AddrPort) error {
-	n, err := m.conntrack.ClearUDP(ctx, k.addr.Addr(), k.addr.Port(), a)
-	m.ctDeleted[netfilter.FamilyOf(k.addr.Addr())].Add(uint64(n))
-	return err
+// flushUDP deletes the entries forgetUDP noted: one read of the table per
+// family, however many real servers went.
+func (m *Mode) flushUDP(ctx context.Context) error {
+	var errs []error
+	for fam, ms := range m.staleUDP {
+		if _, err := conntrack.DeleteMatching(ctx, m.ct, netfilter.Family(fam), ms); err != nil {
+			errs = append(errs, fmt.Errorf("clearing the conntrack entries of %d removed UDP real servers: %w", len(ms), err))
+		}
+		m.staleUDP[fam] = nil
+	}
+	return errors.Join(errs...)
 }
 
 // ConntrackDeleted counts the conntrack entries of family deleted with the
 // real servers of UDP virtual servers.
-func (m *Mode) ConntrackDeleted(family netfilter.Family) uint64 { return m.ctDeleted[family].Load() }
+func (m *Mode) ConntrackDeleted(family netfilter.Family) uint64 { return m.ct.Deleted(family) }

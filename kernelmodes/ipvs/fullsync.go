@@ -218,7 +218,7 @@ func (m *Mode) Cleanup(ctx context.Context) error {
 	case err != nil:
 		errs = append(errs, err)
 	default:
-		errs = append(errs, m.cleanupIPVS(ctx, cur))
+		errs = append(errs, m.cleanupIPVS(ctx, cur), m.flushUDP(ctx))
 	}
 	m.rec.Forget()
 	errs = append(errs, netfilter.Cleanup(ctx, m.rules, chainPrefix, setPrefix, m.cfg.IPv6))
@@ -266,7 +266,7 @@ func (m *Mode) cleanupIPVS(ctx context.Context, cur *state) error {
 		}
 		if k.proto == lb.UDP && cur != nil && cur.vs[k] != nil {
 			for a := range cur.vs[k].dests {
-				errs = append(errs, m.clearUDP(ctx, k, a))
+				m.forgetUDP(k, a)
 			}
 		}
 	}

@@ -6,13 +6,14 @@ import (
 
 	"github.com/vishvananda/netns"
 
+	"github.com/svcproxy/svcproxy/conntrack"
 	"github.com/svcproxy/svcproxy/iface"
 	"github.com/svcproxy/svcproxy/netfilter"
 )
 
 // The kernel boundaries. Each interface is exactly what Mode calls; the real
 // implementations are NewIPVS (moby/ipvs), NewLinks (vishvananda/netlink),
-// Exec (iptables-restore, ipset), NewConntrack (conntrack over netlink) and
+// Exec (iptables-restore, ipset), conntrack.NewNetlink (ctnetlink) and
 // ProcSysctls (/proc/sys); the in-memory fakes are in package ipvstest.
 
 // IPVS is the subset of *ipvs.Handle (github.com/moby/ipvs) Mode calls. The
@@ -70,14 +71,9 @@ type Rules interface {
 	IPSetDestroy(ctx context.Context, name string) error
 }
 
-// Conntrack clears connection-tracking entries.
-type Conntrack interface {
-	// ClearUDP deletes the UDP entries of flows sent to vip:port and
-	// answered by backend, so the next datagram of such a flow is
-	// scheduled afresh instead of following a stale entry to a real
-	// server that is gone, and says how many it deleted.
-	ClearUDP(ctx context.Context, vip netip.Addr, port uint16, backend netip.AddrPort) (int, error)
-}
+// Conntrack deletes connection-tracking entries: conntrack.Table, whose
+// real one is conntrack.NewNetlink.
+type Conntrack = conntrack.Table
 
 // Sysctls reads and writes kernel parameters, named as under /proc/sys
 // ("net/ipv4/vs/conntrack").

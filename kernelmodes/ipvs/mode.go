@@ -18,6 +18,7 @@ import (
 	"github.com/vishvananda/netns"
 	"go.uber.org/zap"
 
+	"github.com/svcproxy/svcproxy/conntrack"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 )
@@ -64,7 +65,7 @@ type Config struct {
 	SweepInterval time.Duration
 
 	// The kernel boundaries. Nil: the real ones in this process's network
-	// namespace (NewIPVS, NewLinks, &netfilter.Exec{}, NewConntrack, ProcSysctls{}).
+	// namespace (NewIPVS, NewLinks, &netfilter.Exec{}, conntrack.NewNetlink, ProcSysctls{}).
 	IPVS      IPVS
 	Links     Links
 	Rules     Rules
@@ -82,21 +83,23 @@ type Mode struct {
 	log      *zap.Logger
 	families []Family
 
-	mu          sync.Mutex
-	ipvs        IPVS
-	links       Links
-	rules       Rules
-	conntrack   Conntrack
+	mu    sync.Mutex
+	ipvs  IPVS
+	links Links
+	rules Rules
+	ct    *conntrack.Counting // Config.Conntrack, counted
+	// staleUDP are the UDP flows of real servers this sync deleted, per
+	// family, whose entries flushUDP deletes in one read of the table.
+	staleUDP    [2][]conntrack.Match
 	sysctls     Sysctls
 	randomFully *bool // detected on the first full sync
 	// cur is what the kernel holds, as far as this Mode knows: what the last
 	// sync found and wrote. Nil before the first sync and after Cleanup.
 	cur *state
 	// needFull: a sync failed part-way; the next Apply reads the kernel.
-	needFull  bool
-	repairs   atomic.Uint64
-	ctDeleted [2]atomic.Uint64 // per family: see ConntrackDeleted
-	draining  atomic.Int64
+	needFull bool
+	repairs  atomic.Uint64
+	draining atomic.Int64
 	// rec writes the iptables rules and ipsets; ruleDiffs are the
 	// differences its last full sync found.
 	rec       *netfilter.Reconciler
@@ -176,11 +179,15 @@ func New(cfg Config) (*Mode, error) {
 	}
 	m := &Mode{
 		cfg: cfg, log: cfg.Logger.Named("ipvs"), families: []Family{IPv4},
-		ipvs: cfg.IPVS, links: cfg.Links, rules: cfg.Rules, conntrack: cfg.Conntrack, sysctls: cfg.Sysctls,
+		ipvs: cfg.IPVS, links: cfg.Links, rules: cfg.Rules, sysctls: cfg.Sysctls,
 	}
 	if cfg.IPv6 {
 		m.families = append(m.families, IPv6)
 	}
+	if cfg.Conntrack == nil {
+		cfg.Conntrack = conntrack.NewNetlink("")
+	}
+	m.ct = &conntrack.Counting{Table: cfg.Conntrack}
 	if m.rules == nil {
 		m.rules = &netfilter.Exec{}
 	}
@@ -217,9 +224,6 @@ func (m *Mode) kernel() error {
 			return err
 		}
 		m.links = l
-	}
-	if m.conntrack == nil {
-		m.conntrack = NewConntrack("")
 	}
 	if m.ipvs == nil {
 		h, err := NewIPVS()
@@ -267,6 +271,9 @@ func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
 		err = m.partialSync(ctx, want)
 	}
 	m.needFull = err != nil
+	if ferr := m.flushUDP(ctx); ferr != nil {
+		errs = append(errs, ferr)
+	}
 	m.countDraining()
 	took := m.cfg.Now().Sub(start)
 	level := zap.DebugLevel
@@ -458,9 +465,7 @@ func (m *Mode) reconcile(ctx context.Context, have map[vsKey]*vsState, want map[
 		m.log.Debug("virtual server deleted", zap.Stringer("frontend", k))
 		if k.proto == lb.UDP {
 			for _, a := range sortedAddrPorts(s.dests) {
-				if err := m.clearUDP(ctx, k, a); err != nil {
-					errs = append(errs, fmt.Errorf("clearing conntrack entries of %v via %v: %w", k, a, err))
-				}
+				m.forgetUDP(k, a)
 			}
 		}
 	}
@@ -475,9 +480,7 @@ func (m *Mode) delDest(ctx context.Context, k vsKey, s *vsState, a netip.AddrPor
 	}
 	delete(s.dests, a)
 	if k.proto == lb.UDP {
-		if err := m.clearUDP(ctx, k, a); err != nil {
-			return fmt.Errorf("clearing conntrack entries: %w", err)
-		}
+		m.forgetUDP(k, a)
 	}
 	return nil
 }
@@ -549,7 +552,7 @@ func (m *Mode) Sweep(ctx context.Context) error {
 	if err != nil {
 		m.needFull = true
 	}
-	return err
+	return errors.Join(err, m.flushUDP(ctx))
 }
 
 // startSweeper starts the sweeper, once and not after Close. m.mu is held.

@@ -426,6 +426,9 @@ func TestCleanupLeavesOthersAlone(t *testing.T) {
 	}
 	before := dump(w.f)
 	w.apply(false, cases.Web(0, 1), cases.DNS(0, 1), cases.Sticky())
+	if c := w.f.Connect(w.packet(cases.Pod, lb.UDP, cases.DNSClusterIP)); c.Route.Action != ipvstest.Forwarded {
+		t.Fatalf("a UDP flow to the DNS Service: %v", c.Route)
+	}
 	w.f.Conntrack.ResetCalls()
 	if err := w.m.Cleanup(ctx); err != nil {
 		t.Fatalf("Cleanup: %v", err)
@@ -433,8 +436,8 @@ func TestCleanupLeavesOthersAlone(t *testing.T) {
 	if after := dump(w.f); after != before {
 		t.Errorf("after Cleanup:\n%s\nwant what was there before:\n%s", after, before)
 	}
-	if calls := w.f.Conntrack.Calls(); len(calls) != 2 {
-		t.Errorf("conntrack calls %v, want the UDP Service's two real servers cleared", calls)
+	if calls, flows := w.f.Conntrack.Calls(), w.f.Conntrack.Flows(); !slices.Equal(calls, []string{"Delete IPv4"}) || len(flows) != 0 {
+		t.Errorf("conntrack calls %v leave %v, want the UDP Service's flows cleared in one read", calls, flows)
 	}
 	// Cleanup twice is fine; Apply afterwards starts afresh.
 	if err := w.m.Cleanup(ctx); err != nil {

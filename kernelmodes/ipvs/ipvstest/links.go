@@ -8,7 +8,10 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/svcproxy/svcproxy/conntrack"
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
+	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 )
 
 // Links is an in-memory ipvs.Links: interfaces with addresses. It starts
@@ -170,8 +173,8 @@ func (f *Links) local() []netip.Addr {
 	return out
 }
 
-// Conntrack is an in-memory ipvs.Conntrack holding the UDP flows
-// Fakes.Connect opened; ClearUDP deletes them.
+// Conntrack is an in-memory ipvs.Conntrack (a conntrack.Table) holding the
+// UDP flows Fakes.Connect opened; Delete deletes those its predicate picks.
 type Conntrack struct {
 	recorder
 	mu    sync.Mutex
@@ -184,16 +187,18 @@ type udpFlow struct {
 
 var _ ipvs.Conntrack = (*Conntrack)(nil)
 
-// ClearUDP implements ipvs.Conntrack.
-func (f *Conntrack) ClearUDP(ctx context.Context, vip netip.Addr, port uint16, backend netip.AddrPort) (int, error) {
+// Delete implements conntrack.Table. Each call is a read of the table,
+// recorded as "Delete <family>".
+func (f *Conntrack) Delete(ctx context.Context, family netfilter.Family, match func(conntrack.Flow) bool) (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.record("ClearUDP", netip.AddrPortFrom(vip, port), backend); err != nil {
+	if err := f.record("Delete", family); err != nil {
 		return 0, err
 	}
 	n := 0
 	for k, b := range f.flows {
-		if k.vip == netip.AddrPortFrom(vip, port) && b == backend {
+		fl := conntrack.Flow{Proto: lb.UDP, OrigSrc: k.client, OrigDst: k.vip, ReplySrc: b}
+		if netfilter.FamilyOf(k.vip.Addr()) == family && match(fl) {
 			delete(f.flows, k)
 			n++
 		}

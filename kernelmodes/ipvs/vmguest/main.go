@@ -106,11 +106,10 @@ func run(r *vmtest.Reporter) error {
 	logCfg.OutputPaths = []string{"stdout"}
 	log, _ := logCfg.Build()
 	m, err := ipvs.New(ipvs.Config{
-		IPVS:      counted,
-		Links:     links,
-		Rules:     rules,
-		Conntrack: ipvs.NewConntrack(""),
-		Logger:    log,
+		IPVS:   counted,
+		Links:  links,
+		Rules:  rules,
+		Logger: log,
 	})
 	if err != nil {
 		return err
@@ -257,7 +256,7 @@ func (g *guest) schedulers(ctx context.Context) {
 	}
 	for _, sched := range ipvs.Schedulers {
 		name := "scheduler " + sched
-		m, err := ipvs.New(ipvs.Config{Scheduler: sched, IPVS: g.ipvs, Links: links, Rules: rules, Conntrack: ipvs.NewConntrack("")})
+		m, err := ipvs.New(ipvs.Config{Scheduler: sched, IPVS: g.ipvs, Links: links, Rules: rules})
 		if err != nil {
 			g.r.Fail(name, "%v", err)
 			continue
