@@ -209,7 +209,7 @@ func (s *Service) Validate() error {
 	}
 	checkIPs := func(field string, ips []netip.Addr) {
 		for i, ip := range ips {
-			if !ip.IsValid() || ip.IsUnspecified() || ip.IsMulticast() {
+			if u := ip.Unmap(); !u.IsValid() || u.IsUnspecified() || u.IsMulticast() { // ::ffff:0.0.0.0 is 0.0.0.0
 				bad(fmt.Sprintf("%s[%d]", field, i), "invalid address %v", ip)
 			}
 		}
@@ -244,7 +244,7 @@ func (s *Service) Validate() error {
 		// its IPv4-mapped IPv6 form are the same backend.
 		key := netip.AddrPortFrom(ep.Addr.Addr().Unmap(), ep.Addr.Port())
 		switch {
-		case !ep.Addr.Addr().IsValid() || ep.Addr.Addr().IsUnspecified() || ep.Addr.Addr().IsMulticast():
+		case !key.Addr().IsValid() || key.Addr().IsUnspecified() || key.Addr().IsMulticast():
 			bad(field+".address", "invalid address %v", ep.Addr.Addr())
 		case ep.Addr.Port() == 0:
 			bad(field+".port", "must be in 1-65535")

@@ -355,6 +355,8 @@ func TestValidate(t *testing.T) {
 		{name: "port 0", mod: func(s *Service) { s.Port = 0 }, field: "port"},
 		{name: "no frontend", mod: func(s *Service) { s.ClusterIPs = nil }, field: "clusterIPs"},
 		{name: "unspecified clusterIP", mod: func(s *Service) { s.ClusterIPs = []netip.Addr{ip("0.0.0.0")} }, field: "clusterIPs[0]"},
+		{name: "unspecified clusterIP, IPv4-mapped", mod: func(s *Service) { s.ClusterIPs = []netip.Addr{ip("::ffff:0.0.0.0")} }, field: "clusterIPs[0]"},
+		{name: "multicast externalIP, IPv4-mapped", mod: func(s *Service) { s.ExternalIPs = []netip.Addr{ip("::ffff:224.0.0.1")} }, field: "externalIPs[0]"},
 		{name: "zero clusterIP", mod: func(s *Service) { s.ClusterIPs = append(s.ClusterIPs, netip.Addr{}) }, field: "clusterIPs[1]"},
 		{name: "multicast externalIP", mod: func(s *Service) { s.ExternalIPs = []netip.Addr{ip("224.0.0.1")} }, field: "externalIPs[0]"},
 		{name: "unspecified loadBalancerIP", mod: func(s *Service) { s.LoadBalancerIPs = []netip.Addr{ip("::")} }, field: "loadBalancerIPs[0]"},
@@ -370,6 +372,7 @@ func TestValidate(t *testing.T) {
 		{name: "bad external policy", mod: func(s *Service) { s.ExternalTrafficPolicy = 2 }, field: "externalTrafficPolicy"},
 		{name: "bad algorithm", mod: func(s *Service) { s.Algorithm = Maglev + 1 }, field: "algorithm"},
 		{name: "endpoint address", mod: func(s *Service) { s.Endpoints[1].Addr = netip.AddrPortFrom(ip("0.0.0.0"), 80) }, field: "endpoints[1].address"},
+		{name: "unspecified endpoint, IPv4-mapped", mod: func(s *Service) { s.Endpoints[0].Addr = netip.AddrPortFrom(ip("::ffff:0.0.0.0"), 80) }, field: "endpoints[0].address"},
 		{name: "endpoint port", mod: func(s *Service) { s.Endpoints[0].Addr = netip.AddrPortFrom(ip("10.1.0.9"), 0) }, field: "endpoints[0].port"},
 		{name: "duplicate endpoint", mod: func(s *Service) { s.Endpoints[1].Addr = s.Endpoints[0].Addr }, field: "endpoints[1].address"},
 		{
