@@ -15,9 +15,9 @@ import (
 // (the endpoint a rule DNATed the flow to).
 type Match struct {
 	Proto lb.Protocol
-	// OrigDst is where the client sent the packets. An invalid or
-	// unspecified address stands for every address of the family (a
-	// NodePort); port 0 for every port.
+	// OrigDst is where the client sent the packets. An invalid address
+	// stands for every address of the family (a NodePort), port 0 for
+	// every port; an unspecified address is only itself.
 	OrigDst netip.AddrPort
 	// ReplySrc is where replies come from; invalid: anywhere.
 	ReplySrc netip.AddrPort
@@ -38,10 +38,7 @@ func (m Match) Matches(f Flow) bool {
 	return !m.ReplySrc.IsValid() || f.ReplySrc == m.ReplySrc
 }
 
-func (m Match) anyDst() bool {
-	a := m.OrigDst.Addr()
-	return !a.IsValid() || a.IsUnspecified()
-}
+func (m Match) anyDst() bool { return !m.OrigDst.Addr().IsValid() }
 
 // String is m as conntrack's options would say it, shortened: "udp dst
 // 10.96.0.53 dport 53 reply-src 10.244.1.5:53".

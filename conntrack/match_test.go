@@ -13,8 +13,11 @@ import (
 	"github.com/svcproxy/svcproxy/netfilter"
 )
 
-// TestMatch: each field narrows what a Match picks; an unset or unspecified
-// destination address and port 0 stand for any; other protocols' entries
+// nodePort is a Match's OrigDst for a NodePort: any address, this port.
+func nodePort(port uint16) netip.AddrPort { return netip.AddrPortFrom(netip.Addr{}, port) }
+
+// TestMatch: each field narrows what a Match picks; an unset destination
+// address and port 0 stand for any; other protocols' entries
 // are never picked.
 func TestMatch(t *testing.T) {
 	dnated := conntrack.Flow{Proto: lb.UDP, OrigSrc: ap("10.0.0.1:5000"), OrigDst: ap("10.96.0.53:53"), ReplySrc: ap("10.244.1.5:53")}
@@ -31,12 +34,12 @@ func TestMatch(t *testing.T) {
 		{"another port", conntrack.Match{Proto: lb.UDP, OrigDst: ap("10.96.0.53:54")}, dnated, false},
 		{"TCP", conntrack.Match{Proto: lb.TCP, OrigDst: ap("10.96.0.53:53")}, dnated, false},
 		{"any reply source", conntrack.Match{Proto: lb.UDP, OrigDst: ap("10.96.0.53:53")}, dnated, true},
-		{"NodePort: unspecified address", conntrack.Match{Proto: lb.UDP, OrigDst: ap("0.0.0.0:30053"), ReplySrc: ap("10.244.1.5:53")},
+		{"NodePort: any address", conntrack.Match{Proto: lb.UDP, OrigDst: nodePort(30053), ReplySrc: ap("10.244.1.5:53")},
 			conntrack.Flow{Proto: lb.UDP, OrigDst: ap("192.0.2.7:30053"), ReplySrc: ap("10.244.1.5:53")}, true},
-		{"NodePort: invalid address", conntrack.Match{Proto: lb.UDP, OrigDst: netip.AddrPortFrom(netip.Addr{}, 30053)},
-			conntrack.Flow{Proto: lb.UDP, OrigDst: ap("192.0.2.7:30053"), ReplySrc: ap("10.244.1.5:53")}, true},
-		{"NodePort: another port", conntrack.Match{Proto: lb.UDP, OrigDst: ap("0.0.0.0:30053")},
+		{"NodePort: another port", conntrack.Match{Proto: lb.UDP, OrigDst: nodePort(30053)},
 			conntrack.Flow{Proto: lb.UDP, OrigDst: ap("192.0.2.7:30054"), ReplySrc: ap("10.244.1.5:53")}, false},
+		{"the unspecified address is only itself", conntrack.Match{Proto: lb.UDP, OrigDst: ap("0.0.0.0:30053")},
+			conntrack.Flow{Proto: lb.UDP, OrigDst: ap("192.0.2.7:30053"), ReplySrc: ap("10.244.1.5:53")}, false},
 		{"any port", conntrack.Match{Proto: lb.UDP, OrigDst: ap("10.96.0.53:0")}, dnated, true},
 		{"another protocol's entry", conntrack.Match{Proto: lb.TCP}, conntrack.Flow{Other: true, OrigDst: ap("10.96.0.53:0")}, false},
 	} {
@@ -54,7 +57,8 @@ func TestMatchString(t *testing.T) {
 		want string
 	}{
 		{conntrack.Match{Proto: lb.UDP, OrigDst: ap("10.96.0.53:53"), ReplySrc: ap("10.244.1.5:53")}, "udp dst 10.96.0.53 dport 53 reply-src 10.244.1.5:53"},
-		{conntrack.Match{Proto: lb.UDP, OrigDst: ap("[::]:30053")}, "udp dport 30053"},
+		{conntrack.Match{Proto: lb.UDP, OrigDst: nodePort(30053)}, "udp dport 30053"},
+		{conntrack.Match{Proto: lb.UDP, OrigDst: ap("[::]:30053")}, "udp dst :: dport 30053"},
 		{conntrack.Match{Proto: lb.SCTP}, "sctp"},
 	} {
 		if got := tc.m.String(); got != tc.want {
@@ -79,7 +83,7 @@ func TestDeleteMatching(t *testing.T) {
 	tbl.Add(netfilter.IPv4, flows...)
 	n, err := conntrack.DeleteMatching(ctx, &tbl, netfilter.IPv4, []conntrack.Match{
 		{Proto: lb.UDP, OrigDst: ap("10.96.0.53:53"), ReplySrc: ap("10.244.1.5:53")},
-		{Proto: lb.UDP, OrigDst: ap("0.0.0.0:30053"), ReplySrc: ap("10.244.1.5:53")},
+		{Proto: lb.UDP, OrigDst: nodePort(30053), ReplySrc: ap("10.244.1.5:53")},
 		{Proto: lb.UDP, OrigDst: ap("10.96.0.99:0")},
 	})
 	if err != nil || n != 3 {

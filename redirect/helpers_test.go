@@ -124,7 +124,7 @@ func newFakeRedirector(t testing.TB, cfg Config) (*Redirector, *netfiltertest.Fa
 }
 
 // newFakeNFTRedirector returns a Redirector of the nftables backend over a
-// new steertabletest.Fake (and a netfiltertest.Fake for conntrack).
+// new steertabletest.Fake (and a netfiltertest.Fake for the iptables tools).
 func newFakeNFTRedirector(t testing.TB, cfg Config) (*Redirector, *steertabletest.Fake, *netfiltertest.Fake) {
 	t.Helper()
 	k, f := steertabletest.NewFake(), netfiltertest.NewFake()

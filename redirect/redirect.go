@@ -88,8 +88,8 @@ type Config struct {
 	// netfilter.IPv6 also programs ip6tables and the -v6 sets.
 	IPv6 bool
 	// Exec runs the kernel tools: iptables and ipset for the iptables
-	// backend, conntrack for both. Nil: netfilter.NewExec(NetNS) (the real
-	// tools).
+	// backend; the nftables backend only to remove what that one left.
+	// Nil: netfilter.NewExec(NetNS) (the real tools).
 	Exec netfilter.Executor
 	// NFT writes the nftables backend's tables. Nil:
 	// steertable.Netlink(NetNS).
@@ -495,13 +495,16 @@ func (r *Redirector) forgetMoved(ctx context.Context, now map[lb.Frontend]uint16
 	var moved [2][]conntrack.Match
 	for fe, to := range r.steered {
 		if now[fe] != to {
-			fam := familyOf(fe.Addr.Addr())
-			moved[fam] = append(moved[fam], conntrack.Match{Proto: lb.UDP, OrigDst: fe.Addr})
+			fam, dst := familyOf(fe.Addr.Addr()), fe.Addr
+			if dst.Addr().IsUnspecified() { // a NodePort: at every address
+				dst = netip.AddrPortFrom(netip.Addr{}, dst.Port())
+			}
+			moved[fam] = append(moved[fam], conntrack.Match{Proto: lb.UDP, OrigDst: dst})
 		}
 	}
 	for fam, ms := range moved {
 		if _, err := conntrack.DeleteMatching(ctx, r.ct, netfilter.Family(fam), ms); err != nil {
-			r.log.Warn("clearing conntrack entries of moved UDP frontends", zap.Int("frontends", len(ms)), zap.Error(err))
+			r.log.Warn("clearing conntrack entries of moved UDP frontends", zap.Int("frontends", len(ms)), zap.Stringers("first", ms[:min(len(ms), 4)]), zap.Error(err))
 		}
 	}
 	r.steered = maps.Clone(now)

@@ -101,10 +101,14 @@ func TestUDPPortsStable(t *testing.T) {
 			r, f := newFakeRedirector(t, Config{IPv6: true, Conntrack: ct})
 			mustApply(t, r, snap, testPorts(), true)
 			deletedFlows(ct, flows)
+			counted := r.ConntrackDeleted(netfilter.IPv4) + r.ConntrackDeleted(netfilter.IPv6)
 			p, s := tc.change(testPorts(), testServices())
 			mustApply(t, r, store(t, s...).Snapshot(), p, false)
 			if got := deletedFlows(ct, flows); !slices.Equal(got, tc.deletes) {
 				t.Errorf("conntrack entries deleted: to %q, want to %q", got, tc.deletes)
+			}
+			if n := r.ConntrackDeleted(netfilter.IPv4) + r.ConntrackDeleted(netfilter.IPv6) - counted; n != uint64(len(tc.deletes)) {
+				t.Errorf("ConntrackDeleted counted %d, want %d", n, len(tc.deletes))
 			}
 
 			// A restart: the new process reads the ports back, and its

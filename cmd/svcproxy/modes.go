@@ -92,13 +92,14 @@ type kernelMode interface {
 	proxymode.Mode
 	Repairs() uint64
 	RestoreFailures(family netfilter.Family) uint64
+	ConntrackDeleted(family netfilter.Family) uint64
 }
 
 // kernelEntry is the entry of the kernel mode name, which build makes
 // without touching the kernel: built to run, started (if set) is called
 // with it and its repair and failure counts (iptables-restore runs; the
-// nftables mode's transactions) are exported to reg, the latter per family
-// it programs.
+// nftables mode's transactions) and the conntrack entries it deleted are
+// exported to reg, the latter two per family it programs.
 func kernelEntry[M kernelMode](name string, o *options, reg prometheus.Registerer, build func() (M, error), started func(M)) proxymode.Entry {
 	e := proxymode.Built(func(context.Context) (proxymode.Mode, error) { return build() })
 	e.New = func(context.Context, map[string]*os.File) (proxymode.Mode, error) {
@@ -118,9 +119,7 @@ func kernelEntry[M kernelMode](name string, o *options, reg prometheus.Registere
 		if u, ok := any(m).(interface{ UnservedCleared() uint64 }); ok { // not IPVS: its Service IPs are local
 			daemon.RegisterUnservedCleared(reg, u.UnservedCleared)
 		}
-		if d, ok := any(m).(interface{ ConntrackDeleted(netfilter.Family) uint64 }); ok {
-			daemon.RegisterConntrackDeleted(reg, daemon.Families(o.ipv6), d.ConntrackDeleted)
-		}
+		daemon.RegisterConntrackDeleted(reg, daemon.Families(o.ipv6), m.ConntrackDeleted)
 		return m, nil
 	}
 	return e

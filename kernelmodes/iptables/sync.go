@@ -143,7 +143,7 @@ func (m *Mode) clearStaleFlows(ctx context.Context, changes []change) {
 			}
 		}
 		if _, err := conntrack.DeleteMatching(ctx, m.ct, fam, stale); err != nil {
-			m.log.Warn("clearing conntrack entries of removed UDP endpoints", zap.Int("flows", len(stale)), zap.Error(err))
+			m.log.Warn("clearing conntrack entries of removed UDP endpoints", zap.Int("flows", len(stale)), zap.Stringers("first", stale[:min(len(stale), 4)]), zap.Error(err))
 		}
 	}
 }

@@ -228,6 +228,9 @@ func TestIncremental(t *testing.T) {
 	if got, want := ct.Flows(netfilter.IPv4), []conntrack.Flow{flows[0], flows[2]}; !slices.Equal(got, want) {
 		t.Errorf("conntrack entries left %v, want all but the UDP flow to the removed endpoint: %v", got, want)
 	}
+	if n := m.ConntrackDeleted(netfilter.IPv4); n != 1 {
+		t.Errorf("ConntrackDeleted(IPv4) = %d, want 1", n)
+	}
 
 	fake.ResetCalls()
 	svcs = append(svcs, lb.Service{Name: name("new"), Port: 8080, ClusterIPs: []netip.Addr{ip("10.96.1.1")}, Endpoints: eps(nodeName, "10.244.1.99")})
