@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/svcproxy/svcproxy/conntrack"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 )
@@ -79,13 +80,11 @@ type svcRules struct {
 	reject    []string     // in SVCPROXY-DNAT-REJECT
 	npReject  []string     // in SVCPROXY-DNAT-NP-REJECT
 	hairpin   []string     // members of the family's hairpin set
-	udpFlows  []udpFlow    // UDP only: which frontend may be DNATed to which endpoint
+	// udpFlows: UDP only, each frontend (a NodePort when its address is
+	// unset) and an endpoint it may be DNATed to, as the conntrack entries
+	// of such flows: when the pair goes, so must they.
+	udpFlows []conntrack.Match
 }
-
-// udpFlow is a UDP frontend (a NodePort when front's address is invalid)
-// and an endpoint it is DNATed to: when the pair goes, so must the
-// conntrack entries that keep DNATing a flow's datagrams to the endpoint.
-type udpFlow struct{ front, ep netip.AddrPort }
 
 type ownedChain struct {
 	name  string
@@ -277,8 +276,8 @@ func (r *svcRules) addFlows(svc *lb.Service, front netip.AddrPort, eps []netip.A
 		return
 	}
 	for _, ep := range eps {
-		if !slices.Contains(r.udpFlows, udpFlow{front, ep}) {
-			r.udpFlows = append(r.udpFlows, udpFlow{front, ep})
+		if !slices.Contains(r.udpFlows, conntrack.Match{Proto: lb.UDP, OrigDst: front, ReplySrc: ep}) {
+			r.udpFlows = append(r.udpFlows, conntrack.Match{Proto: lb.UDP, OrigDst: front, ReplySrc: ep})
 		}
 	}
 }

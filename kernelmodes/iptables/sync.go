@@ -132,13 +132,13 @@ func (m *Mode) clearStaleFlows(ctx context.Context, changes []change) {
 			if c.old == nil {
 				continue
 			}
-			var now []udpFlow
+			var now []conntrack.Match
 			if c.new != nil {
 				now = c.new.rules[fam].udpFlows
 			}
 			for _, f := range c.old.rules[fam].udpFlows {
 				if !slices.Contains(now, f) {
-					stale = append(stale, conntrack.Match{Proto: lb.UDP, OrigDst: f.front, ReplySrc: f.ep})
+					stale = append(stale, f)
 				}
 			}
 		}

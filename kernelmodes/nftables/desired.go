@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/svcproxy/svcproxy/conntrack"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 	"github.com/svcproxy/svcproxy/netfilter/nftable"
@@ -13,15 +14,13 @@ import (
 // elem is one element a Service port puts in a set of its family's table.
 type elem struct{ set, key, val string }
 
-// udpFlow is a UDP frontend (a NodePort when front's address is invalid)
-// and an endpoint it is DNATed to: when the pair goes, so must the
-// conntrack entries that keep DNATing a flow's datagrams to the endpoint.
-type udpFlow struct{ front, ep netip.AddrPort }
-
 // svcElems is what one Service port puts in each family's table.
 type svcElems struct {
 	elems [2][]elem
-	flows [2][]udpFlow
+	// flows are, per family, each UDP frontend (a NodePort when its
+	// address is unset) and an endpoint it may be DNATed to, as the
+	// conntrack entries of such flows: when the pair goes, so must they.
+	flows [2][]conntrack.Match
 	// sticky, for a Service port with session affinity, maps each of its
 	// frontend keys (FrontendKey, or NodePortKey) to the endpoint values a
 	// client may be remembered with: an affinity element pointing elsewhere
@@ -57,7 +56,7 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 	}
 	intEps, extEps := inFamily(bal.Internal), inFamily(bal.External)
 	var out []elem
-	var flows []udpFlow
+	var flows []conntrack.Match
 	secs := affinitySeconds(svc)
 	slots := func(key string, eps []netip.AddrPort, set string, front netip.AddrPort) {
 		m := min(len(eps), Slots)
@@ -93,7 +92,7 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 		}
 		if svc.Protocol == lb.UDP {
 			for _, ep := range eps[:min(len(eps), Slots)] {
-				flows = append(flows, udpFlow{front, ep})
+				flows = append(flows, conntrack.Match{Proto: lb.UDP, OrigDst: front, ReplySrc: ep})
 			}
 		}
 	}

@@ -223,7 +223,7 @@ func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
 	kind := "incremental"
 	var err error
 	var changed int
-	var flows [2][]udpFlow
+	var flows [2][]conntrack.Match
 	if timeouts := affinityTimeouts(snap); !slices.Equal(timeouts, m.layouts[m.families[0]].AffinityTimeouts) {
 		// A new affinity timeout, or the last of one gone: the rules
 		// change, so this Apply rewrites the table.
@@ -333,8 +333,8 @@ func (m *Mode) service(snap *lb.Snapshot, bal *lb.Balancer) *svcElems {
 // otherwise); shallow only makes sure the tables, sets and chains are
 // there, and goes deep when they were not. The UDP flows returned are
 // those of prev that snap no longer has.
-func (m *Mode) fullSync(ctx context.Context, snap *lb.Snapshot, prev *state, deep bool) (*state, [2][]udpFlow, error) {
-	var stale [2][]udpFlow
+func (m *Mode) fullSync(ctx context.Context, snap *lb.Snapshot, prev *state, deep bool) (*state, [2][]conntrack.Match, error) {
+	var stale [2][]conntrack.Match
 	if !deep && prev != nil {
 		for _, fam := range m.families {
 			intact, err := m.k.Setup(ctx, m.layouts[fam], false)
@@ -422,8 +422,8 @@ func (m *Mode) fullSync(ctx context.Context, snap *lb.Snapshot, prev *state, dee
 // incremental writes the elements of the Service ports snap changed since
 // prev, updating prev into the new state. On error the state is unusable
 // (the caller does a full sync).
-func (m *Mode) incremental(ctx context.Context, snap *lb.Snapshot, prev *state) (int, [2][]udpFlow, error) {
-	var stale [2][]udpFlow
+func (m *Mode) incremental(ctx context.Context, snap *lb.Snapshot, prev *state) (int, [2][]conntrack.Match, error) {
+	var stale [2][]conntrack.Match
 	diff := snap.Changed(prev.snap)
 	names := slices.Concat(diff.Removed, diff.Updated, diff.Added)
 	if len(names) == 0 {
@@ -472,7 +472,7 @@ func (m *Mode) incremental(ctx context.Context, snap *lb.Snapshot, prev *state) 
 		}
 		m.clearAffinity(ctx, fam, nil, nil, changedSvcs)
 		for _, c := range changedSvcs {
-			var now []udpFlow
+			var now []conntrack.Match
 			if c[1] != nil {
 				now = c[1].flows[fam]
 			}
@@ -497,10 +497,10 @@ func toElements(es []elem) []Element {
 }
 
 // staleFlows are the UDP flows of prev's Service ports that next has not.
-func staleFlows(prev, next *state, fam netfilter.Family) []udpFlow {
-	var out []udpFlow
+func staleFlows(prev, next *state, fam netfilter.Family) []conntrack.Match {
+	var out []conntrack.Match
 	for name, old := range prev.svcs {
-		var now []udpFlow
+		var now []conntrack.Match
 		if n := next.svcs[name]; n != nil {
 			now = n.flows[fam]
 		}
@@ -588,12 +588,9 @@ func (m *Mode) clearAffinity(ctx context.Context, fam netfilter.Family, prev, ne
 // clearStaleFlows deletes the conntrack entries of UDP flows whose
 // endpoint left their frontend, so their next datagram picks a live one:
 // one read of the table per family with such flows.
-func (m *Mode) clearStaleFlows(ctx context.Context, flows [2][]udpFlow) {
+func (m *Mode) clearStaleFlows(ctx context.Context, flows [2][]conntrack.Match) {
 	for _, fam := range m.families {
-		stale := make([]conntrack.Match, 0, len(flows[fam]))
-		for _, f := range flows[fam] {
-			stale = append(stale, conntrack.Match{Proto: lb.UDP, OrigDst: f.front, ReplySrc: f.ep})
-		}
+		stale := flows[fam]
 		if _, err := conntrack.DeleteMatching(ctx, m.ct, fam, stale); err != nil {
 			m.log.Warn("clearing conntrack entries of removed UDP endpoints", zap.Int("flows", len(stale)), zap.Stringers("first", stale[:min(len(stale), 4)]), zap.Error(err))
 		}
