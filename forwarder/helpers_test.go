@@ -5,10 +5,12 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -118,8 +120,38 @@ func refusingAddr(t testing.TB) netip.AddrPort {
 	return addr
 }
 
-// freeFrontend returns a loopback address and port nothing listens on.
-func freeFrontend(t testing.TB) netip.AddrPort { return refusingAddr(t) }
+// freeFrontend returns a loopback address and port nothing listens on, for
+// the forwarder to listen on. The port is below the kernel's ephemeral
+// range: one that listening on port 0 found free would be handed out again
+// by the next connect or port-0 listen of any test running meanwhile (make
+// test runs packages in parallel), and the forwarder's listen would find it
+// taken ("address already in use").
+func freeFrontend(t testing.TB) netip.AddrPort {
+	t.Helper()
+	ephemeral := 32768 // Linux's default start, and below Windows' 49152
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil && n > 0 {
+				ephemeral = n
+			}
+		}
+	}
+	const lowest = 10000
+	if ephemeral-lowest < 1000 {
+		return refusingAddr(t)
+	}
+	for range 100 {
+		port := lowest + rand.IntN(ephemeral-lowest)
+		ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port})
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(port))
+	}
+	t.Fatalf("no free loopback port in %d-%d", lowest, ephemeral-1)
+	return netip.AddrPort{}
+}
 
 // service builds a TCP Service on frontend with ready endpoints at addrs.
 func service(name string, frontend netip.AddrPort, addrs ...netip.AddrPort) lb.Service {
