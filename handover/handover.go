@@ -181,13 +181,35 @@ func sendFiles(c *net.UnixConn, files map[string]*os.File) error {
 		batch := names[start:min(start+maxFDs, len(names))]
 		fds := make([]int, len(batch))
 		for i, n := range batch {
-			fds[i] = int(files[n].Fd())
+			fd, err := rawFD(files[n])
+			if err != nil {
+				return fmt.Errorf("sending %s: %w", n, err)
+			}
+			fds[i] = fd
 		}
 		if err := send(c, "fds", fds); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// rawFD is f's descriptor, which stays valid while f is open. Not f.Fd():
+// that makes the file description blocking, and it is shared with the
+// sockets this process still serves on (f is a duplicate): until the
+// successor made it non-blocking again, an accept here that found the queue
+// empty would block in the system call instead of saying EAGAIN, and then
+// take, and drop at its close, a connection meant for the successor.
+func rawFD(f *os.File) (int, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	if err := rc.Control(func(s uintptr) { fd = int(s) }); err != nil {
+		return -1, err
+	}
+	return fd, nil
 }
 
 // Ready tells the predecessor the successor is serving, and waits until the

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestHandover(t *testing.T) {
@@ -268,5 +270,64 @@ func TestCloseLeavesAnotherSocketFile(t *testing.T) {
 	}
 	if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("after the successor closed, its socket file: %v; want it removed", err)
+	}
+}
+
+// TestHandoverLeavesSocketsNonBlocking: sending the sockets leaves them as
+// non-blocking as they were. They share their file description with the
+// ones the predecessor still accepts on; had the send made it blocking,
+// the predecessor's next accept on an empty queue would block in the
+// system call and then take a connection meant for the successor.
+func TestHandoverLeavesSocketsNonBlocking(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "handover.sock")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	nonblocking := func() bool {
+		t.Helper()
+		rc, err := ln.(*net.TCPListener).SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var flags int
+		var ferr error
+		if err := rc.Control(func(fd uintptr) { flags, ferr = unix.FcntlInt(fd, unix.F_GETFL, 0) }); err != nil || ferr != nil {
+			t.Fatal(err, ferr)
+		}
+		return flags&unix.O_NONBLOCK != 0
+	}
+	if !nonblocking() {
+		t.Fatal("a Go listener is blocking to begin with")
+	}
+	srv, err := Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() {
+		served <- srv.Serve(ctx, func() (map[string]*os.File, error) {
+			f, err := ln.(*net.TCPListener).File()
+			return map[string]*os.File{"tcp/a": f}, err
+		}, func() {})
+	}()
+	h, err := Take(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !nonblocking() {
+		t.Error("the predecessor's listener is blocking after sending it")
+	}
+	for _, f := range h.Files {
+		f.Close()
+	}
+	if err := h.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("Serve: %v", err)
 	}
 }
