@@ -2,18 +2,18 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
+
+	"github.com/svcproxy/svcproxy/internal/httpserver"
 )
 
 // httpServers are the metrics and health servers. Their listening sockets
@@ -22,7 +22,7 @@ import (
 type httpServers struct {
 	log       *zap.Logger
 	inherited map[string]*os.File
-	servers   []*http.Server
+	servers   []*httpserver.Server
 	lns       map[string]*net.TCPListener
 }
 
@@ -50,13 +50,9 @@ func (w *httpServers) serve(name, addr string, handler http.Handler) {
 		w.lns = map[string]*net.TCPListener{}
 	}
 	w.lns[key] = ln.(*net.TCPListener)
-	s := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
-	w.servers = append(w.servers, s)
-	go func() {
-		if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			w.log.Error("http server failed", zap.String("server", name), zap.String("address", addr), zap.Error(err))
-		}
-	}()
+	w.servers = append(w.servers, httpserver.Serve(ln, handler, func(err error) {
+		w.log.Error("http server failed", zap.String("server", name), zap.String("address", addr), zap.Error(err))
+	}))
 }
 
 // sockets adds duplicates of the servers' listening sockets to files.
@@ -109,8 +105,10 @@ func profilingHandler() http.Handler {
 	return mux
 }
 
+// shutdown stops the servers, answering every request they accepted (a
+// scrape or probe that raced a successor for the accept must not fail).
 func (w *httpServers) shutdown(ctx context.Context) {
 	for _, s := range w.servers {
-		_ = s.Shutdown(ctx)
+		s.Stop(ctx)
 	}
 }

@@ -31,6 +31,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/svcproxy/svcproxy/internal/httpserver"
 	"github.com/svcproxy/svcproxy/lb"
 )
 
@@ -77,7 +78,7 @@ type Server struct {
 type instance struct {
 	port      uint16
 	endpoints int
-	servers   []*http.Server
+	servers   []*httpserver.Server
 	lns       map[string]net.Listener // by socket name (SocketPrefix + address)
 }
 
@@ -240,11 +241,12 @@ func (s *Server) Generation() uint64 {
 
 // HandOver stops serving: a successor took the sockets (Sockets) and serves
 // the health checks now. The listeners close here (the successor holds its
-// own copies, so the ports stay open), requests being answered get up to a
-// second to finish, and later Syncs do nothing.
+// own copies, so the ports stay open), and later Syncs do nothing. Every
+// probe this process accepted is answered (within a second; see
+// httpserver): one that raced the successor for the accept must not fail.
 func (s *Server) HandOver() {
 	s.mu.Lock()
-	var servers []*http.Server
+	var servers []*httpserver.Server
 	for _, inst := range s.services { // kept: requests being answered read their counts
 		servers = append(servers, inst.servers...)
 		inst.servers, inst.lns = nil, nil
@@ -253,10 +255,8 @@ func (s *Server) HandOver() {
 	s.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	for _, srv := range servers {
-		if srv.Shutdown(ctx) != nil {
-			_ = srv.Close()
-		}
+	for _, sv := range servers {
+		sv.Stop(ctx)
 	}
 }
 
@@ -283,24 +283,20 @@ func (s *Server) open(name ServiceName, inst *instance) error {
 			inst.close()
 			return fmt.Errorf("listening on %s: %w", addr, err)
 		}
-		srv := &http.Server{Handler: s.handler(name), ReadHeaderTimeout: 5 * time.Second}
-		inst.servers = append(inst.servers, srv)
+		inst.servers = append(inst.servers, httpserver.Serve(ln, s.handler(name), func(err error) {
+			s.log.Warn("health check server stopped", zap.Stringer("service", name), zap.String("address", addr), zap.Error(err))
+		}))
 		if inst.lns == nil {
 			inst.lns = map[string]net.Listener{}
 		}
 		inst.lns[key] = ln
-		go func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				s.log.Warn("health check server stopped", zap.Stringer("service", name), zap.String("address", addr), zap.Error(err))
-			}
-		}()
 	}
 	return nil
 }
 
 func (inst *instance) close() {
-	for _, srv := range inst.servers {
-		_ = srv.Close()
+	for _, sv := range inst.servers {
+		_ = sv.Close()
 	}
 	inst.servers, inst.lns = nil, nil
 }

@@ -1,6 +1,7 @@
 package healthcheck
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -343,4 +344,52 @@ func TestHandover(t *testing.T) {
 	} else {
 		ln.Close()
 	}
+}
+
+// TestHandOverAnswersWhatItAccepted: a probe the predecessor accepted just
+// before handing over (it raced the successor for the accept) is answered,
+// even when its request arrives after HandOver began; an http.Server
+// shutting down would drop it, and the load balancer would count a failed
+// check.
+func TestHandOverAnswersWhatItAccepted(t *testing.T) {
+	web := ServiceName{"ns", "web"}
+	port := freePort(t)
+	old := New(Config{Addresses: loopback})
+	defer old.Close()
+	if err := old.Sync(applied(t, map[ServiceName]Service{web: {Port: port, LocalEndpoints: 1}})); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Accepted once the server tracks it; no request yet.
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(time.Millisecond) {
+		old.mu.Lock()
+		accepted := old.services[web].servers[0].Pending() > 0
+		old.mu.Unlock()
+		if accepted {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the connection was not accepted")
+		}
+	}
+	handedOver := make(chan struct{})
+	go func() { old.HandOver(); close(handedOver) }()
+	time.Sleep(50 * time.Millisecond) // HandOver is under way, the listener closed
+	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("the probe accepted before the handover: %v, want its answer", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("the probe accepted before the handover: %s, want 200", resp.Status)
+	}
+	<-handedOver
 }
