@@ -121,8 +121,11 @@ func run(o *options) error {
 	})
 	tracker := health.NewTracker(2*o.syncPeriod, nil)
 
+	// Health-check node ports follow the applied snapshots, whichever the
+	// source (the services file's healthCheckNodePort, the API's).
+	hc := healthcheck.New(healthcheck.Config{Healthy: func() bool { return tracker.Status().Healthy }, Logger: log})
+	defer hc.Close()
 	var source daemon.Source
-	var hc *healthcheck.Server
 	if kubeClient == nil {
 		// The services file's first load, before anything starts and above
 		// all before taking over from a running svcproxy: a file with
@@ -136,9 +139,6 @@ func run(o *options) error {
 		}
 		source = daemon.FileSource(watcher, reloads, o.services == "")
 	} else {
-		// Health-check node ports follow the applied snapshots.
-		hc = healthcheck.New(healthcheck.Config{Healthy: func() bool { return tracker.Status().Healthy }, Logger: log})
-		defer hc.Close()
 		source = daemon.KubeSource(kube.Options{Client: kubeClient, NodeName: o.hostname, Zone: o.zone, ProxyName: o.proxyName,
 			ResyncPeriod: o.configSyncPeriod, Logger: log, Metrics: kube.NewMetrics(reg)}, store)
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net/http"
 	"strings"
 	"sync"
 	"syscall"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/svcproxy/svcproxy/internal/proctest"
+	"github.com/svcproxy/svcproxy/internal/topology"
 )
 
 // TestPrivilegedRestartUnderLoad restarts svcproxy three times (SIGUSR2:
@@ -22,7 +24,10 @@ import (
 // steady load of new connections and a few long-lived streams: no
 // connection fails, and every stream arrives byte-exact: with REDIRECT
 // steering, and with local steering (the successor adopts the dummy
-// interface and its virtual IPs as they are).
+// interface and its virtual IPs as they are). A cloud load balancer's
+// health check, polling a Local Service's healthCheckNodePort throughout,
+// always hears 200 with its local endpoint: a restart must not take the
+// node out of the load balancer.
 func TestPrivilegedRestartUnderLoad(t *testing.T) {
 	for _, steering := range []string{"redirect", "local"} {
 		t.Run(steering, func(t *testing.T) { testRestartUnderLoad(t, steering) })
@@ -30,8 +35,9 @@ func TestPrivilegedRestartUnderLoad(t *testing.T) {
 }
 
 func testRestartUnderLoad(t *testing.T, steering string) {
-	c := newCluster(t, 3, "", "--drain-timeout", "60s", "--steering="+steering)
+	c := newCluster(t, 3, hcService, "--drain-timeout", "60s", "--steering="+steering)
 	client := c.topo.Clients[0]
+	hc := c.pollHealthCheck(client)
 
 	// Long-lived streams through the echo Service, checked byte for byte.
 	type stream struct {
@@ -112,6 +118,11 @@ func testRestartUnderLoad(t *testing.T, steering string) {
 	load.stop()
 	close(stopStreams)
 	sw.Wait()
+	if polls, bad, first := hc.stop(); polls == 0 || bad > 0 {
+		t.Errorf("health check: %d of %d polls not answered 200 with its local endpoint; first: %v", bad, polls, first)
+	} else {
+		t.Logf("health check: %d polls across 3 restarts, all 200", polls)
+	}
 
 	ok, failed := load.ok.Load(), load.failed.Load()
 	if failed > 0 {
@@ -138,4 +149,86 @@ func testRestartUnderLoad(t *testing.T, steering string) {
 		t.Logf("output:\n%s", c.proxyOut)
 	}
 	t.Logf("%d connections across 3 restarts, %d failed; %d long-lived streams byte-exact", ok+failed, failed, streams)
+}
+
+// hcService is a LoadBalancer Service with externalTrafficPolicy Local and
+// one endpoint on the node (backend 0), whose health check is answered on
+// hcPort of the node.
+const (
+	hcPort    = 30999
+	hcService = `  - name: hc
+    namespace: e2e
+    loadBalancerIPs: [198.19.2.20]
+    externalTrafficPolicy: Local
+    healthCheckNodePort: 30999
+    ports:
+      - port: 80
+        targetPort: 8080
+    endpoints:
+      - ip: 198.18.2.1
+        nodeName: node
+`
+)
+
+// hcPoller is a load balancer's health check: a GET of hcPort every 20 ms.
+type hcPoller struct {
+	stopc, done chan struct{}
+	polls, bad  int
+	first       error
+}
+
+// pollHealthCheck waits for hcService's health check to answer from h, then
+// polls it until stop.
+func (c *cluster) pollHealthCheck(h *topology.Host) *hcPoller {
+	c.t.Helper()
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: h.Dial, DisableKeepAlives: true}}
+	url := fmt.Sprintf("http://%s:%d/", topology.NodeAddr, hcPort)
+	check := func() error {
+		resp, err := client.Get(url)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		switch {
+		case err != nil:
+			return err
+		case resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"localEndpoints":1`):
+			return fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(body))
+		}
+		return nil
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for err := check(); err != nil; err = check() {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("the health check of %s does not answer: %v", url, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	p := &hcPoller{stopc: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		for {
+			select {
+			case <-p.stopc:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			p.polls++
+			if err := check(); err != nil {
+				if p.bad++; p.first == nil {
+					p.first = err
+				}
+			}
+		}
+	}()
+	return p
+}
+
+// stop ends the polls and says how many there were, how many failed, and
+// the first failure.
+func (p *hcPoller) stop() (polls, bad int, first error) {
+	close(p.stopc)
+	<-p.done
+	return p.polls, p.bad, p.first
 }

@@ -15,6 +15,7 @@
 //	    sessionAffinityTimeoutSeconds: 10800  # 1-86400; default 10800 with ClientIP
 //	    internalTrafficPolicy: Cluster        # Cluster (default) | Local
 //	    externalTrafficPolicy: Cluster        # Cluster (default) | Local
+//	    healthCheckNodePort: 32000  # with externalTrafficPolicy Local and loadBalancerIPs: kube-proxy's health check, answered on this TCP port of the node
 //	    algorithm: round-robin      # round-robin | random | least-conn | maglev; default: the Store's
 //	    firstByteTimeout: 2s        # userspace TCP: reset and charge a backend silent this long after the client's first bytes; off by default
 //	    ports:                      # required, at least one
@@ -44,7 +45,8 @@
 // `services: []`, so an empty or truncated file is an error, never "no
 // Services". A service needs at least one of clusterIPs, externalIPs,
 // loadBalancerIPs or a nodePort, and no two services may claim the same
-// frontend (protocol, address, port) or nodePort. Each (service, port)
+// frontend (protocol, address, port) or nodePort (a healthCheckNodePort
+// counts as a TCP nodePort). Each (service, port)
 // pair becomes one lb.Service named
 // {namespace, name, port name}, whose endpoints are ip:targetPort. YAML
 // anchors and aliases are not supported.
@@ -180,6 +182,9 @@ func (c claims) claim(p *parser, item *yaml.Node, path string, services []lb.Ser
 			wants = append(wants, want{lb.Frontend{Protocol: svc.Protocol, Addr: netip.AddrPortFrom(netip.Addr{}, svc.NodePort)}, svc.Name})
 		}
 	}
+	if len(services) > 0 && services[0].HealthCheckNodePort != 0 { // the same on each port
+		wants = append(wants, want{lb.Frontend{Protocol: lb.TCP, Addr: netip.AddrPortFrom(netip.Addr{}, services[0].HealthCheckNodePort)}, services[0].Name})
+	}
 	conflict := false
 	for _, w := range wants {
 		held, taken := c[w.f]
@@ -283,7 +288,7 @@ func (p *parser) service(n *yaml.Node, path string) (key string, nameNode *yaml.
 	before := len(p.errs)
 	f, ok := p.fields(n, path, "name", "namespace", "clusterIP", "clusterIPs", "externalIPs", "loadBalancerIPs",
 		"loadBalancerSourceRanges", "sessionAffinity", "sessionAffinityTimeoutSeconds", "internalTrafficPolicy", "externalTrafficPolicy",
-		"algorithm", "firstByteTimeout", "ports", "endpoints")
+		"healthCheckNodePort", "algorithm", "firstByteTimeout", "ports", "endpoints")
 	if !ok {
 		return "", nil, nil
 	}
@@ -424,6 +429,19 @@ func (p *parser) service(n *yaml.Node, path string) (key string, nameNode *yaml.
 	var endpoints []endpointSpec
 	if v := f["endpoints"]; v != nil {
 		endpoints = p.endpoints(v, path+".endpoints", ports)
+	}
+	if v := f["healthCheckNodePort"]; v != nil {
+		field := path + ".healthCheckNodePort"
+		if port, ok := p.port(v, field); ok {
+			switch {
+			case base.ExternalTrafficPolicy != lb.PolicyLocal || len(base.LoadBalancerIPs) == 0:
+				p.errorf(v, field, "only valid with externalTrafficPolicy: Local and loadBalancerIPs, as kube-proxy serves it for LoadBalancer Services only")
+			case slices.ContainsFunc(ports, func(pt portSpec) bool { return pt.protocol == lb.TCP && pt.nodePort == port }):
+				p.errorf(v, field, "%d is also a TCP nodePort of this service", port)
+			default:
+				base.HealthCheckNodePort = port
+			}
+		}
 	}
 
 	hasNodePort := slices.ContainsFunc(ports, func(pt portSpec) bool { return pt.nodePort != 0 })

@@ -50,6 +50,7 @@ services:
     sessionAffinityTimeoutSeconds: 60
     internalTrafficPolicy: Local
     externalTrafficPolicy: Local
+    healthCheckNodePort: 32000
     algorithm: least-conn
     firstByteTimeout: 1500ms
     ports:
@@ -85,6 +86,7 @@ services:
 				AffinityTimeout:       time.Minute,
 				InternalTrafficPolicy: lb.PolicyLocal,
 				ExternalTrafficPolicy: lb.PolicyLocal,
+				HealthCheckNodePort:   32000,
 				Algorithm:             lb.LeastConn,
 				FirstByteTimeout:      1500 * time.Millisecond,
 			}
@@ -454,6 +456,43 @@ func TestParseErrors(t *testing.T) {
     externalTrafficPolicy: Global
     ports: [{port: 80}]
 `, `line 4: services[0].externalTrafficPolicy: unknown traffic policy "Global"`, false, 0},
+		{"health check without Local", `services:
+  - name: web
+    loadBalancerIPs: [198.51.100.1]
+    healthCheckNodePort: 32000
+    ports: [{port: 80}]
+`, "line 4: services[0].healthCheckNodePort: only valid with externalTrafficPolicy: Local and loadBalancerIPs", false, 0},
+		{"health check without loadBalancerIPs", `services:
+  - name: web
+    clusterIP: 10.0.0.1
+    externalTrafficPolicy: Local
+    healthCheckNodePort: 32000
+    ports: [{port: 80}]
+`, "line 5: services[0].healthCheckNodePort: only valid with externalTrafficPolicy: Local and loadBalancerIPs", false, 0},
+		{"health check port out of range", `services:
+  - name: web
+    loadBalancerIPs: [198.51.100.1]
+    externalTrafficPolicy: Local
+    healthCheckNodePort: 70000
+    ports: [{port: 80}]
+`, "line 5: services[0].healthCheckNodePort: must be in 1-65535", false, 0},
+		{"health check on its own nodePort", `services:
+  - name: web
+    loadBalancerIPs: [198.51.100.1]
+    externalTrafficPolicy: Local
+    healthCheckNodePort: 30080
+    ports: [{port: 80, nodePort: 30080}]
+`, "line 5: services[0].healthCheckNodePort: 30080 is also a TCP nodePort of this service", false, 0},
+		{"health check on another service's nodePort", `services:
+  - name: web
+    clusterIP: 10.0.0.1
+    ports: [{port: 80, nodePort: 30080}]
+  - name: lb
+    loadBalancerIPs: [198.51.100.1]
+    externalTrafficPolicy: Local
+    healthCheckNodePort: 30080
+    ports: [{port: 80}]
+`, "nodePort TCP/30080 already belongs to default/web", false, 1},
 		{"bad algorithm", `services:
   - name: web
     clusterIP: 10.0.0.1
