@@ -108,7 +108,5 @@ func profilingHandler() http.Handler {
 // shutdown stops the servers, answering every request they accepted (a
 // scrape or probe that raced a successor for the accept must not fail).
 func (w *httpServers) shutdown(ctx context.Context) {
-	for _, s := range w.servers {
-		s.Stop(ctx)
-	}
+	httpserver.Stop(ctx, w.servers...)
 }

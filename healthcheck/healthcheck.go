@@ -255,9 +255,7 @@ func (s *Server) HandOver() {
 	s.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	for _, sv := range servers {
-		sv.Stop(ctx)
-	}
+	httpserver.Stop(ctx, servers...)
 }
 
 func (s *Server) open(name ServiceName, inst *instance) error {

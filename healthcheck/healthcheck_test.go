@@ -378,7 +378,16 @@ func TestHandOverAnswersWhatItAccepted(t *testing.T) {
 	}
 	handedOver := make(chan struct{})
 	go func() { old.HandOver(); close(handedOver) }()
-	time.Sleep(50 * time.Millisecond) // HandOver is under way, the listener closed
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(5 * time.Millisecond) { // HandOver is under way: the listener closed
+		c2, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
+		if err != nil {
+			break
+		}
+		c2.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("the listener still accepts during HandOver")
+		}
+	}
 	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
 	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n"); err != nil {
 		t.Fatal(err)

@@ -173,6 +173,7 @@ const (
 // hcPoller is a load balancer's health check: a GET of hcPort every 20 ms.
 type hcPoller struct {
 	stopc, done chan struct{}
+	once        sync.Once
 	polls, bad  int
 	first       error
 }
@@ -206,6 +207,7 @@ func (c *cluster) pollHealthCheck(h *topology.Host) *hcPoller {
 		time.Sleep(50 * time.Millisecond)
 	}
 	p := &hcPoller{stopc: make(chan struct{}), done: make(chan struct{})}
+	c.t.Cleanup(func() { p.stop() }) // when the test ends early
 	go func() {
 		defer close(p.done)
 		for {
@@ -228,7 +230,7 @@ func (c *cluster) pollHealthCheck(h *topology.Host) *hcPoller {
 // stop ends the polls and says how many there were, how many failed, and
 // the first failure.
 func (p *hcPoller) stop() (polls, bad int, first error) {
-	close(p.stopc)
+	p.once.Do(func() { close(p.stopc) })
 	<-p.done
 	return p.polls, p.bad, p.first
 }

@@ -4,7 +4,7 @@
 // closes a connection whose request it reads, unanswered; a client that
 // connected just before, and whose connection this process rather than the
 // successor accepted, would see the node fail (a load balancer's health
-// check, a Prometheus scrape, a kubelet probe).
+// check, a Prometheus scrape, a kubelet probe). Stop ends several at once.
 package httpserver
 
 import (
@@ -60,23 +60,36 @@ func (s *Server) Pending() int {
 	return len(s.pending)
 }
 
-// Stop stops accepting (the listener closes; a successor's copy of the
-// socket stays open), answers every connection accepted until then, and
-// shuts down: idle keep-alive connections close. Past ctx's deadline the
-// rest are closed.
-func (s *Server) Stop(ctx context.Context) {
-	_ = s.ln.Close()
-	<-s.done // Serve returned: it accepts no more, and has tracked every connection it accepted
-	for s.Pending() > 0 && ctx.Err() == nil {
-		select {
-		case <-ctx.Done():
-		case <-time.After(5 * time.Millisecond):
+// Stop stops servers together: every listener closes first (a successor's
+// copy of a socket stays open), so none accepts while another waits; then
+// keep-alive ends (idle connections close, answers say Connection: close),
+// every connection accepted until then is answered, and the servers shut
+// down. Past ctx's deadline the rest are closed.
+func Stop(ctx context.Context, servers ...*Server) {
+	for _, s := range servers {
+		_ = s.ln.Close()
+	}
+	for _, s := range servers {
+		<-s.done // Serve returned: it accepts no more, and has tracked every connection it accepted
+		s.http.SetKeepAlivesEnabled(false)
+	}
+	for _, s := range servers {
+		for s.Pending() > 0 && ctx.Err() == nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(5 * time.Millisecond):
+			}
 		}
 	}
-	if s.http.Shutdown(ctx) != nil {
-		_ = s.http.Close()
+	for _, s := range servers {
+		if s.http.Shutdown(ctx) != nil {
+			_ = s.http.Close()
+		}
 	}
 }
 
 // Close closes the listener and every connection at once.
-func (s *Server) Close() error { return s.http.Close() }
+func (s *Server) Close() error {
+	_ = s.ln.Close() // also when Serve has not started yet
+	return s.http.Close()
+}

@@ -15,7 +15,7 @@
 //	    sessionAffinityTimeoutSeconds: 10800  # 1-86400; default 10800 with ClientIP
 //	    internalTrafficPolicy: Cluster        # Cluster (default) | Local
 //	    externalTrafficPolicy: Cluster        # Cluster (default) | Local
-//	    healthCheckNodePort: 32000  # with externalTrafficPolicy Local and loadBalancerIPs: kube-proxy's health check, answered on this TCP port of the node
+//	    healthCheckNodePort: 32000  # only with externalTrafficPolicy Local and loadBalancerIPs: kube-proxy's health check on this TCP port of the node
 //	    algorithm: round-robin      # round-robin | random | least-conn | maglev; default: the Store's
 //	    firstByteTimeout: 2s        # userspace TCP: reset and charge a backend silent this long after the client's first bytes; off by default
 //	    ports:                      # required, at least one
@@ -46,10 +46,9 @@
 // Services". A service needs at least one of clusterIPs, externalIPs,
 // loadBalancerIPs or a nodePort, and no two services may claim the same
 // frontend (protocol, address, port) or nodePort (a healthCheckNodePort
-// counts as a TCP nodePort). Each (service, port)
-// pair becomes one lb.Service named
-// {namespace, name, port name}, whose endpoints are ip:targetPort. YAML
-// anchors and aliases are not supported.
+// counts as a TCP nodePort). Each (service, port) pair becomes one
+// lb.Service named {namespace, name, port name}, whose endpoints are
+// ip:targetPort. YAML anchors and aliases are not supported.
 package file
 
 import (
@@ -171,19 +170,20 @@ func (c claims) claim(p *parser, item *yaml.Node, path string, services []lb.Ser
 	type want struct {
 		f    lb.Frontend
 		name lb.ServicePortName
+		hc   bool // the service's healthCheckNodePort
 	}
 	var wants []want
 	for i := range services {
 		svc := &services[i]
 		for _, ip := range slices.Concat(svc.ClusterIPs, svc.ExternalIPs, svc.LoadBalancerIPs) {
-			wants = append(wants, want{lb.Frontend{Protocol: svc.Protocol, Addr: netip.AddrPortFrom(ip, svc.Port)}, svc.Name})
+			wants = append(wants, want{lb.Frontend{Protocol: svc.Protocol, Addr: netip.AddrPortFrom(ip, svc.Port)}, svc.Name, false})
 		}
 		if svc.NodePort != 0 {
-			wants = append(wants, want{lb.Frontend{Protocol: svc.Protocol, Addr: netip.AddrPortFrom(netip.Addr{}, svc.NodePort)}, svc.Name})
+			wants = append(wants, want{lb.Frontend{Protocol: svc.Protocol, Addr: netip.AddrPortFrom(netip.Addr{}, svc.NodePort)}, svc.Name, false})
 		}
 	}
 	if len(services) > 0 && services[0].HealthCheckNodePort != 0 { // the same on each port
-		wants = append(wants, want{lb.Frontend{Protocol: lb.TCP, Addr: netip.AddrPortFrom(netip.Addr{}, services[0].HealthCheckNodePort)}, services[0].Name})
+		wants = append(wants, want{lb.Frontend{Protocol: lb.TCP, Addr: netip.AddrPortFrom(netip.Addr{}, services[0].HealthCheckNodePort)}, services[0].Name, true})
 	}
 	conflict := false
 	for _, w := range wants {
@@ -192,6 +192,9 @@ func (c claims) claim(p *parser, item *yaml.Node, path string, services []lb.Ser
 		case !taken:
 		case w.f.Addr.Addr().IsValid():
 			p.errorf(item, path, "frontend %v already belongs to %v (line %d)", w.f, held.owner, held.line)
+			conflict = true
+		case w.hc:
+			p.errorf(item, path+".healthCheckNodePort", "TCP port %d already belongs to %v (line %d)", w.f.Addr.Port(), held.owner, held.line)
 			conflict = true
 		default:
 			p.errorf(item, path, "nodePort %v/%d already belongs to %v (line %d)", w.f.Protocol, w.f.Addr.Port(), held.owner, held.line)

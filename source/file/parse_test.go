@@ -492,7 +492,7 @@ func TestParseErrors(t *testing.T) {
     externalTrafficPolicy: Local
     healthCheckNodePort: 30080
     ports: [{port: 80}]
-`, "nodePort TCP/30080 already belongs to default/web", false, 1},
+`, "services[1].healthCheckNodePort: TCP port 30080 already belongs to default/web", false, 1},
 		{"bad algorithm", `services:
   - name: web
     clusterIP: 10.0.0.1
