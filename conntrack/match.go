@@ -2,6 +2,7 @@ package conntrack
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -26,13 +27,13 @@ type Match struct {
 // Matches reports whether m picks f. It never picks an entry of a protocol
 // svcproxy does not serve (Flow.Other).
 func (m Match) Matches(f Flow) bool {
-	switch {
-	case f.Other || f.Proto != m.Proto:
+	if f.Other || f.Proto != m.Proto {
 		return false
-	case m.OrigDst.Port() != 0 && f.OrigDst.Port() != m.OrigDst.Port():
+	}
+	if p := m.OrigDst.Port(); p != 0 && f.OrigDst.Port() != p {
 		return false
-	case m.anyDst():
-	case f.OrigDst.Addr() != m.OrigDst.Addr():
+	}
+	if !m.anyDst() && f.OrigDst.Addr() != m.OrigDst.Addr() {
 		return false
 	}
 	return !m.ReplySrc.IsValid() || f.ReplySrc == m.ReplySrc
@@ -72,9 +73,11 @@ func DeleteMatching(ctx context.Context, t Table, family netfilter.Family, ms []
 	}
 	anyPort := byPort[0]
 	return t.Delete(ctx, family, func(f Flow) bool {
-		for _, m := range byPort[f.OrigDst.Port()] {
-			if m.Matches(f) {
-				return true
+		if p := f.OrigDst.Port(); p != 0 {
+			for _, m := range byPort[p] {
+				if m.Matches(f) {
+					return true
+				}
 			}
 		}
 		for _, m := range anyPort {
@@ -84,4 +87,18 @@ func DeleteMatching(ctx context.Context, t Table, family netfilter.Family, ms []
 		}
 		return false
 	})
+}
+
+// DeleteMatchingByFamily is DeleteMatching of each family's matches (ms is
+// indexed by netfilter.Family): one read of the table of each family that
+// has some. An error names the family, how many matches it had and the
+// first few.
+func DeleteMatchingByFamily(ctx context.Context, t Table, ms [2][]Match) error {
+	var errs []error
+	for fam, fms := range ms {
+		if _, err := DeleteMatching(ctx, t, netfilter.Family(fam), fms); err != nil {
+			errs = append(errs, fmt.Errorf("%d matches (%v…): %w", len(fms), fms[:min(len(fms), 4)], err))
+		}
+	}
+	return errors.Join(errs...)
 }

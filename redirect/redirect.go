@@ -502,10 +502,8 @@ func (r *Redirector) forgetMoved(ctx context.Context, now map[lb.Frontend]uint16
 			moved[fam] = append(moved[fam], conntrack.Match{Proto: lb.UDP, OrigDst: dst})
 		}
 	}
-	for fam, ms := range moved {
-		if _, err := conntrack.DeleteMatching(ctx, r.ct, netfilter.Family(fam), ms); err != nil {
-			r.log.Warn("clearing conntrack entries of moved UDP frontends", zap.Int("frontends", len(ms)), zap.Stringers("first", ms[:min(len(ms), 4)]), zap.Error(err))
-		}
+	if err := conntrack.DeleteMatchingByFamily(ctx, r.ct, moved); err != nil {
+		r.log.Warn("clearing conntrack entries of moved UDP frontends", zap.Error(err))
 	}
 	r.steered = maps.Clone(now)
 }

@@ -213,10 +213,10 @@ func registerLocalSteering(reg prometheus.Registerer, m *userspace.Mode) {
 }
 
 // registerSteering exports red's repair count, the conntrack entries it
-// deleted, and its failed writes per family, named as kube-proxy names them for the backend that writes the
-// rules: the nftables backend's transactions as
-// kubeproxy_sync_proxy_rules_nftables_sync_failures_total (as the
-// nftables mode's), the iptables backend's iptables-restore runs as
+// deleted, and its failed writes per family, named as kube-proxy names them
+// for the backend that writes the rules: the nftables backend's
+// transactions as kubeproxy_sync_proxy_rules_nftables_sync_failures_total
+// (as the nftables mode's), the iptables backend's iptables-restore runs as
 // kubeproxy_sync_proxy_rules_iptables_restore_failures_total.
 func registerSteering(reg prometheus.Registerer, families []string, red *redirect.Redirector) {
 	daemon.RegisterRepairs(reg, "redirect", "Full syncs that found svcproxy's rules or sets tampered with and repaired them.", red.Repairs)

@@ -126,8 +126,8 @@ func (m *Mode) ruleset(st *state) *netfilter.Ruleset {
 // One read of the table per family with such flows. Failures are logged,
 // not returned: the rules are right either way.
 func (m *Mode) clearStaleFlows(ctx context.Context, changes []change) {
+	var stale [2][]conntrack.Match
 	for _, fam := range m.families {
-		var stale []conntrack.Match
 		for _, c := range changes {
 			if c.old == nil {
 				continue
@@ -138,12 +138,12 @@ func (m *Mode) clearStaleFlows(ctx context.Context, changes []change) {
 			}
 			for _, f := range c.old.rules[fam].udpFlows {
 				if !slices.Contains(now, f) {
-					stale = append(stale, f)
+					stale[fam] = append(stale[fam], f)
 				}
 			}
 		}
-		if _, err := conntrack.DeleteMatching(ctx, m.ct, fam, stale); err != nil {
-			m.log.Warn("clearing conntrack entries of removed UDP endpoints", zap.Int("flows", len(stale)), zap.Stringers("first", stale[:min(len(stale), 4)]), zap.Error(err))
-		}
+	}
+	if err := conntrack.DeleteMatchingByFamily(ctx, m.ct, stale); err != nil {
+		m.log.Warn("clearing conntrack entries of removed UDP endpoints", zap.Error(err))
 	}
 }

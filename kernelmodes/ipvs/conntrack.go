@@ -2,7 +2,6 @@ package ipvs
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 
@@ -27,14 +26,12 @@ func (m *Mode) forgetUDP(k vsKey, a netip.AddrPort) {
 // flushUDP deletes the entries forgetUDP noted: one read of the table per
 // family, however many real servers went.
 func (m *Mode) flushUDP(ctx context.Context) error {
-	var errs []error
-	for fam, ms := range m.staleUDP {
-		if _, err := conntrack.DeleteMatching(ctx, m.ct, netfilter.Family(fam), ms); err != nil {
-			errs = append(errs, fmt.Errorf("clearing the conntrack entries of %d removed UDP real servers: %w", len(ms), err))
-		}
-		m.staleUDP[fam] = nil
+	err := conntrack.DeleteMatchingByFamily(ctx, m.ct, m.staleUDP)
+	m.staleUDP = [2][]conntrack.Match{}
+	if err != nil {
+		return fmt.Errorf("clearing the conntrack entries of removed UDP real servers: %w", err)
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // ConntrackDeleted counts the conntrack entries of family deleted with the

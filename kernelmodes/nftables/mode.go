@@ -589,11 +589,8 @@ func (m *Mode) clearAffinity(ctx context.Context, fam netfilter.Family, prev, ne
 // endpoint left their frontend, so their next datagram picks a live one:
 // one read of the table per family with such flows.
 func (m *Mode) clearStaleFlows(ctx context.Context, flows [2][]conntrack.Match) {
-	for _, fam := range m.families {
-		stale := flows[fam]
-		if _, err := conntrack.DeleteMatching(ctx, m.ct, fam, stale); err != nil {
-			m.log.Warn("clearing conntrack entries of removed UDP endpoints", zap.Int("flows", len(stale)), zap.Stringers("first", stale[:min(len(stale), 4)]), zap.Error(err))
-		}
+	if err := conntrack.DeleteMatchingByFamily(ctx, m.ct, flows); err != nil {
+		m.log.Warn("clearing conntrack entries of removed UDP endpoints", zap.Error(err))
 	}
 }
 
