@@ -191,12 +191,7 @@ func shutdown(f *Forwarder) {
 // freeDualPort returns a TCP port free on 0.0.0.0 and on [::].
 func freeDualPort(t *testing.T) uint16 {
 	t.Helper()
-	ln, err := net.Listen("tcp", "[::]:0") // dual-stack: holds the port in both families
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).AddrPort().Port()
+	return freePort(t, "tcp", netip.IPv6Unspecified()).Port() // dual-stack: checks both families
 }
 
 // socketInode is the inode of f's socket. It reads it through SyscallConn:

@@ -111,22 +111,36 @@ func (b *testBackend) stop() {
 // refusingAddr returns a loopback address where nothing listens.
 func refusingAddr(t testing.TB) netip.AddrPort {
 	t.Helper()
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().(*net.TCPAddr).AddrPort()
-	ln.Close()
-	return addr
+	return freeFrontend(t)
 }
 
-// freeFrontend returns a loopback address and port nothing listens on, for
-// the forwarder to listen on. The port is below the kernel's ephemeral
-// range: one that listening on port 0 found free would be handed out again
-// by the next connect or port-0 listen of any test running meanwhile (make
-// test runs packages in parallel), and the forwarder's listen would find it
-// taken ("address already in use").
+// freeFrontend returns a loopback address and TCP port nothing listens on,
+// for the forwarder to listen on (see freePort).
 func freeFrontend(t testing.TB) netip.AddrPort {
+	t.Helper()
+	return freePort(t, "tcp4", loopback4)
+}
+
+var loopback4 = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+
+// handedOut holds the ports freePort has returned in this process: it
+// never returns one twice, though nothing listens on it until the test
+// that took it gets there.
+var handedOut = struct {
+	sync.Mutex
+	ports map[uint16]bool
+}{ports: map[uint16]bool{}}
+
+// freePort returns ip with a port that nothing listens on for network (as
+// net.Listen and net.ListenPacket take it: "tcp" on [::] holds both
+// families), for the forwarder to listen on. The port is
+// below the kernel's ephemeral range: one that listening on port 0 found
+// free would be handed out again by the next connect or port-0 listen of
+// any test running meanwhile (make test runs packages in parallel), and the
+// forwarder's listen would find it taken ("address already in use"). Where
+// the range leaves too little room below it, it falls back to a port-0
+// listen.
+func freePort(t testing.TB, network string, ip netip.Addr) netip.AddrPort {
 	t.Helper()
 	ephemeral := 32768 // Linux's default start, and below Windows' 49152
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
@@ -137,20 +151,50 @@ func freeFrontend(t testing.TB) netip.AddrPort {
 		}
 	}
 	const lowest = 10000
-	if ephemeral-lowest < 1000 {
-		return refusingAddr(t)
-	}
-	for range 100 {
-		port := lowest + rand.IntN(ephemeral-lowest)
-		ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port})
-		if err != nil {
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	for try := range 100 {
+		port := uint16(0)
+		if ephemeral-lowest >= 1000 {
+			port = uint16(lowest + rand.IntN(ephemeral-lowest))
+		}
+		if port != 0 && handedOut.ports[port] {
 			continue
 		}
-		ln.Close()
-		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(port))
+		addr, err := listenAndClose(network, netip.AddrPortFrom(ip, port))
+		if err != nil {
+			if port == 0 && try > 10 {
+				t.Fatalf("no free %s port on %s: %v", network, ip, err)
+			}
+			continue
+		}
+		if handedOut.ports[addr.Port()] {
+			continue
+		}
+		handedOut.ports[addr.Port()] = true
+		return addr
 	}
-	t.Fatalf("no free loopback port in %d-%d", lowest, ephemeral-1)
+	t.Fatalf("no free %s port on %s in %d-%d", network, ip, lowest, ephemeral-1)
 	return netip.AddrPort{}
+}
+
+// listenAndClose listens on addr for network and closes at once, returning
+// the address it got.
+func listenAndClose(network string, addr netip.AddrPort) (netip.AddrPort, error) {
+	if strings.HasPrefix(network, "udp") {
+		pc, err := net.ListenPacket(network, addr.String())
+		if err != nil {
+			return netip.AddrPort{}, err
+		}
+		defer pc.Close()
+		return pc.LocalAddr().(*net.UDPAddr).AddrPort(), nil
+	}
+	ln, err := net.Listen(network, addr.String())
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).AddrPort(), nil
 }
 
 // service builds a TCP Service on frontend with ready endpoints at addrs.

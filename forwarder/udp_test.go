@@ -63,12 +63,7 @@ func udpService(name string, frontend netip.AddrPort, addrs ...netip.AddrPort) l
 // freeUDPFrontend returns a loopback UDP address nothing listens on.
 func freeUDPFrontend(t testing.TB) netip.AddrPort {
 	t.Helper()
-	pc, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Close()
-	return pc.LocalAddr().(*net.UDPAddr).AddrPort()
+	return freePort(t, "udp4", loopback4)
 }
 
 // query sends msg from a new connected socket to addr and returns the
