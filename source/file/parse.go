@@ -368,7 +368,7 @@ func (p *parser) service(n *yaml.Node, path string) (key string, nameNode *yaml.
 		}
 	}
 
-	clientIP := false
+	clientIP, affinityErr := false, false // a timeout says nothing more after an affinity error
 	if v := f["sessionAffinity"]; v != nil {
 		if s, ok := p.str(v, path+".sessionAffinity"); ok {
 			switch {
@@ -377,7 +377,10 @@ func (p *parser) service(n *yaml.Node, path string) (key string, nameNode *yaml.
 			case strings.EqualFold(s, "None"):
 			default:
 				p.errorf(v, path+".sessionAffinity", "unknown affinity %q (want None or ClientIP)", s)
+				affinityErr = true
 			}
+		} else {
+			affinityErr = true
 		}
 	}
 	if clientIP {
@@ -388,14 +391,16 @@ func (p *parser) service(n *yaml.Node, path string) (key string, nameNode *yaml.
 		if secs, ok := p.integer(v, field, 1, maxAffinitySeconds); ok {
 			if clientIP {
 				base.AffinityTimeout = time.Duration(secs) * time.Second
-			} else {
+			} else if !affinityErr {
 				p.errorf(v, field, "only valid with sessionAffinity: ClientIP")
 			}
 		}
 	}
 
 	base.InternalTrafficPolicy = p.policy(f["internalTrafficPolicy"], path+".internalTrafficPolicy")
+	policyStart := len(p.errs)
 	base.ExternalTrafficPolicy = p.policy(f["externalTrafficPolicy"], path+".externalTrafficPolicy")
+	policyErr := len(p.errs) > policyStart // a healthCheckNodePort then says nothing more
 	if v := f["algorithm"]; v != nil {
 		if s, ok := p.str(v, path+".algorithm"); ok {
 			algo, err := lb.ParseAlgorithm(s)
@@ -437,6 +442,7 @@ func (p *parser) service(n *yaml.Node, path string) (key string, nameNode *yaml.
 		field := path + ".healthCheckNodePort"
 		if port, ok := p.port(v, field); ok {
 			switch {
+			case policyErr:
 			case base.ExternalTrafficPolicy != lb.PolicyLocal || len(base.LoadBalancerIPs) == 0:
 				p.errorf(v, field, "only valid with externalTrafficPolicy: Local and loadBalancerIPs, as kube-proxy serves it for LoadBalancer Services only")
 			case slices.ContainsFunc(ports, func(pt portSpec) bool { return pt.protocol == lb.TCP && pt.nodePort == port }):

@@ -581,6 +581,54 @@ services: []
 	}
 }
 
+// TestParseOneErrorPerMistake: a field that is only valid with another
+// says nothing more when that other field is itself wrong.
+func TestParseOneErrorPerMistake(t *testing.T) {
+	tests := []struct {
+		name, yaml, wantErr string
+	}{
+		{"health check with an unknown policy", `services:
+  - name: web
+    loadBalancerIPs: [198.51.100.1]
+    externalTrafficPolicy: Loca
+    healthCheckNodePort: 32000
+    ports: [{port: 80}]
+`, `line 4: services[0].externalTrafficPolicy: unknown traffic policy "Loca"`},
+		{"health check with a policy that is not a string", `services:
+  - name: web
+    loadBalancerIPs: [198.51.100.1]
+    externalTrafficPolicy: [Local]
+    healthCheckNodePort: 32000
+    ports: [{port: 80}]
+`, "line 4: services[0].externalTrafficPolicy:"},
+		{"affinity timeout with an unknown affinity", `services:
+  - name: web
+    clusterIP: 10.0.0.1
+    sessionAffinity: ClientIp4
+    sessionAffinityTimeoutSeconds: 60
+    ports: [{port: 80}]
+`, `line 4: services[0].sessionAffinity: unknown affinity "ClientIp4"`},
+		{"affinity timeout with an affinity that is not a string", `services:
+  - name: web
+    clusterIP: 10.0.0.1
+    sessionAffinity: {ClientIP: true}
+    sessionAffinityTimeoutSeconds: 60
+    ports: [{port: 80}]
+`, "line 4: services[0].sessionAffinity:"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte(tt.yaml))
+			if err == nil {
+				t.Fatalf("Parse succeeded, want the error %q", tt.wantErr)
+			}
+			if lines := strings.Split(err.Error(), "\n"); len(lines) != 1 || !strings.Contains(lines[0], tt.wantErr) {
+				t.Errorf("Parse error:\n got %q\nwant one error, containing %q", lines, tt.wantErr)
+			}
+		})
+	}
+}
+
 func TestParseSkipsOnlyBadServices(t *testing.T) {
 	const yaml = `services:
   - name: a
