@@ -170,12 +170,7 @@ func ClearUnNATed(ctx context.Context, t Table, fresh map[lb.Frontend]bool) (int
 	return total, errors.Join(errs...)
 }
 
-func familyOf(fe lb.Frontend) netfilter.Family {
-	if a := fe.Addr.Addr(); a.Is6() && !a.Is4In6() {
-		return netfilter.IPv6
-	}
-	return netfilter.IPv4
-}
+func familyOf(fe lb.Frontend) netfilter.Family { return netfilter.FamilyOf(fe.Addr.Addr()) }
 
 // Clear is Fresh, then ClearUnNATed of what it found in t, logged: what
 // each mode calls after a successful sync of snap. A failure is logged and
