@@ -61,16 +61,19 @@ func (w *world) runStep(t *testing.T, step cases.Step, full bool) {
 			t.Fatalf("could not open a connection to backend%d through %v", h.Backend, h.To)
 		}
 	}
-	deleted := func() uint64 { return w.m.ConntrackDeleted(netfilter.IPv4) + w.m.ConntrackDeleted(netfilter.IPv6) }
-	before := deleted()
+	var fam netfilter.Family // the held flow's
+	if h := step.Held; h != nil {
+		fam = netfilter.FamilyOf(cases.Backends[h.Backend])
+	}
+	before := w.m.ConntrackDeleted(fam)
 	if _, err := w.store.Replace(step.Services); err != nil {
 		t.Fatalf("Replace: %v", err)
 	}
 	if err := w.m.Apply(context.Background(), w.store.Snapshot(), full); err != nil {
 		t.Fatalf("Apply: %v", err)
 	}
-	if h := step.Held; h != nil && h.Proto == lb.UDP && deleted() == before {
-		t.Errorf("ConntrackDeleted did not count the held flow's entry, deleted with its real server")
+	if h := step.Held; h != nil && h.Proto == lb.UDP && w.m.ConntrackDeleted(fam) == before {
+		t.Errorf("ConntrackDeleted(%v) did not count the held flow's entry, deleted with its real server", fam)
 	}
 	if h := step.Held; h != nil {
 		gone := netip.AddrPortFrom(cases.Backends[h.Backend], held.Route.Backend.Port())
