@@ -1,4 +1,5 @@
-// Package conntrack owns deleting connection-tracking entries: a family's
+// Package conntrack owns svcproxy's dealings with the kernel's connection
+// tracking: deleting entries, and tuning the table. Deleting: a family's
 // table read once over ctnetlink, and every entry a predicate picks deleted
 // (Netlink). What an entry looks like to the predicate is Flow. Served and
 // ClearUnNATed are what the NAT modes (REDIRECT steering, the iptables and
@@ -6,8 +7,10 @@
 // frontend before it was served, which would keep their flows unserved.
 // Match and DeleteMatching are the rest: a UDP flow whose endpoint left
 // its frontend, or whose frontend moved to another forwarder port, loses
-// its entry so that its next datagram is served anew. conntracktest holds
-// the in-memory table.
+// its entry so that its next datagram is served anew. Tune sets the
+// table's size and timeouts from kube-proxy's conntrack section, as
+// kube-proxy does at start (tune.go). conntracktest holds the in-memory
+// table and parameters.
 package conntrack
 
 import (

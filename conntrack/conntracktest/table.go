@@ -1,5 +1,6 @@
-// Package conntracktest holds the in-memory conntrack.Table: the entries a
-// test puts in, and what Delete leaves of them.
+// Package conntracktest holds the in-memory conntrack.Table (the entries a
+// test puts in, and what Delete leaves of them) and conntrack.Params (the
+// kernel parameters Tune reads and writes).
 package conntracktest
 
 import (

@@ -14,7 +14,7 @@ import (
 // The kernel boundaries. Each interface is exactly what Mode calls; the real
 // implementations are NewIPVS (moby/ipvs), NewLinks (vishvananda/netlink),
 // Exec (iptables-restore, ipset), conntrack.NewNetlink (ctnetlink) and
-// ProcSysctls (/proc/sys); the in-memory fakes are in package ipvstest.
+// sysctl.Files (/proc/sys); the in-memory fakes are in package ipvstest.
 
 // IPVS is the subset of *ipvs.Handle (github.com/moby/ipvs) Mode calls. The
 // kernel reports errors as syscall.Errno: EEXIST when creating what exists,

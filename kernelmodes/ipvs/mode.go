@@ -21,6 +21,7 @@ import (
 	"github.com/svcproxy/svcproxy/conntrack"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/sysctl"
 )
 
 // DummyInterface holds every virtual IP. It is left down.
@@ -65,7 +66,7 @@ type Config struct {
 	SweepInterval time.Duration
 
 	// The kernel boundaries. Nil: the real ones in this process's network
-	// namespace (NewIPVS, NewLinks, &netfilter.Exec{}, conntrack.NewNetlink, ProcSysctls{}).
+	// namespace (NewIPVS, NewLinks, &netfilter.Exec{}, conntrack.NewNetlink, sysctl.Files{}).
 	IPVS      IPVS
 	Links     Links
 	Rules     Rules
@@ -196,7 +197,7 @@ func New(cfg Config) (*Mode, error) {
 		Repaired: func(diffs []string) { m.ruleDiffs = diffs },
 	})
 	if m.sysctls == nil {
-		m.sysctls = ProcSysctls{}
+		m.sysctls = sysctl.Files{}
 	}
 	return m, nil
 }

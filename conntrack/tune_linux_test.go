@@ -1,0 +1,95 @@
+package conntrack_test
+
+import (
+	"errors"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/svcproxy/svcproxy/conntrack"
+	"github.com/svcproxy/svcproxy/internal/kerneltest"
+	"github.com/svcproxy/svcproxy/sysctl"
+)
+
+var privileged = kerneltest.Gate{
+	Package: "./conntrack/",
+	Prefix:  "svcproxy-ct-",
+	Tools:   []string{"ip"},
+	Probe: func(string) error {
+		if _, err := (sysctl.Files{}).Sysctl(conntrack.TCPCloseWaitSysctl); err != nil {
+			return errors.New("the kernel has no connection tracking (nf_conntrack): " + err.Error())
+		}
+		return nil
+	},
+}
+
+// TestPrivilegedTune runs Tune on the real files, in a namespace of its
+// own: the timeouts are the namespace's to set, the table's size is the
+// node's first namespace's, and nothing of the node's own changes.
+func TestPrivilegedTune(t *testing.T) {
+	privileged.Require(t)
+	node := map[string]string{}
+	names := []string{conntrack.MaxSysctl, conntrack.TCPEstablishedSysctl, conntrack.TCPCloseWaitSysctl, conntrack.UDPSysctl}
+	for _, n := range names {
+		v, err := (sysctl.Files{}).Sysctl(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		node[n] = v
+	}
+	hash, err := sysctl.Module.Sysctl(conntrack.HashsizeParam)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := privileged.NewNS(t)
+
+	t.Run("timeouts are set in the namespace", func(t *testing.T) {
+		kerneltest.Do(t, ns, func() {
+			tun := conntrack.Tuning{TCPEstablished: 24 * time.Hour, TCPCloseWait: time.Hour, UDP: 47 * time.Second}
+			changed, err := conntrack.Tune(tun, 1, sysctl.Files{}, sysctl.Module)
+			if err != nil {
+				t.Errorf("Tune: %v", err)
+			}
+			if len(changed) != 3 {
+				t.Errorf("changed %q, want the three timeouts", changed)
+			}
+			for name, want := range map[string]string{conntrack.TCPEstablishedSysctl: "86400", conntrack.TCPCloseWaitSysctl: "3600", conntrack.UDPSysctl: "47"} {
+				if got, err := (sysctl.Files{}).Sysctl(name); err != nil || got != want {
+					t.Errorf("in the namespace, %s = %q (%v), want %q", name, got, err, want)
+				}
+			}
+			// Again: nothing to write.
+			if changed, err := conntrack.Tune(tun, 1, sysctl.Files{}, sysctl.Module); len(changed) != 0 || err != nil {
+				t.Errorf("second Tune changed %q (%v), want nothing", changed, err)
+			}
+		})
+	})
+
+	t.Run("the table's size is refused outside the node's first namespace", func(t *testing.T) {
+		kerneltest.Do(t, ns, func() {
+			_, err := conntrack.Tune(conntrack.Tuning{MaxPerCore: 1 << 22, Min: 1}, 2, sysctl.Files{}, sysctl.Module)
+			if err == nil {
+				t.Fatal("Tune raised the table's size from a namespace")
+			}
+			msg := err.Error()
+			for _, want := range []string{"setting " + conntrack.MaxSysctl + " to 8388608", "setting " + conntrack.HashsizeParam + " to 2097152"} {
+				if !strings.Contains(msg, want) {
+					t.Errorf("error %q does not name %q", msg, want)
+				}
+			}
+			if !errors.Is(err, syscall.EACCES) {
+				t.Errorf("error %q is not EACCES (nf_conntrack_max is read-only here)", msg)
+			}
+		})
+	})
+
+	for _, n := range names {
+		if v, _ := (sysctl.Files{}).Sysctl(n); v != node[n] {
+			t.Errorf("the node's %s changed: %q, was %q", n, v, node[n])
+		}
+	}
+	if v, _ := sysctl.Module.Sysctl(conntrack.HashsizeParam); v != hash {
+		t.Errorf("the node's hashsize changed: %q, was %q", v, hash)
+	}
+}
