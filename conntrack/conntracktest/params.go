@@ -67,4 +67,3 @@ func (p *Params) Values() map[string]string {
 	defer p.mu.Unlock()
 	return maps.Clone(p.values)
 }
-
