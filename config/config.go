@@ -142,12 +142,31 @@ type IPVS struct {
 	MinSyncPeriod Duration `yaml:"minSyncPeriod"` // default 0
 }
 
-// Conntrack is kube-proxy's conntrack section (what svcproxy uses of it).
+// Conntrack is kube-proxy's conntrack section: the kernel's connection
+// tracking, which svcproxy tunes at start as kube-proxy does
+// (conntrack.Tune), except with --steering=none.
 type Conntrack struct {
-	// UDPTimeout is how long an idle UDP flow lives in the userspace
-	// proxy; 0 (default): 30s. The kernel modes leave the kernel's
-	// conntrack timeouts as they are (a value set here is warned about).
+	// MaxPerCore and Min size the table: nf_conntrack_max is raised to
+	// max(MaxPerCore × CPUs, Min) if smaller, the nf_conntrack module's
+	// hashsize to a quarter of that. Defaults 32768 and 131072;
+	// MaxPerCore 0: the size is left alone.
+	MaxPerCore int32 `yaml:"maxPerCore"`
+	Min        int32 `yaml:"min"`
+	// TCPEstablishedTimeout and TCPCloseWaitTimeout set
+	// nf_conntrack_tcp_timeout_established and _close_wait; defaults 24h
+	// and 1h; 0: left alone.
+	TCPEstablishedTimeout Duration `yaml:"tcpEstablishedTimeout"`
+	TCPCloseWaitTimeout   Duration `yaml:"tcpCloseWaitTimeout"`
+	// TCPBeLiberal sets nf_conntrack_tcp_be_liberal; default false: left
+	// alone.
+	TCPBeLiberal bool `yaml:"tcpBeLiberal"`
+	// UDPTimeout sets nf_conntrack_udp_timeout, and is how long an idle
+	// UDP flow lives in the userspace proxy; 0 (default): the kernel's
+	// left alone, and 30s in the proxy.
 	UDPTimeout Duration `yaml:"udpTimeout"`
+	// UDPStreamTimeout sets nf_conntrack_udp_timeout_stream; 0 (default):
+	// left alone.
+	UDPStreamTimeout Duration `yaml:"udpStreamTimeout"`
 }
 
 // ClientConnection is how svcproxy talks to the API server.
@@ -247,7 +266,9 @@ func Default() *Config {
 		IPTables:           IPTables{MasqueradeBit: &bit, SyncPeriod: Duration(30 * time.Second), MinSyncPeriod: Duration(time.Second)},
 		IPVS:               IPVS{SyncPeriod: Duration(30 * time.Second)},
 		ClientConnection:   ClientConnection{QPS: 5, Burst: 10, ContentType: "application/vnd.kubernetes.protobuf"},
-		ConfigSyncPeriod:   Duration(15 * time.Minute),
+		Conntrack: Conntrack{MaxPerCore: 32 * 1024, Min: 128 * 1024,
+			TCPEstablishedTimeout: Duration(24 * time.Hour), TCPCloseWaitTimeout: Duration(time.Hour)},
+		ConfigSyncPeriod: Duration(15 * time.Minute),
 		Svcproxy: Svcproxy{
 			Steering:        "redirect",
 			SteeringBackend: "auto",
@@ -460,8 +481,24 @@ func (c *Config) problems() []error {
 	if a := c.OOMScoreAdj; a != nil && (*a < -1000 || *a > 1000) {
 		bad("oomScoreAdj", "want -1000 to 1000, got %d", *a)
 	}
-	if c.Conntrack.UDPTimeout < 0 {
-		bad("conntrack.udpTimeout", "must not be negative, got %v", c.Conntrack.UDPTimeout.D())
+	if c.Conntrack.MaxPerCore < 0 {
+		bad("conntrack.maxPerCore", "must not be negative, got %d", c.Conntrack.MaxPerCore)
+	}
+	if c.Conntrack.Min < 0 {
+		bad("conntrack.min", "must not be negative, got %d", c.Conntrack.Min)
+	}
+	for _, t := range []struct {
+		field string
+		d     Duration
+	}{
+		{"conntrack.tcpEstablishedTimeout", c.Conntrack.TCPEstablishedTimeout},
+		{"conntrack.tcpCloseWaitTimeout", c.Conntrack.TCPCloseWaitTimeout},
+		{"conntrack.udpTimeout", c.Conntrack.UDPTimeout},
+		{"conntrack.udpStreamTimeout", c.Conntrack.UDPStreamTimeout},
+	} {
+		if err := ConntrackTimeout(t.d.D()); err != nil {
+			bad(t.field, "%v", err)
+		}
 	}
 	if c.ClientConnection.QPS < 0 {
 		bad("clientConnection.qps", "must not be negative, got %v", c.ClientConnection.QPS)
@@ -529,4 +566,16 @@ func (c *Config) problems() []error {
 		bad("svcproxy.connLogSample", "want 1 or more, got %d", s.ConnLogSample)
 	}
 	return errs
+}
+
+// ConntrackTimeout checks a conntrack timeout: the kernel's are whole
+// seconds, so one is 0 (left alone) or at least a second.
+func ConntrackTimeout(d time.Duration) error {
+	switch {
+	case d < 0:
+		return fmt.Errorf("must not be negative, got %v", d)
+	case d > 0 && d < time.Second:
+		return fmt.Errorf("the kernel counts whole seconds: want 0 (left alone) or at least 1s, got %v", d)
+	}
+	return nil
 }

@@ -45,7 +45,13 @@ ipvs:
   syncPeriod: 45s
   minSyncPeriod: 500ms
 conntrack:
+  maxPerCore: 65536
+  min: 262144
+  tcpEstablishedTimeout: 48h
+  tcpCloseWaitTimeout: 0s
+  tcpBeLiberal: true
   udpTimeout: 1m30s
+  udpStreamTimeout: 3m
 oomScoreAdj: -999
 clientConnection:
   kubeconfig: /var/lib/svcproxy/kubeconfig
@@ -65,7 +71,8 @@ configSyncPeriod: 0s
 				c.ClusterCIDR = "10.244.0.0/16,fd00:244::/56"
 				c.IPTables = IPTables{MasqueradeBit: &bit, MasqueradeAll: true, SyncPeriod: Duration(time.Minute), MinSyncPeriod: Duration(2 * time.Second)}
 				c.IPVS = IPVS{Scheduler: "mh", SyncPeriod: Duration(45 * time.Second), MinSyncPeriod: Duration(500 * time.Millisecond)}
-				c.Conntrack.UDPTimeout = Duration(90 * time.Second)
+				c.Conntrack = Conntrack{MaxPerCore: 65536, Min: 262144, TCPEstablishedTimeout: Duration(48 * time.Hour),
+					TCPBeLiberal: true, UDPTimeout: Duration(90 * time.Second), UDPStreamTimeout: Duration(3 * time.Minute)}
 				adj := int32(-999)
 				c.OOMScoreAdj = &adj
 				c.ClientConnection = ClientConnection{Kubeconfig: "/var/lib/svcproxy/kubeconfig", QPS: 20.5, Burst: 40, ContentType: "application/json"}
@@ -121,12 +128,12 @@ featureGates: {Foo: true}
 detectLocalMode: ClusterCIDR
 nftables: {syncPeriod: 30s}
 iptables: {localhostNodePorts: true}
-conntrack: {maxPerCore: 32768, udpTimeout: 10s}
+conntrack: {maxPerCore: 0, udpTimeout: 10s}
 ipvs: {strictARP: true}
 `,
-			want: func(c *Config) { c.Conntrack.UDPTimeout = Duration(10 * time.Second) },
+			want: func(c *Config) { c.Conntrack.MaxPerCore, c.Conntrack.UDPTimeout = 0, Duration(10*time.Second) },
 			warn: []string{"line 4: featureGates: kube-proxy field ignored", "line 5: detectLocalMode", "line 6: nftables",
-				"line 7: iptables.localhostNodePorts", "line 8: conntrack.maxPerCore", "line 9: ipvs.strictARP: kube-proxy field ignored"},
+				"line 7: iptables.localhostNodePorts", "line 9: ipvs.strictARP: kube-proxy field ignored"},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -189,6 +196,10 @@ func TestParseErrors(t *testing.T) {
 		{"scheduler sed", header + "ipvs: {scheduler: sed}\n", []string{`ipvs.scheduler: the ipvs mode supports`}},
 		{"oom score adj", header + "oomScoreAdj: -1001\n", []string{"oomScoreAdj: want -1000 to 1000, got -1001"}},
 		{"negative udp timeout", header + "conntrack: {udpTimeout: -1s}\n", []string{"conntrack.udpTimeout: must not be negative"}},
+		{"bad conntrack tuning", header + "conntrack: {maxPerCore: -1, min: -2, tcpEstablishedTimeout: 500ms, tcpCloseWaitTimeout: -1m, udpStreamTimeout: 1ms}\n", []string{
+			"conntrack.maxPerCore: must not be negative, got -1", "conntrack.min: must not be negative, got -2",
+			"conntrack.tcpEstablishedTimeout: the kernel counts whole seconds: want 0 (left alone) or at least 1s, got 500ms",
+			"conntrack.tcpCloseWaitTimeout: must not be negative", "conntrack.udpStreamTimeout: the kernel counts whole seconds"}},
 		{"client connection", header + "clientConnection: {qps: -1, contentType: text/plain}\n", []string{"clientConnection.qps: must not be negative", "clientConnection.contentType: want"}},
 		{"qps NaN", header + "clientConnection: {qps: .nan}\n", []string{"clientConnection.qps: want a number"}},
 		{"svcproxy values", header + "svcproxy: {steering: tproxy, workers: -1, dialTimeouts: [], drainTimeout: -1s, maxConns: -1, maxConnsPerService: -2, algorithm: best, connLogSample: 0}\n",

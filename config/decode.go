@@ -32,12 +32,6 @@ var ignored = map[string]string{
 	"ipvs.tcpTimeout":                     "not supported",
 	"ipvs.tcpFinTimeout":                  "not supported",
 	"ipvs.udpTimeout":                     "use conntrack.udpTimeout",
-	"conntrack.maxPerCore":                "svcproxy does not tune conntrack",
-	"conntrack.min":                       "svcproxy does not tune conntrack",
-	"conntrack.tcpEstablishedTimeout":     "svcproxy does not tune conntrack",
-	"conntrack.tcpCloseWaitTimeout":       "svcproxy does not tune conntrack",
-	"conntrack.tcpBeLiberal":              "svcproxy does not tune conntrack",
-	"conntrack.udpStreamTimeout":          "svcproxy does not tune conntrack",
 	"clientConnection.acceptContentTypes": "svcproxy accepts protobuf and JSON",
 }
 

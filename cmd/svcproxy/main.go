@@ -64,7 +64,8 @@ func run(o *options) error {
 		return check(o, os.Stdout)
 	}
 	if o.initOnly {
-		log.Info("--init-only: svcproxy needs no privileged initialisation step; exiting")
+		tune(o, log)
+		log.Info("--init-only: the kernel parameters are set; exiting")
 		return nil
 	}
 	if err := daemon.SetOOMScoreAdj("/proc/self/oom_score_adj", o.oomScoreAdj); err != nil {
@@ -82,6 +83,7 @@ func run(o *options) error {
 	if o.writeConfigTo != "" {
 		return writeConfig(o, o.writeConfigTo)
 	}
+	tune(o, log)
 	keeper := keeperFromMaster()
 	if o.masterWorker && keeper == "" {
 		stop()

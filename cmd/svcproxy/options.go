@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/netip"
 	"os"
 	"slices"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/svcproxy/svcproxy/config"
 	"github.com/svcproxy/svcproxy/connlog"
+	"github.com/svcproxy/svcproxy/conntrack"
 	"github.com/svcproxy/svcproxy/forwarder"
 	"github.com/svcproxy/svcproxy/handover"
 	"github.com/svcproxy/svcproxy/lb"
@@ -68,6 +70,7 @@ type options struct {
 	dialTimeouts       []time.Duration
 	idleTimeout        time.Duration
 	udpIdleTimeout     time.Duration // userspace mode's UDP flows; 0: the forwarder's default
+	conntrack          conntrack.Tuning
 	drainTimeout       time.Duration
 	mark               int
 	maxConns           int64
@@ -244,12 +247,6 @@ var kubeProxyIgnored = []struct {
 	{"detect-local-mode", "svcproxy tells local traffic by --cluster-cidr only", false},
 	{"pod-bridge-interface", "svcproxy tells local traffic by --cluster-cidr only", false},
 	{"pod-interface-name-prefix", "svcproxy tells local traffic by --cluster-cidr only", false},
-	{"conntrack-max-per-core", "svcproxy does not tune conntrack", false},
-	{"conntrack-min", "svcproxy does not tune conntrack", false},
-	{"conntrack-tcp-timeout-established", "svcproxy does not tune conntrack", false},
-	{"conntrack-tcp-timeout-close-wait", "svcproxy does not tune conntrack", false},
-	{"conntrack-tcp-be-liberal", "svcproxy does not tune conntrack", true},
-	{"conntrack-udp-timeout-stream", "svcproxy does not tune conntrack", false},
 	{"healthz-port", "use --healthz-bind-address", false},
 	{"metrics-port", "use --metrics-bind-address", false},
 	{"vmodule", "per-file verbosity is not supported; use --v or --log-level", false},
@@ -281,6 +278,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 		version                                                                                                                 *bool
 		qps                                                                                                                     *float64
 		loggingFormat, steeringBackend, offload, ioUring                                                                        *string
+		maxPerCore, ctMin                                                                                                       *int
 	)
 	secs.section("Configuration", false, func() {
 		configPath = fs.String("config", "", "a KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1, with an svcproxy: section); flags given on the command line win over it")
@@ -288,7 +286,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 		fs.BoolVar(&o.cleanup, "cleanup", false, "remove every rule and set svcproxy installs, in any mode, and exit; refused while a running svcproxy owns them, unless --force")
 		fs.BoolVar(&o.force, "force", false, "with --cleanup: remove the rules even while a running svcproxy owns them")
 		fs.BoolVar(&o.check, "check", false, "validate the services file (--services) and the configuration file (--config), list every problem and exit: 0 if there is none, else 1")
-		fs.BoolVar(&o.initOnly, "init-only", false, "exit at once: svcproxy needs no privileged initialisation step (kube-proxy's init container flag)")
+		fs.BoolVar(&o.initOnly, "init-only", false, "set the kernel parameters that need the privilege to write /proc/sys (the conntrack section's, and the IPVS mode's with --proxy-mode=ipvs), then exit: for a privileged init container, so svcproxy itself runs with NET_ADMIN and NET_RAW only (kube-proxy's flag)")
 		version = fs.Bool("version", false, "print the version and commit and exit")
 	})
 	secs.section("Source of Services", false, func() {
@@ -325,7 +323,6 @@ func parseFlags(args []string, env environment) (*options, error) {
 		fs.IntVar(&o.workers, "workers", 0, "listening sockets (and accept loops) per address, sharing it with SO_REUSEPORT; 0: GOMAXPROCS")
 		dialTimeouts = fs.String("dial-timeouts", "250ms,500ms,1s,2s", "per-attempt backend connect timeouts; their number bounds the attempts, each to a different backend")
 		fs.DurationVar(&o.idleTimeout, "idle-timeout", time.Hour, "close a connection idle this long in both directions; negative: never")
-		fs.DurationVar(&o.udpIdleTimeout, "conntrack-udp-timeout", 0, "userspace mode: end a UDP flow idle this long; 0: 30s (the kernel modes leave the kernel's timeout as it is)")
 		fs.DurationVar(&o.drainTimeout, "drain-timeout", 30*time.Second, "how long connections to a removed backend, and all connections at shutdown, may continue")
 		mark = fs.String("mark", fmt.Sprintf("%#x", forwarder.DefaultMark), "SO_MARK of upstream sockets (needs CAP_NET_ADMIN); 0 or negative: none")
 		fs.Int64Var(&o.maxConns, "max-conns", 0, "cap on open connections; 0: none")
@@ -337,6 +334,15 @@ func parseFlags(args []string, env environment) (*options, error) {
 		algorithm = fs.String("algorithm", "round-robin", "default picker: round-robin, random, least-conn or maglev")
 		fs.StringVar(&o.connLog, "conn-log", connlog.DefaultPath, "per-connection JSON log file; '-': stdout; empty: off")
 		fs.IntVar(&o.connLogSample, "conn-log-sample", 1, "log 1 of every N successful connections (failed ones always)")
+	})
+	secs.section("Connection tracking (set at start unless --steering=none; see --init-only)", false, func() {
+		maxPerCore = fs.Int("conntrack-max-per-core", conntrack.DefaultTuning.MaxPerCore, "raise nf_conntrack_max to this many entries per CPU (and the nf_conntrack hashsize to a quarter of the table); 0: leave the table's size alone")
+		ctMin = fs.Int("conntrack-min", conntrack.DefaultTuning.Min, "the least nf_conntrack_max that --conntrack-max-per-core raises it to")
+		fs.DurationVar(&o.conntrack.TCPEstablished, "conntrack-tcp-timeout-established", conntrack.DefaultTuning.TCPEstablished, "nf_conntrack_tcp_timeout_established; 0: leave it")
+		fs.DurationVar(&o.conntrack.TCPCloseWait, "conntrack-tcp-timeout-close-wait", conntrack.DefaultTuning.TCPCloseWait, "nf_conntrack_tcp_timeout_close_wait; 0: leave it")
+		fs.BoolVar(&o.conntrack.TCPBeLiberal, "conntrack-tcp-be-liberal", false, "set nf_conntrack_tcp_be_liberal, so packets outside the TCP window are not INVALID")
+		fs.DurationVar(&o.udpIdleTimeout, "conntrack-udp-timeout", 0, "nf_conntrack_udp_timeout, and how long an idle UDP flow lives in the userspace mode; 0: the kernel's left alone, 30s in the userspace mode")
+		fs.DurationVar(&o.conntrack.UDPStream, "conntrack-udp-timeout-stream", 0, "nf_conntrack_udp_timeout_stream; 0: leave it")
 	})
 	secs.section("Process", false, func() {
 		fs.StringVar(&o.metricsAddr, "metrics-bind-address", "127.0.0.1:10249", "address of /metrics; empty: off")
@@ -446,8 +452,25 @@ func parseFlags(args []string, env environment) (*options, error) {
 		}
 		o.oomScoreAdj = oomScoreAdj
 	}
-	if o.udpIdleTimeout < 0 {
-		return nil, fmt.Errorf("--conntrack-udp-timeout: must not be negative, got %v", o.udpIdleTimeout)
+	if *maxPerCore < 0 || *maxPerCore > math.MaxInt32 {
+		return nil, fmt.Errorf("--conntrack-max-per-core: want 0 to %d, got %d", math.MaxInt32, *maxPerCore)
+	}
+	if *ctMin < 0 || *ctMin > math.MaxInt32 {
+		return nil, fmt.Errorf("--conntrack-min: want 0 to %d, got %d", math.MaxInt32, *ctMin)
+	}
+	o.conntrack.MaxPerCore, o.conntrack.Min, o.conntrack.UDP = *maxPerCore, *ctMin, o.udpIdleTimeout
+	for _, t := range []struct {
+		flag string
+		d    time.Duration
+	}{
+		{"conntrack-tcp-timeout-established", o.conntrack.TCPEstablished},
+		{"conntrack-tcp-timeout-close-wait", o.conntrack.TCPCloseWait},
+		{"conntrack-udp-timeout", o.udpIdleTimeout},
+		{"conntrack-udp-timeout-stream", o.conntrack.UDPStream},
+	} {
+		if err := config.ConntrackTimeout(t.d); err != nil {
+			return nil, fmt.Errorf("--%s: %w", t.flag, err)
+		}
 	}
 	if o.udpReceiveBuffer < 0 {
 		return nil, fmt.Errorf("--udp-receive-buffer: must not be negative, got %d", o.udpReceiveBuffer)

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/svcproxy/svcproxy/conntrack"
 	"github.com/svcproxy/svcproxy/forwarder"
 	"github.com/svcproxy/svcproxy/proxymode"
 	"github.com/svcproxy/svcproxy/redirect"
@@ -52,6 +53,10 @@ func TestParseFlags(t *testing.T) {
 		{"unknown io-uring", []string{"--io-uring=on"}, outsidePod, `--io-uring: want "auto" or "off", got "on"`},
 		{"min sync above sync", []string{"--sync-period=1s", "--min-sync-period=2s"}, outsidePod, "--min-sync-period"},
 		{"stray argument", []string{"extra"}, outsidePod, "unexpected argument"},
+		{"negative conntrack max per core", []string{"--conntrack-max-per-core=-1"}, outsidePod, "--conntrack-max-per-core: want 0 to 2147483647, got -1"},
+		{"conntrack min past int32", []string{"--conntrack-min=2147483648"}, outsidePod, "--conntrack-min: want 0 to 2147483647"},
+		{"sub-second conntrack timeout", []string{"--conntrack-tcp-timeout-close-wait=10ms"}, outsidePod, "--conntrack-tcp-timeout-close-wait: the kernel counts whole seconds"},
+		{"negative udp timeout", []string{"--conntrack-udp-timeout=-1s"}, outsidePod, "--conntrack-udp-timeout: must not be negative"},
 		{"unknown flag", []string{"--bogus"}, outsidePod, "-bogus"},
 
 		// kube-proxy's flags, as its manifests pass them.
@@ -145,7 +150,16 @@ func TestParseFlagsValues(t *testing.T) {
 		{"primary", []string{"--nodeport-addresses=primary"}, outsidePod, func(o *options) bool { return o.nodePortPrimary && o.nodePortAddresses == nil }},
 		{"oom score adj unset", nil, outsidePod, func(o *options) bool { return o.oomScoreAdj == nil }},
 		{"oom score adj", []string{"--oom-score-adj=-999"}, outsidePod, func(o *options) bool { return o.oomScoreAdj != nil && *o.oomScoreAdj == -999 }},
-		{"udp timeout", []string{"--conntrack-udp-timeout=10s"}, outsidePod, func(o *options) bool { return o.udpIdleTimeout == 10*time.Second }},
+		{"udp timeout", []string{"--conntrack-udp-timeout=10s"}, outsidePod, func(o *options) bool {
+			return o.udpIdleTimeout == 10*time.Second && o.conntrack.UDP == 10*time.Second
+		}},
+		{"conntrack tuning: kube-proxy's defaults", nil, outsidePod, func(o *options) bool { return o.conntrack == conntrack.DefaultTuning }},
+		{"conntrack tuning flags", []string{"--conntrack-max-per-core=65536", "--conntrack-min=1", "--conntrack-tcp-timeout-established=0",
+			"--conntrack-tcp-timeout-close-wait=30m", "--conntrack-tcp-be-liberal", "--conntrack-udp-timeout-stream=2m"}, outsidePod,
+			func(o *options) bool {
+				return o.conntrack == conntrack.Tuning{MaxPerCore: 65536, Min: 1, TCPCloseWait: 30 * time.Minute, TCPBeLiberal: true, UDPStream: 2 * time.Minute} &&
+					len(o.warnings) == 0
+			}},
 		{"udp receive buffer", []string{"--udp-receive-buffer=4194304"}, outsidePod, func(o *options) bool { return o.udpReceiveBuffer == 4<<20 }},
 		{"offload default", nil, outsidePod, func(o *options) bool { return o.offload == forwarder.OffloadNone }},
 		{"offload sockmap", []string{"--offload=sockmap"}, outsidePod, func(o *options) bool { return o.offload == forwarder.OffloadSockmap }},
@@ -249,7 +263,7 @@ nodePortAddresses: [primary]
 oomScoreAdj: -999
 iptables: {masqueradeBit: 13, syncPeriod: 20s}
 ipvs: {scheduler: mh, strictARP: true}
-conntrack: {udpTimeout: 45s}
+conntrack: {udpTimeout: 45s, maxPerCore: 0, tcpCloseWaitTimeout: 2h, tcpBeLiberal: true, udpStreamTimeout: 5m}
 clientConnection: {kubeconfig: /k, qps: 30, burst: 60, contentType: application/json}
 configSyncPeriod: 1m
 svcproxy: {proxyName: svcproxy-b, steeringBackend: nftables, offload: sockmap, ioUring: "off"}
@@ -271,7 +285,9 @@ svcproxy: {proxyName: svcproxy-b, steeringBackend: nftables, offload: sockmap, i
 		{"iptables.masqueradeBit", o.masqueradeMark == 1<<13},
 		{"iptables.syncPeriod", o.syncPeriod == 20*time.Second},
 		{"ipvs.scheduler", o.ipvsScheduler == "mh"},
-		{"conntrack.udpTimeout", o.udpIdleTimeout == 45*time.Second},
+		{"conntrack.udpTimeout", o.udpIdleTimeout == 45*time.Second && o.conntrack.UDP == 45*time.Second},
+		{"conntrack tuning (defaults where the file says nothing)", o.conntrack == conntrack.Tuning{MaxPerCore: 0, Min: 131072,
+			TCPEstablished: 24 * time.Hour, TCPCloseWait: 2 * time.Hour, TCPBeLiberal: true, UDP: 45 * time.Second, UDPStream: 5 * time.Minute}},
 		{"clientConnection.kubeconfig", o.kubeconfig == "/k" && !o.inCluster},
 		{"clientConnection.qps", o.kubeAPIQPS == 30},
 		{"clientConnection.burst (the flag wins)", o.kubeAPIBurst == 70},

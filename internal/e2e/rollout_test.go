@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -42,6 +43,23 @@ func testRolloutUnderLoad(t *testing.T, steering string) {
 	c := newNode(t, 3, "")
 	pod := newPodSpec(t, c, steering)
 	client := c.topo.Clients[0]
+
+	// The init container sets the ConfigMap's conntrack section (kube-proxy's
+	// defaults) in the node's namespace; the pods then find nothing to set.
+	closeWait := func() string {
+		out, err := exec.Command("ip", "netns", "exec", c.topo.Node.NS, "cat", "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	if v := closeWait(); v == "3600" {
+		t.Fatalf("the node's namespace starts with nf_conntrack_tcp_timeout_close_wait at 3600: nothing to prove")
+	}
+	initOut := pod.init(t)
+	if v := closeWait(); v != "3600" {
+		t.Fatalf("after the init container, nf_conntrack_tcp_timeout_close_wait = %s, want 3600 (kube-proxy's default):\n%s", v, initOut)
+	}
 
 	p := pod.start("pod-0")
 	targets := []string{webVIP + ":80", fmt.Sprintf("%s:%d", topology.NodeAddr, webNode)} // a ClusterIP, and a NodePort
@@ -80,6 +98,11 @@ func testRolloutUnderLoad(t *testing.T, steering string) {
 		}
 	}
 	load.stop()
+	// (nf_conntrack_max may be named on a node with many CPUs: the table's
+	// size is the node's first namespace's, read-only here.)
+	if out := p.Out.String(); strings.Contains(out, "nf_conntrack_tcp_timeout") {
+		t.Errorf("a pod set (or failed to set) a timeout the init container had set:\n%s", out)
+	}
 	ok, failed := load.ok.Load(), load.failed.Load()
 	if failed > 0 {
 		t.Errorf("%d of %d connections failed across 2 rollouts; first: %v", failed, failed+ok, load.firstErr.Load())
@@ -100,9 +123,10 @@ func testRolloutUnderLoad(t *testing.T, steering string) {
 // configuration. The Service source is this test's services file, as no
 // API server runs here.
 type podSpec struct {
-	c      *cluster
-	args   []string
-	mounts map[string]string // under /run: mountPath → the node's path
+	c        *cluster
+	args     []string
+	initArgs []string          // the init container's
+	mounts   map[string]string // under /run: mountPath → the node's path
 }
 
 func newPodSpec(t *testing.T, c *cluster, steering string) *podSpec {
@@ -199,6 +223,18 @@ func newPodSpec(t *testing.T, c *cluster, steering string) *podSpec {
 	for _, a := range ctr.Args {
 		p.args = append(p.args, rewritten(strings.ReplaceAll(a, "$(NODE_NAME)", "node")))
 	}
+	inits := ds.Spec.Template.Spec.InitContainers
+	if len(inits) != 1 || !slices.Contains(inits[0].Args, "--init-only") || inits[0].Image != ctr.Image {
+		t.Fatal("daemonset.yaml: this test runs one init container, svcproxy --init-only from the svcproxy container's image")
+	}
+	for _, m := range inits[0].VolumeMounts {
+		if rewrite[m.MountPath] == "" {
+			t.Fatalf("daemonset.yaml: the init container mounts %s, which the svcproxy container does not", m.MountPath)
+		}
+	}
+	for _, a := range inits[0].Args {
+		p.initArgs = append(p.initArgs, rewritten(a))
+	}
 	// The source: this test's services file instead of the API server.
 	p.args = append(p.args, "--kubeconfig=", "--services="+filepath.Join(c.dir, "services.yaml"))
 	return p
@@ -231,6 +267,18 @@ done
 shift
 mount -o remount,ro /run
 exec "$@"`
+
+// init runs the init container on the node's network namespace, as
+// kubelet does before a pod's first container, and fails t unless it
+// succeeds. It is privileged: no mount namespace of its own.
+func (p *podSpec) init(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("ip", append([]string{"netns", "exec", p.c.topo.Node.NS, bins.svcproxy}, p.initArgs...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("the init container (svcproxy %s): %v\n%s", strings.Join(p.initArgs, " "), err, out)
+	}
+	return string(out)
+}
 
 // start starts a pod: svcproxy in a fresh mount namespace on the node's
 // network namespace, as kubelet starts the DaemonSet's container.

@@ -628,14 +628,19 @@ var sysctls = [][2]string{
 	{"net/ipv4/vs/expire_quiescent_template", "1"},
 }
 
-func (m *Mode) ensureSysctls() error {
+func (m *Mode) ensureSysctls() error { return EnsureSysctls(m.sysctls) }
+
+// EnsureSysctls sets the IPVS parameters this mode needs where they differ:
+// what the mode does at each full sync, and svcproxy --init-only (with the
+// privileges to write /proc/sys) before it starts.
+func EnsureSysctls(p Sysctls) error {
 	var errs []error
 	for _, s := range sysctls {
-		v, err := m.sysctls.Sysctl(s[0])
+		v, err := p.Sysctl(s[0])
 		if err == nil && strings.TrimSpace(v) == s[1] {
 			continue
 		}
-		if err := m.sysctls.SetSysctl(s[0], s[1]); err != nil {
+		if err := p.SetSysctl(s[0], s[1]); err != nil {
 			errs = append(errs, fmt.Errorf("setting %s=%s: %w", s[0], s[1], err))
 		}
 	}
