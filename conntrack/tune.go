@@ -1,7 +1,6 @@
 package conntrack
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -51,9 +50,9 @@ const (
 
 // Tune sets what t asks of a node with cpus CPUs through sysctls
 // (/proc/sys) and modules (/sys/module), and returns what it changed, each
-// as "name=new (was old)". A parameter already at its value is not
-// written. It goes on past a parameter it cannot set, and the error names
-// each: /proc/sys is read-only in a container that is not privileged, and
+// as "name=new (was old)", and an error for each parameter it could not
+// set, naming it. A parameter already at its value is not written. It goes
+// on past a parameter it cannot set: /proc/sys is read-only in a container that is not privileged, and
 // the table's size belongs to the node's first network namespace
 // (elsewhere nf_conntrack_max is read-only and hashsize refuses writes),
 // while the timeouts are each namespace's own.
@@ -61,8 +60,7 @@ const (
 // Unlike kube-proxy, which sets nf_conntrack_max to exactly what it
 // computed, Tune only raises the table's size: a node given a bigger table
 // keeps it.
-func Tune(t Tuning, cpus int, sysctls, modules Params) (changed []string, err error) {
-	var errs []error
+func Tune(t Tuning, cpus int, sysctls, modules Params) (changed []string, failed []error) {
 	set := func(p Params, name string, want int, raiseOnly bool) {
 		s, readErr := p.Sysctl(name)
 		now, convErr := strconv.Atoi(s)
@@ -71,9 +69,9 @@ func Tune(t Tuning, cpus int, sysctls, modules Params) (changed []string, err er
 		}
 		if err := p.SetSysctl(name, strconv.Itoa(want)); err != nil {
 			if readErr != nil {
-				errs = append(errs, fmt.Errorf("setting %s to %d: %w", name, want, err))
+				failed = append(failed, fmt.Errorf("setting %s to %d: %w", name, want, err))
 			} else {
-				errs = append(errs, fmt.Errorf("setting %s to %d (it is %s): %w", name, want, s, err))
+				failed = append(failed, fmt.Errorf("setting %s to %d (it is %s): %w", name, want, s, err))
 			}
 			return
 		}
@@ -104,5 +102,5 @@ func Tune(t Tuning, cpus int, sysctls, modules Params) (changed []string, err er
 	if t.TCPBeLiberal {
 		set(sysctls, TCPBeLiberalSysctl, 1, false)
 	}
-	return changed, errors.Join(errs...)
+	return changed, failed
 }

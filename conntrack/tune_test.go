@@ -3,7 +3,6 @@ package conntrack_test
 import (
 	"maps"
 	"slices"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -128,13 +127,13 @@ func TestTune(t *testing.T) {
 			maps.Copy(wantModules, tt.wantModules)
 			s, m := conntracktest.NewParams(sysctls), conntracktest.NewParams(modules)
 			s.ReadOnly(syscall.EROFS, tt.readOnly...)
-			changed, err := conntrack.Tune(tt.t, tt.cpus, s, m)
+			changed, failed := conntrack.Tune(tt.t, tt.cpus, s, m)
 			if !slices.Equal(changed, tt.wantChanged) {
 				t.Errorf("changed:\n got %q\nwant %q", changed, tt.wantChanged)
 			}
 			var errs []string
-			if err != nil {
-				errs = strings.Split(err.Error(), "\n")
+			for _, err := range failed {
+				errs = append(errs, err.Error())
 			}
 			if !slices.Equal(errs, tt.wantErrs) {
 				t.Errorf("errors:\n got %q\nwant %q", errs, tt.wantErrs)

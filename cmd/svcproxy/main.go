@@ -65,7 +65,7 @@ func run(o *options) error {
 	}
 	if o.initOnly {
 		tune(o, log)
-		log.Info("--init-only: the kernel parameters are set; exiting")
+		log.Info("--init-only: done; exiting")
 		return nil
 	}
 	if err := daemon.SetOOMScoreAdj("/proc/self/oom_score_adj", o.oomScoreAdj); err != nil {

@@ -31,12 +31,16 @@ func tune(o *options, log *zap.Logger) {
 	if o.steering == "none" && !kernelMode && !o.initOnly {
 		log.Debug("leaving connection tracking as it is: --steering=none uses no NAT")
 	} else {
-		changed, err := conntrack.Tune(o.conntrack, nodeCPUs(), sysctl.Files{}, sysctl.Module)
+		changed, failed := conntrack.Tune(o.conntrack, nodeCPUs(), sysctl.Files{}, sysctl.Module)
 		for _, c := range changed {
 			log.Info("set a connection-tracking parameter (kube-proxy's conntrack section)", zap.String("parameter", c))
 		}
-		if err != nil {
-			log.Warn("cannot set connection tracking as kube-proxy's conntrack section asks: run svcproxy --init-only with the privilege to write /proc/sys (the DaemonSet's init container does), or set these on the node", zap.Error(err))
+		why := "run svcproxy --init-only with the privilege to write /proc/sys (the DaemonSet's init container does), or set it on the node"
+		if o.initOnly {
+			why = "/proc/sys must be writable (a privileged container), and the table's size is the node's first network namespace's"
+		}
+		for _, e := range failed {
+			log.Warn("cannot set a connection-tracking parameter as kube-proxy's conntrack section asks: "+why, zap.Error(e))
 		}
 	}
 	if o.initOnly && o.proxyMode == proxymode.IPVS {
