@@ -14,7 +14,7 @@
 //	clusterCIDR: ""                   # pod CIDRs, comma-separated
 //	iptables: {masqueradeBit: 14, masqueradeAll: false, syncPeriod: 30s, minSyncPeriod: 1s}
 //	ipvs: {scheduler: "", syncPeriod: 30s, minSyncPeriod: 0s}   # scheduler: rr, wrr, lc, wlc, sh, dh, mh
-//	conntrack: {udpTimeout: 0s}
+//	conntrack: {maxPerCore: 32768, min: 131072, tcpEstablishedTimeout: 24h, tcpCloseWaitTimeout: 1h, tcpBeLiberal: false, udpTimeout: 0s, udpStreamTimeout: 0s}
 //	clientConnection: {kubeconfig: "", qps: 5, burst: 10, contentType: application/vnd.kubernetes.protobuf}
 //	configSyncPeriod: 15m0s
 //	svcproxy:
@@ -144,7 +144,7 @@ type IPVS struct {
 
 // Conntrack is kube-proxy's conntrack section: the kernel's connection
 // tracking, which svcproxy tunes at start as kube-proxy does
-// (conntrack.Tune), except with --steering=none.
+// (conntrack.Tune), except in the userspace mode with steering none.
 type Conntrack struct {
 	// MaxPerCore and Min size the table: nf_conntrack_max is raised to
 	// max(MaxPerCore × CPUs, Min) if smaller, the nf_conntrack module's

@@ -122,6 +122,21 @@ svcproxy:
 			want: func(*Config) {},
 		},
 		{
+			// kubeadm writes kube-proxy's conntrack section with nulls: the defaults.
+			name: "kubeadm's conntrack section",
+			yaml: header + `
+conntrack:
+  maxPerCore: null
+  min: null
+  tcpBeLiberal: false
+  tcpCloseWaitTimeout: null
+  tcpEstablishedTimeout: null
+  udpStreamTimeout: 0s
+  udpTimeout: 0s
+`,
+			want: func(*Config) {},
+		},
+		{
 			name: "a kube-proxy file with fields svcproxy ignores: warnings",
 			yaml: header + `
 featureGates: {Foo: true}

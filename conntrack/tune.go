@@ -64,8 +64,8 @@ func Tune(t Tuning, cpus int, sysctls, modules Params) (changed []string, failed
 	set := func(p Params, name string, want int, raiseOnly bool) {
 		s, readErr := p.Sysctl(name)
 		now, convErr := strconv.Atoi(s)
-		if readErr == nil && convErr == nil && (now == want || raiseOnly && now > want) {
-			return
+		if readErr == nil && convErr == nil && (now == want || raiseOnly && (now > want || name == MaxSysctl && now == 0)) {
+			return // (nf_conntrack_max 0: no limit)
 		}
 		if err := p.SetSysctl(name, strconv.Itoa(want)); err != nil {
 			if readErr != nil {

@@ -2,6 +2,7 @@ package conntrack_test
 
 import (
 	"errors"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -43,9 +44,31 @@ func TestPrivilegedTune(t *testing.T) {
 		t.Fatal(err)
 	}
 	ns := privileged.NewNS(t)
+	t.Cleanup(func() { // should a check below fail, the node gets its own back
+		for _, n := range names {
+			if v, _ := (sysctl.Files{}).Sysctl(n); v != node[n] {
+				_ = (sysctl.Files{}).SetSysctl(n, node[n])
+			}
+		}
+		if v, _ := sysctl.Module.Sysctl(conntrack.HashsizeParam); v != hash {
+			_ = sysctl.Module.SetSysctl(conntrack.HashsizeParam, hash)
+		}
+	})
+	// inNS fails t unless this thread is in a network namespace other than
+	// the test process's.
+	own, err := os.Readlink("/proc/thread-self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inNS := func(t *testing.T) {
+		if here, err := os.Readlink("/proc/thread-self/ns/net"); err != nil || here == own {
+			t.Fatalf("not in the test's namespace (%s, %v; the process's is %s): nothing is tuned", here, err, own)
+		}
+	}
 
 	t.Run("timeouts are set in the namespace", func(t *testing.T) {
 		kerneltest.Do(t, ns, func() {
+			inNS(t)
 			tun := conntrack.Tuning{TCPEstablished: 24 * time.Hour, TCPCloseWait: time.Hour, UDP: 47 * time.Second}
 			changed, failed := conntrack.Tune(tun, 1, sysctl.Files{}, sysctl.Module)
 			if failed != nil {
@@ -68,6 +91,7 @@ func TestPrivilegedTune(t *testing.T) {
 
 	t.Run("the table's size is refused outside the node's first namespace", func(t *testing.T) {
 		kerneltest.Do(t, ns, func() {
+			inNS(t)
 			_, failed := conntrack.Tune(conntrack.Tuning{MaxPerCore: 1 << 22, Min: 1}, 2, sysctl.Files{}, sysctl.Module)
 			if len(failed) != 2 {
 				t.Fatalf("Tune: %v, want two failures: the table's size is not this namespace's to raise", failed)

@@ -27,15 +27,16 @@ func kernel() (sysctls, modules map[string]string) {
 
 func TestTune(t *testing.T) {
 	tests := []struct {
-		name        string
-		t           conntrack.Tuning
-		cpus        int
-		edit        func(sysctls, modules map[string]string)
-		readOnly    []string // sysctls whose writes fail
-		wantSysctls map[string]string
-		wantModules map[string]string
-		wantChanged []string
-		wantErrs    []string
+		name            string
+		t               conntrack.Tuning
+		cpus            int
+		edit            func(sysctls, modules map[string]string)
+		readOnly        []string // sysctls whose writes fail
+		readOnlyModules []string // module parameters whose writes fail
+		wantSysctls     map[string]string
+		wantModules     map[string]string
+		wantChanged     []string
+		wantErrs        []string
 	}{
 		{
 			name: "kube-proxy's defaults on 2 CPUs: the table is big enough, the timeouts change",
@@ -72,6 +73,33 @@ func TestTune(t *testing.T) {
 			// The hash still gets a quarter of what was asked.
 			wantModules: map[string]string{conntrack.HashsizeParam: "32768"},
 			wantChanged: []string{"nf_conntrack/parameters/hashsize=32768 (was 16384)"},
+		},
+		{
+			name: "a table without a limit keeps it",
+			t:    conntrack.DefaultTuning, cpus: 16,
+			edit:        func(s, m map[string]string) { s[conntrack.MaxSysctl] = "0" },
+			wantSysctls: map[string]string{conntrack.TCPEstablishedSysctl: "86400", conntrack.TCPCloseWaitSysctl: "3600"},
+			wantModules: map[string]string{conntrack.HashsizeParam: "131072"},
+			wantChanged: []string{
+				"nf_conntrack/parameters/hashsize=131072 (was 65536)",
+				"net/netfilter/nf_conntrack_tcp_timeout_established=86400 (was 432000)",
+				"net/netfilter/nf_conntrack_tcp_timeout_close_wait=3600 (was 60)",
+			},
+		},
+		{
+			name: "a value that is not a number is written over",
+			t:    conntrack.Tuning{TCPCloseWait: time.Hour}, cpus: 2,
+			edit:        func(s, m map[string]string) { s[conntrack.TCPCloseWaitSysctl] = "soon" },
+			wantSysctls: map[string]string{conntrack.TCPCloseWaitSysctl: "3600"},
+			wantChanged: []string{"net/netfilter/nf_conntrack_tcp_timeout_close_wait=3600 (was soon)"},
+		},
+		{
+			name: "the hash table refused (not the node's first namespace): the table's size still grows",
+			t:    conntrack.Tuning{MaxPerCore: 65536, Min: 1}, cpus: 8,
+			readOnlyModules: []string{conntrack.HashsizeParam},
+			wantSysctls:     map[string]string{conntrack.MaxSysctl: "524288"},
+			wantChanged:     []string{"net/netfilter/nf_conntrack_max=524288 (was 262144)"},
+			wantErrs:        []string{"setting nf_conntrack/parameters/hashsize to 131072 (it is 65536): open nf_conntrack/parameters/hashsize: operation not supported"},
 		},
 		{
 			name: "every field; values already there are not written",
@@ -127,6 +155,7 @@ func TestTune(t *testing.T) {
 			maps.Copy(wantModules, tt.wantModules)
 			s, m := conntracktest.NewParams(sysctls), conntracktest.NewParams(modules)
 			s.ReadOnly(syscall.EROFS, tt.readOnly...)
+			m.ReadOnly(syscall.EOPNOTSUPP, tt.readOnlyModules...)
 			changed, failed := conntrack.Tune(tt.t, tt.cpus, s, m)
 			if !slices.Equal(changed, tt.wantChanged) {
 				t.Errorf("changed:\n got %q\nwant %q", changed, tt.wantChanged)

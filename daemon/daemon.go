@@ -66,9 +66,6 @@ type Config struct {
 	// IPv6 decides whether mode serves IPv6 on this node: nil if it does,
 	// else why not.
 	IPv6 func(ctx context.Context, mode proxymode.Name) error
-	// UDPIdleTimeout is --conntrack-udp-timeout, said to be ignored by the
-	// kernel modes when set.
-	UDPIdleTimeout time.Duration
 	// KubeProxy finds kube-proxy's rules on this node, for a warning.
 	KubeProxy KubeProxyTraces
 
@@ -336,9 +333,6 @@ func choose(ctx context.Context, cfg Config) (proxymode.Choice, *daemonMetrics, 
 	m.mode.WithLabelValues(string(choice.Name), string(choice.Requested)).Set(1)
 	if choice.Name != choice.Requested {
 		log.Warn("proxy mode fell back", zap.Stringer("choice", choice))
-	}
-	if choice.Name != proxymode.Userspace && cfg.UDPIdleTimeout != 0 {
-		log.Warn("conntrack.udpTimeout (--conntrack-udp-timeout) ignored: the kernel modes leave the kernel's conntrack timeouts as they are", zap.Stringer("mode", choice))
 	}
 	warnKubeProxy(ctx, cfg.KubeProxy, log)
 	return choice, m, newUnservedIPv6(ipv6, log), nil

@@ -528,7 +528,10 @@ func TestBinaryServesKubeProxyEndpoints(t *testing.T) {
 		}
 	}
 	writeServices(svcPort)
+	// (It runs in the test's own namespace: with no steering svcproxy tunes
+	// no connection tracking, and the flags say so again.)
 	cmd := exec.Command(bin, "--services", services, "--handover-socket=", "--mark=0",
+		"--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
 		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", metricsPort),
 		"--healthz-bind-address", fmt.Sprintf("127.0.0.1:%d", healthzPort))
 	var out proctest.Output

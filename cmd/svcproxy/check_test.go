@@ -120,6 +120,7 @@ func TestBinaryCheck(t *testing.T) {
 		{"--check, bad services file", []string{"--check", "--services", bad}, 1, badServicesProblems},
 		{"--check, bad configuration", []string{"--check", "--services", good, "--config", badCfg}, 1, badConfigProblems},
 		{"start on a bad services file", []string{"--services", bad, "--handover-socket=", "--mark=0",
+			"--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
 			"--metrics-bind-address=", "--healthz-bind-address=", "--conn-log="}, 1,
 			append([]string{"nothing started"}, badServicesProblems...)},
 	}

@@ -64,7 +64,7 @@ func run(o *options) error {
 		return check(o, os.Stdout)
 	}
 	if o.initOnly {
-		tune(o, log)
+		tune(o, hostTuner(), log)
 		log.Info("--init-only: done; exiting")
 		return nil
 	}
@@ -83,7 +83,7 @@ func run(o *options) error {
 	if o.writeConfigTo != "" {
 		return writeConfig(o, o.writeConfigTo)
 	}
-	tune(o, log)
+	tune(o, hostTuner(), log)
 	keeper := keeperFromMaster()
 	if o.masterWorker && keeper == "" {
 		stop()
@@ -161,11 +161,10 @@ func run(o *options) error {
 		IPv6: func(ctx context.Context, mode proxymode.Name) error {
 			return detectIPv6(ctx, daemon.HostIPv6, hostNFTSteering(o), mode, o, log)
 		},
-		UDPIdleTimeout: o.udpIdleTimeout,
-		KubeProxy:      daemon.HostKubeProxyTraces(),
-		Succession:     handover.NewSuccession(o.handoverSocket, handover.OS{}, log).WithKeeper(keeper),
-		Termination:    term,
-		MinSyncPeriod:  o.minSyncPeriod, SyncPeriod: o.syncPeriod, DrainTimeout: o.drainTimeout,
+		KubeProxy:     daemon.HostKubeProxyTraces(),
+		Succession:    handover.NewSuccession(o.handoverSocket, handover.OS{}, log).WithKeeper(keeper),
+		Termination:   term,
+		MinSyncPeriod: o.minSyncPeriod, SyncPeriod: o.syncPeriod, DrainTimeout: o.drainTimeout,
 		MetricsAddr: o.metricsAddr, HealthzAddr: o.healthzAddr, ProfilingAddr: o.profilingAddr,
 		ConnLog: o.connLog, PIDFile: o.pidFile,
 		WatchRules: func(ctx context.Context, mode proxymode.Name, changed func()) error {

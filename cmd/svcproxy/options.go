@@ -335,7 +335,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 		fs.StringVar(&o.connLog, "conn-log", connlog.DefaultPath, "per-connection JSON log file; '-': stdout; empty: off")
 		fs.IntVar(&o.connLogSample, "conn-log-sample", 1, "log 1 of every N successful connections (failed ones always)")
 	})
-	secs.section("Connection tracking (set at start unless --steering=none; see --init-only)", false, func() {
+	secs.section("Connection tracking (set at start but in userspace --steering=none)", false, func() {
 		maxPerCore = fs.Int("conntrack-max-per-core", conntrack.DefaultTuning.MaxPerCore, "raise nf_conntrack_max to this many entries per CPU (and the nf_conntrack hashsize to a quarter of the table); 0: leave the table's size alone")
 		ctMin = fs.Int("conntrack-min", conntrack.DefaultTuning.Min, "the least nf_conntrack_max that --conntrack-max-per-core raises it to")
 		fs.DurationVar(&o.conntrack.TCPEstablished, "conntrack-tcp-timeout-established", conntrack.DefaultTuning.TCPEstablished, "nf_conntrack_tcp_timeout_established; 0: leave it")

@@ -1,37 +1,74 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"io/fs"
 	"os"
 	"runtime"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/svcproxy/svcproxy/conntrack"
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
+	"github.com/svcproxy/svcproxy/netfilter"
 	"github.com/svcproxy/svcproxy/proxymode"
 	"github.com/svcproxy/svcproxy/sysctl"
 )
 
+// tuner is what tune reaches of the kernel.
+type tuner struct {
+	sysctls, modules conntrack.Params // /proc/sys, /sys/module
+	ipvs             ipvs.Sysctls     // /proc/sys
+	cpus             int              // the node's
+	// loadConntrack and loadIPVS ask the kernel for nf_conntrack and ip_vs,
+	// whose parameters exist only once they are loaded: --init-only may run
+	// on a fresh node before anything has used them.
+	loadConntrack, loadIPVS func() error
+}
+
+// hostTuner is this node's kernel.
+func hostTuner() tuner {
+	return tuner{
+		sysctls: sysctl.Files{}, modules: sysctl.Module, ipvs: sysctl.Files{}, cpus: nodeCPUs(),
+		loadConntrack: func() error {
+			// A ctnetlink request loads nf_conntrack_netlink, and with it
+			// nf_conntrack; reading the table is the cheapest there is.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, err := conntrack.NewNetlink("").Delete(ctx, netfilter.IPv4, func(conntrack.Flow) bool { return false })
+			return err
+		},
+		loadIPVS: ipvs.Available, // looks the IPVS netlink family up, else modprobes ip_vs
+	}
+}
+
 // tune sets the kernel parameters kube-proxy sets at start: its conntrack
-// section (conntrack.Tune), in every mode but the userspace mode with
-// --steering=none (svcproxy on loopback or a static file, no node's
-// traffic through its NAT) unless --init-only asks, and, for --init-only,
-// the IPVS mode's
-// parameters when --proxy-mode=ipvs. What it cannot set it names in a
+// section (conntrack.Tune) in every mode but the userspace mode with
+// --steering=none (svcproxy on loopback or a static file: no node's
+// traffic through its NAT), unless --init-only asks; and, for --init-only
+// with --proxy-mode=ipvs, the IPVS mode's. What it cannot set it names in a
 // warning and goes on: in a container that is not privileged /proc/sys is
 // read-only, and the DaemonSet's privileged init container (svcproxy
 // --init-only) is what sets them.
-func tune(o *options, log *zap.Logger) {
+func tune(o *options, k tuner, log *zap.Logger) {
 	if runtime.GOOS != "linux" {
 		return
 	}
-	kernelMode := o.proxyMode == proxymode.IPTables || o.proxyMode == proxymode.IPVS || o.proxyMode == proxymode.NFTables
-	if o.steering == "none" && !kernelMode && !o.initOnly {
-		log.Debug("leaving connection tracking as it is: --steering=none uses no NAT")
+	// A mode left to the Node's annotation may be a kernel mode.
+	maybeKernel := o.proxyMode != proxymode.Userspace && (o.proxyMode != "" || o.kubeconfig != "" || o.master != "" || o.inCluster)
+	if o.steering == "none" && !maybeKernel && !o.initOnly {
+		log.Debug("leaving connection tracking as it is: the userspace mode with --steering=none uses no NAT")
 	} else {
-		changed, failed := conntrack.Tune(o.conntrack, nodeCPUs(), sysctl.Files{}, sysctl.Module)
+		if _, err := k.sysctls.Sysctl(conntrack.MaxSysctl); errors.Is(err, fs.ErrNotExist) && o.initOnly {
+			if err := k.loadConntrack(); err != nil {
+				log.Warn("cannot load connection tracking (nf_conntrack) to tune it", zap.Error(err))
+			}
+		}
+		changed, failed := conntrack.Tune(o.conntrack, k.cpus, k.sysctls, k.modules)
 		for _, c := range changed {
 			log.Info("set a connection-tracking parameter (kube-proxy's conntrack section)", zap.String("parameter", c))
 		}
@@ -44,8 +81,12 @@ func tune(o *options, log *zap.Logger) {
 		}
 	}
 	if o.initOnly && o.proxyMode == proxymode.IPVS {
-		if err := ipvs.EnsureSysctls(sysctl.Files{}); err != nil {
+		if err := k.loadIPVS(); err != nil {
+			log.Warn("cannot load IPVS (ip_vs) to set the IPVS mode's parameters", zap.Error(err))
+		} else if err := ipvs.EnsureSysctls(k.ipvs); err != nil {
 			log.Warn("cannot set the IPVS mode's parameters", zap.Error(err))
+		} else {
+			log.Info("the IPVS mode's parameters are set")
 		}
 	}
 }

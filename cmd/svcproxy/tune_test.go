@@ -1,12 +1,98 @@
 package main
 
 import (
+	"errors"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/svcproxy/svcproxy/conntrack"
+	"github.com/svcproxy/svcproxy/conntrack/conntracktest"
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/ipvstest"
 )
+
+// TestTune: which runs tune sets the conntrack section, and what
+// --init-only loads and sets besides.
+func TestTune(t *testing.T) {
+	tests := []struct {
+		name         string
+		args         []string
+		env          environment
+		loaded       bool  // nf_conntrack's parameters exist
+		ipvsErr      error // what loading ip_vs returns
+		wantTuned    bool  // the close-wait timeout set
+		wantLoadCT   bool
+		wantIPVS     bool // the IPVS parameters set
+		wantWarnings int
+		wantLoadIPVS bool
+	}{
+		{name: "a static file on loopback: no NAT, nothing tuned", args: []string{"--services=x"}, loaded: true},
+		{name: "REDIRECT steering", args: []string{"--services=x", "--steering=redirect"}, loaded: true, wantTuned: true},
+		{name: "local steering", args: []string{"--services=x", "--steering=local"}, loaded: true, wantTuned: true},
+		{name: "a kernel mode", args: []string{"--services=x", "--proxy-mode=iptables"}, loaded: true, wantTuned: true},
+		{name: "the cluster's source: the Node's annotation may pick a kernel mode", args: []string{"--kubeconfig=k"}, loaded: true, wantTuned: true},
+		{name: "the cluster's source, the userspace mode named, no steering", args: []string{"--kubeconfig=k", "--proxy-mode=userspace"}, loaded: true},
+		{name: "--init-only tunes whatever the steering", args: []string{"--init-only"}, loaded: true, wantTuned: true},
+		{name: "--init-only loads nf_conntrack first", args: []string{"--init-only"}, wantLoadCT: true, wantTuned: true},
+		{name: "without --init-only nothing is loaded: each parameter is a warning", args: []string{"--services=x", "--steering=redirect"},
+			wantWarnings: 3},
+		{name: "--init-only with the IPVS mode", args: []string{"--init-only", "--proxy-mode=ipvs"}, loaded: true, wantTuned: true,
+			wantLoadIPVS: true, wantIPVS: true},
+		{name: "--init-only with the IPVS mode, no ip_vs", args: []string{"--init-only", "--proxy-mode=ipvs"}, loaded: true, wantTuned: true,
+			ipvsErr: errors.New("no IPVS"), wantLoadIPVS: true, wantWarnings: 1},
+		{name: "the IPVS mode's parameters are --init-only's alone", args: []string{"--services=x", "--proxy-mode=ipvs"}, loaded: true, wantTuned: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, err := parseFlags(tt.args, tt.env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ct := map[string]string{conntrack.MaxSysctl: "262144", conntrack.TCPEstablishedSysctl: "432000", conntrack.TCPCloseWaitSysctl: "60"}
+			sysctls := conntracktest.NewParams(nil)
+			if tt.loaded {
+				sysctls = conntracktest.NewParams(ct)
+			}
+			ipvsParams := ipvstest.NewSysctls()
+			var loadedCT, loadedIPVS bool
+			k := tuner{
+				sysctls: sysctls, modules: conntracktest.NewParams(map[string]string{conntrack.HashsizeParam: "65536"}), ipvs: ipvsParams, cpus: 2,
+				loadConntrack: func() error {
+					loadedCT = true
+					sysctls = conntracktest.NewParams(ct)
+					return nil
+				},
+				loadIPVS: func() error { loadedIPVS = true; return tt.ipvsErr },
+			}
+			// The fake a load puts in place is read through k.sysctls.
+			k.sysctls = lazyParams{&sysctls}
+			core, logs := observer.New(zapcore.DebugLevel)
+			tune(o, k, zap.New(core))
+			if got := sysctls.Values()[conntrack.TCPCloseWaitSysctl] == "3600"; got != tt.wantTuned {
+				t.Errorf("tuned = %v, want %v (%v)", got, tt.wantTuned, sysctls.Values())
+			}
+			if loadedCT != tt.wantLoadCT || loadedIPVS != tt.wantLoadIPVS {
+				t.Errorf("loaded nf_conntrack %v, ip_vs %v; want %v, %v", loadedCT, loadedIPVS, tt.wantLoadCT, tt.wantLoadIPVS)
+			}
+			if got := ipvsParams.Values()["net/ipv4/vs/conntrack"] == "1"; got != tt.wantIPVS {
+				t.Errorf("IPVS parameters set = %v, want %v", got, tt.wantIPVS)
+			}
+			if n := logs.FilterLevelExact(zapcore.WarnLevel).Len(); n != tt.wantWarnings {
+				t.Errorf("%d warnings, want %d: %v", n, tt.wantWarnings, logs.All())
+			}
+		})
+	}
+}
+
+// lazyParams reads and writes whichever fake *p holds at the time.
+type lazyParams struct{ p **conntracktest.Params }
+
+func (l lazyParams) Sysctl(name string) (string, error) { return (*l.p).Sysctl(name) }
+func (l lazyParams) SetSysctl(name, value string) error { return (*l.p).SetSysctl(name, value) }
 
 func TestCountCPUList(t *testing.T) {
 	for _, tt := range []struct {
