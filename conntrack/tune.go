@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/svcproxy/svcproxy/sysctl"
 )
 
 // Tuning is kube-proxy's conntrack section (KubeProxyConntrackConfiguration):
@@ -31,10 +33,7 @@ var DefaultTuning = Tuning{MaxPerCore: 32 * 1024, Min: 128 * 1024, TCPEstablishe
 
 // Params reads and writes named kernel parameters as text; sysctl.Files is
 // the real one, conntracktest.Params the in-memory one.
-type Params interface {
-	Sysctl(name string) (string, error)
-	SetSysctl(name, value string) error
-}
+type Params = sysctl.Params
 
 // The parameters Tune sets: sysctls under /proc/sys, and the module
 // parameter under /sys/module.
@@ -62,23 +61,21 @@ const (
 // keeps it.
 func Tune(t Tuning, cpus int, sysctls, modules Params) (changed []string, failed []error) {
 	set := func(p Params, name string, want int, raiseOnly bool) {
-		s, readErr := p.Sysctl(name)
-		now, convErr := strconv.Atoi(s)
-		if readErr == nil && convErr == nil && (now == want || raiseOnly && (now > want || name == MaxSysctl && now == 0)) {
-			return // (nf_conntrack_max 0: no limit)
-		}
-		if err := p.SetSysctl(name, strconv.Itoa(want)); err != nil {
-			if readErr != nil {
-				failed = append(failed, fmt.Errorf("setting %s to %d: %w", name, want, err))
-			} else {
-				failed = append(failed, fmt.Errorf("setting %s to %d (it is %s): %w", name, want, s, err))
+		var keep func(string) bool
+		if raiseOnly {
+			keep = func(now string) bool {
+				n, err := strconv.Atoi(now)
+				return err == nil && (n > want || name == MaxSysctl && n == 0) // (nf_conntrack_max 0: no limit)
 			}
-			return
 		}
-		if readErr != nil {
+		old, wrote, err := sysctl.Ensure(p, name, strconv.Itoa(want), keep)
+		switch {
+		case err != nil:
+			failed = append(failed, err)
+		case wrote && old == "":
 			changed = append(changed, fmt.Sprintf("%s=%d", name, want))
-		} else {
-			changed = append(changed, fmt.Sprintf("%s=%d (was %s)", name, want, s))
+		case wrote:
+			changed = append(changed, fmt.Sprintf("%s=%d (was %s)", name, want, old))
 		}
 	}
 	if t.MaxPerCore > 0 {

@@ -1,12 +1,14 @@
 // Package sysctl owns svcproxy's access to the kernel's named parameters:
 // the files under /proc/sys (sysctls) and /sys/module (module
-// parameters), read and written as text. The interfaces are their
-// consumers' (kernelmodes/ipvs.Sysctls, conntrack.Params); Files is the
-// real implementation of both. A file under /proc/sys/net is the calling
-// thread's network namespace's.
+// parameters), read and written as text, and Ensure, the one way svcproxy
+// sets one. Files is the real Params; each consumer names the same two
+// methods as its own interface (kernelmodes/ipvs.Sysctls,
+// conntrack.Params) and has its fake. A file under /proc/sys/net is the
+// calling thread's network namespace's.
 package sysctl
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -40,4 +42,31 @@ func (f Files) Sysctl(name string) (string, error) {
 // SetSysctl writes value to name.
 func (f Files) SetSysctl(name, value string) error {
 	return os.WriteFile(f.path(name), []byte(value+"\n"), 0o644)
+}
+
+// Params reads and writes named parameters as text: Files, or a fake.
+type Params interface {
+	Sysctl(name string) (string, error)
+	SetSysctl(name, value string) error
+}
+
+// Ensure writes want to name unless it holds it already, or keep (if not
+// nil) accepts what it holds. It returns what name held ("": unreadable)
+// and whether it wrote; an error names the parameter, the value and what
+// it held.
+func Ensure(p Params, name, want string, keep func(now string) bool) (old string, wrote bool, err error) {
+	now, readErr := p.Sysctl(name)
+	if readErr == nil && (now == want || keep != nil && keep(now)) {
+		return now, false, nil
+	}
+	if readErr != nil {
+		now = ""
+	}
+	if err := p.SetSysctl(name, want); err != nil {
+		if readErr != nil {
+			return "", false, fmt.Errorf("setting %s to %s: %w", name, want, err)
+		}
+		return now, false, fmt.Errorf("setting %s to %s (it is %s): %w", name, want, now, err)
+	}
+	return now, true, nil
 }

@@ -636,12 +636,8 @@ func (m *Mode) ensureSysctls() error { return EnsureSysctls(m.sysctls) }
 func EnsureSysctls(p Sysctls) error {
 	var errs []error
 	for _, s := range sysctls {
-		v, err := p.Sysctl(s[0])
-		if err == nil && strings.TrimSpace(v) == s[1] {
-			continue
-		}
-		if err := p.SetSysctl(s[0], s[1]); err != nil {
-			errs = append(errs, fmt.Errorf("setting %s=%s: %w", s[0], s[1], err))
+		if _, _, err := sysctl.Ensure(p, s[0], s[1], nil); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
