@@ -13,7 +13,7 @@
 //	oomScoreAdj: -999                 # unset: left as it is
 //	clusterCIDR: ""                   # pod CIDRs, comma-separated
 //	iptables: {masqueradeBit: 14, masqueradeAll: false, syncPeriod: 30s, minSyncPeriod: 1s}
-//	ipvs: {scheduler: "", syncPeriod: 30s, minSyncPeriod: 0s}   # scheduler: rr, wrr, lc, wlc, sh, dh, mh
+//	ipvs: {scheduler: "", syncPeriod: 30s, minSyncPeriod: 0s, strictARP: false}   # scheduler: rr, wrr, lc, wlc, sh, dh, mh
 //	conntrack: {maxPerCore: 32768, min: 131072, tcpEstablishedTimeout: 24h, tcpCloseWaitTimeout: 1h, tcpBeLiberal: false, udpTimeout: 0s, udpStreamTimeout: 0s}
 //	clientConnection: {kubeconfig: "", qps: 5, burst: 10, contentType: application/vnd.kubernetes.protobuf}
 //	configSyncPeriod: 15m0s
@@ -140,6 +140,11 @@ type IPVS struct {
 	Scheduler     string   `yaml:"scheduler"`     // one of IPVSSchedulers; "": rr
 	SyncPeriod    Duration `yaml:"syncPeriod"`    // default 30s
 	MinSyncPeriod Duration `yaml:"minSyncPeriod"` // default 0
+	// StrictARP sets net.ipv4.conf.all.arp_ignore=1 and arp_announce=2 in
+	// the IPVS mode and with local steering, whose virtual IPs are the
+	// node's addresses on a dummy interface: the node then answers ARP for
+	// them on no other interface. Default false.
+	StrictARP bool `yaml:"strictARP"`
 }
 
 // Conntrack is kube-proxy's conntrack section: the kernel's connection

@@ -144,11 +144,14 @@ detectLocalMode: ClusterCIDR
 nftables: {syncPeriod: 30s}
 iptables: {localhostNodePorts: true}
 conntrack: {maxPerCore: 0, udpTimeout: 10s}
-ipvs: {strictARP: true}
+ipvs: {strictARP: true, tcpTimeout: 10m}
 `,
-			want: func(c *Config) { c.Conntrack.MaxPerCore, c.Conntrack.UDPTimeout = 0, Duration(10*time.Second) },
+			want: func(c *Config) {
+				c.Conntrack.MaxPerCore, c.Conntrack.UDPTimeout = 0, Duration(10*time.Second)
+				c.IPVS.StrictARP = true
+			},
 			warn: []string{"line 4: featureGates: kube-proxy field ignored", "line 5: detectLocalMode", "line 6: nftables",
-				"line 7: iptables.localhostNodePorts", "line 9: ipvs.strictARP: kube-proxy field ignored"},
+				"line 7: iptables.localhostNodePorts", "line 9: ipvs.tcpTimeout: kube-proxy field ignored"},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -28,7 +28,6 @@ var ignored = map[string]string{
 	"portRange":                           "svcproxy has no port range",
 	"iptables.localhostNodePorts":         "NodePorts on localhost are not served",
 	"ipvs.excludeCIDRs":                   "not supported",
-	"ipvs.strictARP":                      "not supported: set net.ipv4.conf.all.arp_ignore=1 and arp_announce=2 on the node",
 	"ipvs.tcpTimeout":                     "not supported",
 	"ipvs.tcpFinTimeout":                  "not supported",
 	"ipvs.udpTimeout":                     "use conntrack.udpTimeout",

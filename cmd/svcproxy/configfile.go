@@ -38,6 +38,7 @@ func applyConfigFile(fs *flag.FlagSet, path string) (*config.Config, error) {
 		"sync-period":                       sync.String(),
 		"min-sync-period":                   minSync.String(),
 		"ipvs-scheduler":                    cfg.IPVS.Scheduler,
+		"ipvs-strict-arp":                   strconv.FormatBool(cfg.IPVS.StrictARP),
 		"kubeconfig":                        cfg.ClientConnection.Kubeconfig,
 		"kube-api-qps":                      strconv.FormatFloat(float64(cfg.ClientConnection.QPS), 'g', -1, 32),
 		"kube-api-burst":                    strconv.Itoa(int(cfg.ClientConnection.Burst)),
@@ -130,7 +131,7 @@ func writeConfig(o *options, path string) error {
 	cfg.IPTables.MasqueradeAll = o.masqueradeAll
 	cfg.IPTables.SyncPeriod, cfg.IPTables.MinSyncPeriod = config.Duration(o.syncPeriod), config.Duration(o.minSyncPeriod)
 	cfg.IPVS.SyncPeriod, cfg.IPVS.MinSyncPeriod = config.Duration(o.syncPeriod), config.Duration(o.minSyncPeriod)
-	cfg.IPVS.Scheduler = o.ipvsScheduler
+	cfg.IPVS.Scheduler, cfg.IPVS.StrictARP = o.ipvsScheduler, o.strictARP
 	cfg.ClientConnection = config.ClientConnection{Kubeconfig: o.kubeconfig, QPS: o.kubeAPIQPS, Burst: int32(o.kubeAPIBurst), ContentType: o.kubeAPIContentType}
 	sp := &cfg.Svcproxy
 	sp.Steering, sp.RedirectPort, sp.Workers = o.steering, o.redirectPort, o.workers

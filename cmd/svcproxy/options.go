@@ -62,6 +62,7 @@ type options struct {
 	masqueradeAll     bool
 	masqueradeMark    uint32 // kernel modes' masquerade mark, 1<<--iptables-masquerade-bit
 	ipvsScheduler     string
+	strictARP         bool // --ipvs-strict-arp
 	pidFile           string
 	successorWait     time.Duration
 	oomScoreAdj       *int // nil: leave as it is
@@ -240,7 +241,6 @@ var kubeProxyIgnored = []struct {
 	{"show-hidden-metrics-for-version", "svcproxy hides no metrics", false},
 	{"iptables-localhost-nodeports", "NodePorts on localhost are not served", true},
 	{"ipvs-exclude-cidrs", "not supported", false},
-	{"ipvs-strict-arp", "not supported: set net.ipv4.conf.all.arp_ignore=1 and arp_announce=2 on the node", true},
 	{"ipvs-tcp-timeout", "not supported", false},
 	{"ipvs-tcpfin-timeout", "not supported", false},
 	{"ipvs-udp-timeout", "not supported", false},
@@ -315,6 +315,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 		fs.BoolVar(&o.masqueradeAll, "masquerade-all", false, "iptables, ipvs and nftables modes: masquerade all Service traffic")
 		masqBit = fs.Int("iptables-masquerade-bit", 14, "iptables, ipvs and nftables modes: the bit of the packet mark that asks for masquerade, 0-31")
 		fs.StringVar(&o.ipvsScheduler, "ipvs-scheduler", "rr", "ipvs mode: the default scheduler: "+strings.Join(config.IPVSSchedulers, ", "))
+		fs.BoolVar(&o.strictARP, "ipvs-strict-arp", false, "ipvs mode and --steering=local: set net.ipv4.conf.all.arp_ignore=1 and arp_announce=2, so the node answers ARP for the virtual IPs on its dummy interface on no other (with MetalLB-style ARP announcements); set at start, or by --init-only")
 	})
 	secs.section("Userspace proxy", false, func() {
 		fs.StringVar(&o.steering, "steering", "none", "how Service traffic reaches the forwarder: redirect (REDIRECT of every ClusterIP, ExternalIP, LoadBalancer IP and NodePort, written by --steering-backend; needs root or CAP_NET_ADMIN), local (the virtual IPs put on dummy interface svcproxy-vips as local addresses, as kube-proxy's IPVS mode does, and the forwarder listening on each frontend and NodePort: no rules, no NAT; needs CAP_NET_ADMIN) or none (listen on each frontend directly: for loopback and static files)")

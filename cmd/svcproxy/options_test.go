@@ -171,10 +171,10 @@ func TestParseFlagsValues(t *testing.T) {
 		{"outside a pod: no cluster", nil, outsidePod, func(o *options) bool { return !o.inCluster }},
 		{"in a pod with a services file", []string{"--services=x"}, environment{inPod: true}, func(o *options) bool { return !o.inCluster }},
 		{"in a pod with a kubeconfig", []string{"--kubeconfig=k"}, environment{inPod: true}, func(o *options) bool { return !o.inCluster }},
-		{"ignored flags warned about, by name", []string{"--feature-gates=A=true", "--ipvs-strict-arp", "--profiling", "--vmodule=x=2"}, outsidePod,
+		{"ignored flags warned about, by name", []string{"--feature-gates=A=true", "--ipvs-tcp-timeout=1m", "--profiling", "--vmodule=x=2"}, outsidePod,
 			func(o *options) bool {
 				return len(o.warnings) == 4 && strings.HasPrefix(o.warnings[0], "--feature-gates:") && strings.HasPrefix(o.warnings[1], "--profiling:") &&
-					strings.HasPrefix(o.warnings[2], "--ipvs-strict-arp:") && strings.HasPrefix(o.warnings[3], "--vmodule:")
+					strings.HasPrefix(o.warnings[2], "--ipvs-tcp-timeout:") && strings.HasPrefix(o.warnings[3], "--vmodule:")
 			}},
 		{"no warnings by default", nil, outsidePod, func(o *options) bool { return len(o.warnings) == 0 }},
 	} {
@@ -262,7 +262,7 @@ mode: iptables
 nodePortAddresses: [primary]
 oomScoreAdj: -999
 iptables: {masqueradeBit: 13, syncPeriod: 20s}
-ipvs: {scheduler: mh, strictARP: true}
+ipvs: {scheduler: mh, strictARP: true, tcpTimeout: 1m}
 conntrack: {udpTimeout: 45s, maxPerCore: 0, tcpCloseWaitTimeout: 2h, tcpBeLiberal: true, udpStreamTimeout: 5m}
 clientConnection: {kubeconfig: /k, qps: 30, burst: 60, contentType: application/json}
 configSyncPeriod: 1m
@@ -297,7 +297,8 @@ svcproxy: {proxyName: svcproxy-b, steeringBackend: nftables, offload: sockmap, i
 		{"svcproxy.steeringBackend", o.steeringBackend == redirect.BackendNFTables},
 		{"svcproxy.offload", o.offload == forwarder.OffloadSockmap},
 		{"svcproxy.ioUring", o.ioUring == forwarder.IOUringOff},
-		{"ipvs.strictARP warned", slices.ContainsFunc(o.warnings, func(w string) bool { return strings.HasPrefix(w, "--config "+path+": line 8: ipvs.strictARP") })},
+		{"ipvs.strictARP", o.strictARP},
+		{"ipvs.tcpTimeout warned", slices.ContainsFunc(o.warnings, func(w string) bool { return strings.HasPrefix(w, "--config "+path+": line 8: ipvs.tcpTimeout") })},
 	} {
 		if !c.ok {
 			t.Errorf("%s not honoured: %+v", c.field, *o)

@@ -49,8 +49,9 @@ func hostTuner() tuner {
 // tune sets the kernel parameters kube-proxy sets at start: its conntrack
 // section (conntrack.Tune) in every mode but the userspace mode with
 // --steering=none (svcproxy on loopback or a static file: no node's
-// traffic through its NAT), unless --init-only asks; and, for --init-only
-// with --proxy-mode=ipvs, the IPVS mode's. What it cannot set it names in a
+// traffic through its NAT), unless --init-only asks; strict ARP
+// (--ipvs-strict-arp) in the IPVS mode and with local steering; and, for
+// --init-only with --proxy-mode=ipvs, the IPVS mode's. What it cannot set it names in a
 // warning and goes on: in a container that is not privileged /proc/sys is
 // read-only, and the DaemonSet's privileged init container (svcproxy
 // --init-only) is what sets them.
@@ -78,6 +79,17 @@ func tune(o *options, k tuner, log *zap.Logger) {
 		}
 		for _, e := range failed {
 			log.Warn("cannot set a connection-tracking parameter as kube-proxy's conntrack section asks: "+why, zap.Error(e))
+		}
+	}
+	if o.strictARP && (o.proxyMode == proxymode.IPVS || o.steering == "local") {
+		for _, p := range [][2]string{{"net/ipv4/conf/all/arp_ignore", "1"}, {"net/ipv4/conf/all/arp_announce", "2"}} {
+			old, wrote, err := sysctl.Ensure(k.sysctls, p[0], p[1], nil)
+			switch {
+			case err != nil:
+				log.Warn("cannot set strict ARP (--ipvs-strict-arp): run svcproxy --init-only with the privilege to write /proc/sys, or set it on the node", zap.Error(err))
+			case wrote:
+				log.Info("set strict ARP (--ipvs-strict-arp)", zap.String("parameter", p[0]+"="+p[1]), zap.String("was", old))
+			}
 		}
 	}
 	if o.initOnly && o.proxyMode == proxymode.IPVS {

@@ -29,6 +29,7 @@ func TestTune(t *testing.T) {
 		wantIPVS     bool // the IPVS parameters set
 		wantWarnings int
 		wantLoadIPVS bool
+		wantARP      bool // arp_ignore and arp_announce set
 	}{
 		{name: "a static file on loopback: no NAT, nothing tuned", args: []string{"--services=x"}, loaded: true},
 		{name: "REDIRECT steering", args: []string{"--services=x", "--steering=redirect"}, loaded: true, wantTuned: true},
@@ -45,6 +46,15 @@ func TestTune(t *testing.T) {
 		{name: "--init-only with the IPVS mode, no ip_vs", args: []string{"--init-only", "--proxy-mode=ipvs"}, loaded: true, wantTuned: true,
 			ipvsErr: errors.New("no IPVS"), wantLoadIPVS: true, wantWarnings: 1},
 		{name: "the IPVS mode's parameters are --init-only's alone", args: []string{"--services=x", "--proxy-mode=ipvs"}, loaded: true, wantTuned: true},
+		{name: "strict ARP in the IPVS mode", args: []string{"--services=x", "--proxy-mode=ipvs", "--ipvs-strict-arp"}, loaded: true, wantTuned: true,
+			wantARP: true},
+		{name: "strict ARP with local steering", args: []string{"--services=x", "--steering=local", "--ipvs-strict-arp"}, loaded: true, wantTuned: true,
+			wantARP: true},
+		{name: "strict ARP with --init-only", args: []string{"--init-only", "--proxy-mode=ipvs", "--ipvs-strict-arp"}, loaded: true, wantTuned: true,
+			wantLoadIPVS: true, wantIPVS: true, wantARP: true},
+		{name: "strict ARP means nothing with REDIRECT steering", args: []string{"--services=x", "--steering=redirect", "--ipvs-strict-arp"}, loaded: true,
+			wantTuned: true},
+		{name: "no strict ARP unless asked", args: []string{"--services=x", "--proxy-mode=ipvs"}, loaded: true, wantTuned: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -52,7 +62,8 @@ func TestTune(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ct := map[string]string{conntrack.MaxSysctl: "262144", conntrack.TCPEstablishedSysctl: "432000", conntrack.TCPCloseWaitSysctl: "60"}
+			ct := map[string]string{conntrack.MaxSysctl: "262144", conntrack.TCPEstablishedSysctl: "432000", conntrack.TCPCloseWaitSysctl: "60",
+				"net/ipv4/conf/all/arp_ignore": "0", "net/ipv4/conf/all/arp_announce": "0"}
 			sysctls := conntracktest.NewParams(nil)
 			if tt.loaded {
 				sysctls = conntracktest.NewParams(ct)
@@ -80,6 +91,9 @@ func TestTune(t *testing.T) {
 			}
 			if got := ipvsParams.Values()["net/ipv4/vs/conntrack"] == "1"; got != tt.wantIPVS {
 				t.Errorf("IPVS parameters set = %v, want %v", got, tt.wantIPVS)
+			}
+			if v := sysctls.Values(); (v["net/ipv4/conf/all/arp_ignore"] == "1" && v["net/ipv4/conf/all/arp_announce"] == "2") != tt.wantARP {
+				t.Errorf("arp_ignore %s, arp_announce %s; want strict ARP %v", v["net/ipv4/conf/all/arp_ignore"], v["net/ipv4/conf/all/arp_announce"], tt.wantARP)
 			}
 			if n := logs.FilterLevelExact(zapcore.WarnLevel).Len(); n != tt.wantWarnings {
 				t.Errorf("%d warnings, want %d: %v", n, tt.wantWarnings, logs.All())
