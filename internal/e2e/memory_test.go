@@ -27,8 +27,17 @@ func (c *cluster) largeServices(n int) string {
 
 // TestPrivilegedMemoryAfterShrink loads a 10 MB services file (58,288
 // Services, as issue 15 measured) into a running svcproxy, then the small
-// file it started with: within 30 s its RSS is back within 1.5 times what
+// file it started with: within 30 s svcproxy returns memory for the shrink
+// (svcproxy_memory_returns_total), and its RSS is back within twice what
 // it was at start with that small file.
+//
+// Twice, not less: right after the return the RSS measured 48–54 MiB
+// against 34 MiB at a fresh start (8 runs, 2026-11-27): the runtime keeps
+// about 12 MiB of span and GC metadata for the large heap, and the next
+// sync's garbage grows the heap towards its goal again (65–69 MiB 30 s
+// later, with 17 MiB live). A bound of 1.5 times failed about one run in
+// six on those few MiB. What it guards against is the 580 MiB kept for
+// good before memory was returned.
 func TestPrivilegedMemoryAfterShrink(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipped in -short mode: it loads 58,288 Services")
@@ -80,19 +89,23 @@ func TestPrivilegedMemoryAfterShrink(t *testing.T) {
 	if _, err := c.get(client, webVIP+":80"); err != nil {
 		t.Fatal(err)
 	}
-	limit := fresh.rssMiB * 3 / 2
+	limit := fresh.rssMiB * 2
 	var after usage
+	var returned float64
 	for {
+		returned = c.metric(t, "svcproxy_memory_returns_total")
 		after = c.usage(t, pid)
-		if after.rssMiB <= limit || time.Since(shrunk) > 30*time.Second {
+		if (returned > returns && after.rssMiB <= limit) || time.Since(shrunk) > 30*time.Second {
 			break
 		}
 		time.Sleep(time.Second)
 	}
-	t.Logf("%v after shrinking back: %v; memory returns %v → %v", time.Since(shrunk).Round(time.Second), after,
-		returns, c.metric(t, "svcproxy_memory_returns_total"))
+	t.Logf("%v after shrinking back: %v; memory returns %v → %v", time.Since(shrunk).Round(time.Second), after, returns, returned)
+	if returned <= returns {
+		t.Errorf("svcproxy_memory_returns_total stayed at %v: no memory returned for the shrink", returned)
+	}
 	if after.rssMiB > limit {
-		t.Errorf("RSS %d MiB 30 s after shrinking from %d MiB, want at most %d (1.5 times the %d MiB of a fresh start)",
+		t.Errorf("RSS %d MiB 30 s after shrinking from %d MiB, want at most %d (twice the %d MiB of a fresh start)",
 			after.rssMiB, loaded.rssMiB, limit, fresh.rssMiB)
 	}
 }
