@@ -1,10 +1,9 @@
 // Package sysctl owns svcproxy's access to the kernel's named parameters:
 // the files under /proc/sys (sysctls) and /sys/module (module
 // parameters), read and written as text, and Ensure, the one way svcproxy
-// sets one. Files is the real Params; each consumer names the same two
-// methods as its own interface (kernelmodes/ipvs.Sysctls,
-// conntrack.Params) and has its fake. A file under /proc/sys/net is the
-// calling thread's network namespace's.
+// sets one. Files is the real Params; its consumers (kernelmodes/ipvs.
+// Sysctls, conntrack.Params, an alias) each have their fake. A file under
+// /proc/sys/net is the calling thread's network namespace's.
 package sysctl
 
 import (

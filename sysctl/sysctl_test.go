@@ -55,12 +55,11 @@ func TestEnsure(t *testing.T) {
 		wantOld          string
 		wantWrote        bool
 		wantHeld         string
-		wantErr          string
 	}{
-		{"already so", "1", "1", nil, "1", false, "1", ""},
-		{"written over", "0", "1", nil, "0", true, "1", ""},
-		{"kept by keep", "9", "5", atLeast("5"), "9", false, "9", ""},
-		{"not kept by keep", "3", "5", atLeast("5"), "3", true, "5", ""},
+		{"already so", "1", "1", nil, "1", false, "1"},
+		{"written over", "0", "1", nil, "0", true, "1"},
+		{"kept by keep", "9", "5", atLeast("5"), "9", false, "9"},
+		{"not kept by keep", "3", "5", atLeast("5"), "3", true, "5"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -50,7 +50,8 @@ func hostTuner() tuner {
 // section (conntrack.Tune) in every mode but the userspace mode with
 // --steering=none (svcproxy on loopback or a static file: no node's
 // traffic through its NAT), unless --init-only asks; strict ARP
-// (--ipvs-strict-arp) in the IPVS mode and with local steering; and, for
+// (--ipvs-strict-arp) in the IPVS mode, with local steering, and with a
+// mode the Node's annotation is to pick (whichever it picks); and, for
 // --init-only with --proxy-mode=ipvs, the IPVS mode's. What it cannot set it names in a
 // warning and goes on: in a container that is not privileged /proc/sys is
 // read-only, and the DaemonSet's privileged init container (svcproxy
@@ -59,8 +60,10 @@ func tune(o *options, k tuner, log *zap.Logger) {
 	if runtime.GOOS != "linux" {
 		return
 	}
-	// A mode left to the Node's annotation may be a kernel mode.
-	maybeKernel := o.proxyMode != proxymode.Userspace && (o.proxyMode != "" || o.kubeconfig != "" || o.master != "" || o.inCluster)
+	// A mode left to the Node's annotation may be a kernel mode, the IPVS
+	// mode among them: the Node is not read yet.
+	byAnnotation := o.proxyMode == "" && (o.kubeconfig != "" || o.master != "" || o.inCluster)
+	maybeKernel := byAnnotation || o.proxyMode == proxymode.IPTables || o.proxyMode == proxymode.IPVS || o.proxyMode == proxymode.NFTables
 	if o.steering == "none" && !maybeKernel && !o.initOnly {
 		log.Debug("leaving connection tracking as it is: the userspace mode with --steering=none uses no NAT")
 	} else {
@@ -81,7 +84,7 @@ func tune(o *options, k tuner, log *zap.Logger) {
 			log.Warn("cannot set a connection-tracking parameter as kube-proxy's conntrack section asks: "+why, zap.Error(e))
 		}
 	}
-	if o.strictARP && (o.proxyMode == proxymode.IPVS || o.steering == "local") {
+	if o.strictARP && (o.proxyMode == proxymode.IPVS || byAnnotation || o.steering == "local") {
 		for _, p := range [][2]string{{"net/ipv4/conf/all/arp_ignore", "1"}, {"net/ipv4/conf/all/arp_announce", "2"}} {
 			old, wrote, err := sysctl.Ensure(k.sysctls, p[0], p[1], nil)
 			switch {

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -30,6 +31,7 @@ func TestTune(t *testing.T) {
 		wantWarnings int
 		wantLoadIPVS bool
 		wantARP      bool // arp_ignore and arp_announce set
+		arpReadOnly  bool // writing them fails
 	}{
 		{name: "a static file on loopback: no NAT, nothing tuned", args: []string{"--services=x"}, loaded: true},
 		{name: "REDIRECT steering", args: []string{"--services=x", "--steering=redirect"}, loaded: true, wantTuned: true},
@@ -55,6 +57,10 @@ func TestTune(t *testing.T) {
 		{name: "strict ARP means nothing with REDIRECT steering", args: []string{"--services=x", "--steering=redirect", "--ipvs-strict-arp"}, loaded: true,
 			wantTuned: true},
 		{name: "no strict ARP unless asked", args: []string{"--services=x", "--proxy-mode=ipvs"}, loaded: true, wantTuned: true},
+		{name: "strict ARP with a mode the Node's annotation is to pick", args: []string{"--kubeconfig=k", "--ipvs-strict-arp"}, loaded: true,
+			wantTuned: true, wantARP: true},
+		{name: "strict ARP refused: a warning each", args: []string{"--services=x", "--steering=local", "--ipvs-strict-arp"}, loaded: true,
+			wantTuned: true, arpReadOnly: true, wantWarnings: 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -67,6 +73,9 @@ func TestTune(t *testing.T) {
 			sysctls := conntracktest.NewParams(nil)
 			if tt.loaded {
 				sysctls = conntracktest.NewParams(ct)
+			}
+			if tt.arpReadOnly {
+				sysctls.ReadOnly(syscall.EROFS, "net/ipv4/conf/all/arp_ignore", "net/ipv4/conf/all/arp_announce")
 			}
 			ipvsParams := ipvstest.NewSysctls()
 			var loadedCT, loadedIPVS bool
@@ -140,11 +149,11 @@ func FuzzCountCPUList(f *testing.F) {
 	})
 }
 
-// TestWriteConfigConntrack: the conntrack section --write-config-to writes
-// reads back as the same tuning.
+// TestWriteConfigConntrack: the conntrack section and strict ARP
+// --write-config-to writes read back as the same.
 func TestWriteConfigConntrack(t *testing.T) {
 	o, err := parseFlags([]string{"--conntrack-max-per-core=0", "--conntrack-min=1000", "--conntrack-tcp-timeout-established=48h",
-		"--conntrack-tcp-timeout-close-wait=0", "--conntrack-tcp-be-liberal", "--conntrack-udp-timeout=40s", "--conntrack-udp-timeout-stream=3m"}, outsidePod)
+		"--conntrack-tcp-timeout-close-wait=0", "--conntrack-tcp-be-liberal", "--conntrack-udp-timeout=40s", "--conntrack-udp-timeout-stream=3m", "--ipvs-strict-arp"}, outsidePod)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,5 +168,8 @@ func TestWriteConfigConntrack(t *testing.T) {
 	want := conntrack.Tuning{Min: 1000, TCPEstablished: 48 * time.Hour, TCPBeLiberal: true, UDP: 40 * time.Second, UDPStream: 3 * time.Minute}
 	if back.conntrack != want || o.conntrack != want {
 		t.Errorf("conntrack tuning: flags %+v, read back %+v, want %+v", o.conntrack, back.conntrack, want)
+	}
+	if !o.strictARP || !back.strictARP {
+		t.Errorf("strict ARP: flags %v, read back %v, want true", o.strictARP, back.strictARP)
 	}
 }

@@ -28,16 +28,16 @@ func (c *cluster) largeServices(n int) string {
 // TestPrivilegedMemoryAfterShrink loads a 10 MB services file (58,288
 // Services, as issue 15 measured) into a running svcproxy, then the small
 // file it started with: within 30 s svcproxy returns memory for the shrink
-// (svcproxy_memory_returns_total), and its RSS is back within twice what
-// it was at start with that small file.
+// (svcproxy_memory_returns_total), and its RSS right after the return is
+// within twice what it was at start with that small file.
 //
 // Twice, not less: right after the return the RSS measured 48–54 MiB
 // against 34 MiB at a fresh start (8 runs, 2026-11-27): the runtime keeps
 // about 12 MiB of span and GC metadata for the large heap, and the next
 // sync's garbage grows the heap towards its goal again (65–69 MiB 30 s
-// later, with 17 MiB live). A bound of 1.5 times failed about one run in
-// six on those few MiB. What it guards against is the 580 MiB kept for
-// good before memory was returned.
+// later, with 17 MiB live, which the test does not wait for). A bound of
+// 1.5 times failed about one run in six on those few MiB. What it guards
+// against is the 580 MiB kept for good before memory was returned.
 func TestPrivilegedMemoryAfterShrink(t *testing.T) {
 	if testing.Short() {
 		t.Skip("skipped in -short mode: it loads 58,288 Services")

@@ -60,9 +60,9 @@
 // traffic policy, to everything with Config.MasqueradeAll, and to an
 // endpoint reaching itself through its Service. It needs
 // net.ipv4.vs.conntrack=1, which a full sync sets, with
-// expire_nodest_conn=1, expire_quiescent_template=1 and ip_forward=1 (as
-// kube-proxy does); svcproxy --init-only sets them where svcproxy itself
-// may not write /proc/sys.
+// expire_nodest_conn=1 and expire_quiescent_template=1 (as kube-proxy
+// does); svcproxy --init-only sets them where svcproxy itself may not
+// write /proc/sys.
 //
 // # Ownership
 //

@@ -617,17 +617,15 @@ func (m *Mode) runSweeper(ctx context.Context) {
 	}
 }
 
-// sysctls are the parameters this mode needs (kube-proxy sets the same):
-// conntrack, so iptables can masquerade IPVS traffic and clear UDP
+// sysctls are the IPVS parameters this mode needs (kube-proxy sets the
+// same): conntrack, so iptables can masquerade IPVS traffic and clear UDP
 // entries; expire_nodest_conn and expire_quiescent_template, so
 // connections to a deleted (or persistence to a weight-0) real server end
-// at their next packet instead of hanging; ip_forward, so traffic IPVS
-// sends on to a real server on another node is routed.
+// at their next packet instead of hanging.
 var sysctls = [][2]string{
 	{"net/ipv4/vs/conntrack", "1"},
 	{"net/ipv4/vs/expire_nodest_conn", "1"},
 	{"net/ipv4/vs/expire_quiescent_template", "1"},
-	{"net/ipv4/ip_forward", "1"},
 }
 
 func (m *Mode) ensureSysctls() error { return EnsureSysctls(m.sysctls) }

@@ -218,13 +218,12 @@ func (f *Conntrack) Flows() []string {
 	return out
 }
 
-// ipvsSysctls are the parameters the ip_vs module adds, and IPv4
-// forwarding, at their defaults in a new network namespace.
-var ipvsSysctls = []string{"net/ipv4/vs/conntrack", "net/ipv4/vs/expire_nodest_conn", "net/ipv4/vs/expire_quiescent_template", "net/ipv4/ip_forward"}
+// ipvsSysctls are the parameters the ip_vs module adds, at their defaults.
+var ipvsSysctls = []string{"net/ipv4/vs/conntrack", "net/ipv4/vs/expire_nodest_conn", "net/ipv4/vs/expire_quiescent_template"}
 
-// Sysctls is an in-memory ipvs.Sysctls holding the IPVS parameters and
-// ip_forward at the kernel's defaults (0); reading another is an error, as
-// a missing file under /proc/sys is.
+// Sysctls is an in-memory ipvs.Sysctls holding the IPVS parameters at the
+// kernel's defaults (0); reading another is an error, as a missing file
+// under /proc/sys is.
 type Sysctls struct {
 	recorder
 	mu     sync.Mutex
