@@ -52,10 +52,10 @@ func hostTuner() tuner {
 // traffic through its NAT), unless --init-only asks; strict ARP
 // (--ipvs-strict-arp) in the IPVS mode, with local steering, and with a
 // mode the Node's annotation is to pick (whichever it picks); and, for
-// --init-only with --proxy-mode=ipvs, the IPVS mode's. What it cannot set it names in a
-// warning and goes on: in a container that is not privileged /proc/sys is
-// read-only, and the DaemonSet's privileged init container (svcproxy
-// --init-only) is what sets them.
+// --init-only with --proxy-mode=ipvs, the IPVS mode's. What it cannot set
+// it names in a warning and goes on: in a container that is not
+// privileged /proc/sys is read-only, and the DaemonSet's privileged init
+// container (svcproxy --init-only) is what sets them.
 func tune(o *options, k tuner, log *zap.Logger) {
 	if runtime.GOOS != "linux" {
 		return
