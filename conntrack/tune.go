@@ -32,7 +32,7 @@ type Tuning struct {
 var DefaultTuning = Tuning{MaxPerCore: 32 * 1024, Min: 128 * 1024, TCPEstablished: 24 * time.Hour, TCPCloseWait: time.Hour}
 
 // Params reads and writes named kernel parameters as text; sysctl.Files is
-// the real one, conntracktest.Params the in-memory one.
+// the real one, sysctltest.Params the in-memory one.
 type Params = sysctl.Params
 
 // The parameters Tune sets: sysctls under /proc/sys, and the module
@@ -51,10 +51,10 @@ const (
 // (/proc/sys) and modules (/sys/module), and returns what it changed, each
 // as "name=new (was old)", and an error for each parameter it could not
 // set, naming it. A parameter already at its value is not written. It goes
-// on past a parameter it cannot set: /proc/sys is read-only in a container that is not privileged, and
-// the table's size belongs to the node's first network namespace
-// (elsewhere nf_conntrack_max is read-only and hashsize refuses writes),
-// while the timeouts are each namespace's own.
+// on past a parameter it cannot set: /proc/sys is read-only in a container
+// that is not privileged, and the table's size belongs to the node's first
+// network namespace (elsewhere nf_conntrack_max is read-only and hashsize
+// refuses writes), while the timeouts are each namespace's own.
 //
 // Unlike kube-proxy, which sets nf_conntrack_max to exactly what it
 // computed, Tune only raises the table's size: a node given a bigger table

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/svcproxy/svcproxy/conntrack"
-	"github.com/svcproxy/svcproxy/conntrack/conntracktest"
+	"github.com/svcproxy/svcproxy/sysctl/sysctltest"
 )
 
 // kernel is a node's parameters as the kernel leaves them (2 CPUs, 24 GiB).
@@ -153,7 +153,7 @@ func TestTune(t *testing.T) {
 			wantSysctls, wantModules := maps.Clone(sysctls), maps.Clone(modules)
 			maps.Copy(wantSysctls, tt.wantSysctls)
 			maps.Copy(wantModules, tt.wantModules)
-			s, m := conntracktest.NewParams(sysctls), conntracktest.NewParams(modules)
+			s, m := sysctltest.NewParams(sysctls), sysctltest.NewParams(modules)
 			s.ReadOnly(syscall.EROFS, tt.readOnly...)
 			m.ReadOnly(syscall.EOPNOTSUPP, tt.readOnlyModules...)
 			changed, failed := conntrack.Tune(tt.t, tt.cpus, s, m)

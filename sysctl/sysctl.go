@@ -1,9 +1,10 @@
 // Package sysctl owns svcproxy's access to the kernel's named parameters:
 // the files under /proc/sys (sysctls) and /sys/module (module
 // parameters), read and written as text, and Ensure, the one way svcproxy
-// sets one. Files is the real Params; its consumers (kernelmodes/ipvs.
-// Sysctls, conntrack.Params, an alias) each have their fake. A file under
-// /proc/sys/net is the calling thread's network namespace's.
+// sets one. Files is the real Params, sysctltest.Params the in-memory one;
+// their consumers are kernelmodes/ipvs.Sysctls and conntrack.Params (an
+// alias). A file under /proc/sys/net is the calling thread's network
+// namespace's.
 package sysctl
 
 import (

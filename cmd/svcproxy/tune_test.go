@@ -12,8 +12,8 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/svcproxy/svcproxy/conntrack"
-	"github.com/svcproxy/svcproxy/conntrack/conntracktest"
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/ipvstest"
+	"github.com/svcproxy/svcproxy/sysctl/sysctltest"
 )
 
 // TestTune: which runs tune sets the conntrack section, and what
@@ -70,9 +70,9 @@ func TestTune(t *testing.T) {
 			}
 			ct := map[string]string{conntrack.MaxSysctl: "262144", conntrack.TCPEstablishedSysctl: "432000", conntrack.TCPCloseWaitSysctl: "60",
 				"net/ipv4/conf/all/arp_ignore": "0", "net/ipv4/conf/all/arp_announce": "0"}
-			sysctls := conntracktest.NewParams(nil)
+			sysctls := sysctltest.NewParams(nil)
 			if tt.loaded {
-				sysctls = conntracktest.NewParams(ct)
+				sysctls = sysctltest.NewParams(ct)
 			}
 			if tt.arpReadOnly {
 				sysctls.ReadOnly(syscall.EROFS, "net/ipv4/conf/all/arp_ignore", "net/ipv4/conf/all/arp_announce")
@@ -80,16 +80,14 @@ func TestTune(t *testing.T) {
 			ipvsParams := ipvstest.NewSysctls()
 			var loadedCT, loadedIPVS bool
 			k := tuner{
-				sysctls: sysctls, modules: conntracktest.NewParams(map[string]string{conntrack.HashsizeParam: "65536"}), ipvs: ipvsParams, cpus: 2,
+				sysctls: sysctls, modules: sysctltest.NewParams(map[string]string{conntrack.HashsizeParam: "65536"}), ipvs: ipvsParams, cpus: 2,
 				loadConntrack: func() error {
 					loadedCT = true
-					sysctls = conntracktest.NewParams(ct)
+					sysctls.Add(ct)
 					return nil
 				},
 				loadIPVS: func() error { loadedIPVS = true; return tt.ipvsErr },
 			}
-			// The fake a load puts in place is read through k.sysctls.
-			k.sysctls = lazyParams{&sysctls}
 			core, logs := observer.New(zapcore.DebugLevel)
 			tune(o, k, zap.New(core))
 			if got := sysctls.Values()[conntrack.TCPCloseWaitSysctl] == "3600"; got != tt.wantTuned {
@@ -110,12 +108,6 @@ func TestTune(t *testing.T) {
 		})
 	}
 }
-
-// lazyParams reads and writes whichever fake *p holds at the time.
-type lazyParams struct{ p **conntracktest.Params }
-
-func (l lazyParams) Sysctl(name string) (string, error) { return (*l.p).Sysctl(name) }
-func (l lazyParams) SetSysctl(name, value string) error { return (*l.p).SetSysctl(name, value) }
 
 func TestCountCPUList(t *testing.T) {
 	for _, tt := range []struct {

@@ -1,6 +1,5 @@
-// Package conntracktest holds the in-memory conntrack.Table (the entries a
-// test puts in, and what Delete leaves of them) and conntrack.Params (the
-// kernel parameters Tune reads and writes).
+// Package conntracktest holds the in-memory conntrack.Table: the entries a
+// test puts in, and what Delete leaves of them.
 package conntracktest
 
 import (

@@ -3,7 +3,6 @@ package ipvstest
 import (
 	"context"
 	"fmt"
-	"maps"
 	"net/netip"
 	"slices"
 	"sync"
@@ -12,6 +11,7 @@ import (
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/sysctl/sysctltest"
 )
 
 // Links is an in-memory ipvs.Links: interfaces with addresses. It starts
@@ -222,12 +222,11 @@ func (f *Conntrack) Flows() []string {
 var ipvsSysctls = []string{"net/ipv4/vs/conntrack", "net/ipv4/vs/expire_nodest_conn", "net/ipv4/vs/expire_quiescent_template"}
 
 // Sysctls is an in-memory ipvs.Sysctls holding the IPVS parameters at the
-// kernel's defaults (0); reading another is an error, as a missing file
-// under /proc/sys is.
+// kernel's defaults (0) (sysctltest.Params), with its calls recorded;
+// reading another is an error, as a missing file under /proc/sys is.
 type Sysctls struct {
 	recorder
-	mu     sync.Mutex
-	values map[string]string
+	p *sysctltest.Params
 }
 
 // NewSysctls returns the kernel's defaults of the IPVS sysctls.
@@ -236,39 +235,26 @@ func NewSysctls() *Sysctls {
 	for _, name := range ipvsSysctls {
 		v[name] = "0"
 	}
-	return &Sysctls{values: v}
+	return &Sysctls{p: sysctltest.NewParams(v)}
 }
 
 var _ ipvs.Sysctls = (*Sysctls)(nil)
 
 // Sysctl implements ipvs.Sysctls.
 func (f *Sysctls) Sysctl(name string) (string, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	if err := f.record("Sysctl", name); err != nil {
 		return "", err
 	}
-	v, ok := f.values[name]
-	if !ok {
-		return "", fmt.Errorf("no sysctl %s", name)
-	}
-	return v, nil
+	return f.p.Sysctl(name)
 }
 
 // SetSysctl implements ipvs.Sysctls.
 func (f *Sysctls) SetSysctl(name, value string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	if err := f.record("SetSysctl", name+"="+value); err != nil {
 		return err
 	}
-	f.values[name] = value
-	return nil
+	return f.p.SetSysctl(name, value)
 }
 
 // Values returns every sysctl.
-func (f *Sysctls) Values() map[string]string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return maps.Clone(f.values)
-}
+func (f *Sysctls) Values() map[string]string { return f.p.Values() }

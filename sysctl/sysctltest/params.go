@@ -1,4 +1,6 @@
-package conntracktest
+// Package sysctltest holds the in-memory sysctl.Params: the kernel
+// parameters a test gives, read and written as the files are.
+package sysctltest
 
 import (
 	"io/fs"
@@ -6,10 +8,10 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/svcproxy/svcproxy/conntrack"
+	"github.com/svcproxy/svcproxy/sysctl"
 )
 
-// Params is an in-memory conntrack.Params: a file per parameter. Reading
+// Params is an in-memory sysctl.Params: a file per parameter. Reading
 // one it does not hold fails as a missing file does; writing one marked
 // read-only fails with EACCES, as /proc/sys does in a network namespace
 // that is not the node's first (or EROFS in a container that is not
@@ -20,11 +22,13 @@ type Params struct {
 	readOnly map[string]error
 }
 
-var _ conntrack.Params = (*Params)(nil)
+var _ sysctl.Params = (*Params)(nil)
 
 // NewParams holds values.
 func NewParams(values map[string]string) *Params {
-	return &Params{values: maps.Clone(values), readOnly: map[string]error{}}
+	p := &Params{values: map[string]string{}, readOnly: map[string]error{}}
+	maps.Copy(p.values, values)
+	return p
 }
 
 // ReadOnly makes writes to names fail with errno.
@@ -36,7 +40,7 @@ func (p *Params) ReadOnly(errno syscall.Errno, names ...string) {
 	}
 }
 
-// Sysctl implements conntrack.Params.
+// Sysctl implements sysctl.Params.
 func (p *Params) Sysctl(name string) (string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -47,7 +51,7 @@ func (p *Params) Sysctl(name string) (string, error) {
 	return v, nil
 }
 
-// SetSysctl implements conntrack.Params.
+// SetSysctl implements sysctl.Params.
 func (p *Params) SetSysctl(name, value string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -59,6 +63,13 @@ func (p *Params) SetSysctl(name, value string) error {
 	}
 	p.values[name] = value
 	return nil
+}
+
+// Add puts parameters in, as loading the module that has them would.
+func (p *Params) Add(values map[string]string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	maps.Copy(p.values, values)
 }
 
 // Values returns every parameter.
