@@ -81,6 +81,17 @@ import (
 // need, so some connections wait tens to hundreds of milliseconds. Both
 // dropped.
 //
+// Fewer loops were measured too (2026-11-27, bench A/B against HAProxy in
+// the same turns, 11 turns over three runs): GOMAXPROCS=1 with one worker,
+// GOMAXPROCS=1 with two, and one worker with two Ps. Each cut the CPU per
+// keep-alive request by 15–25 % (0.52–0.73× HAProxy's against 0.67–1.26×
+// with a loop per P): one harvest finds more ready connections, so each
+// io_uring_enter and epoll_pwait serves more requests. Requests per second
+// did not follow (medians 0.89–1.10× HAProxy's against 0.83–1.02×, in no
+// consistent order), because on this rig the client and the backend, not
+// the proxy, hold the cores; and one loop caps the proxy at one core on a
+// node that has more. Not adopted: a loop per P stays.
+//
 // In the same rig, over 12 turns against nginx stream, svcproxy served
 // 0.93–1.24× its keep-alive requests (median 1.08×) at 0.75–1.10× its CPU
 // per request (median 0.88×); the bench, 10 rounds, says 1.02× and 0.94×.
