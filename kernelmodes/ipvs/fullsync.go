@@ -23,6 +23,7 @@ func (m *Mode) fullSync(ctx context.Context, want *desired, nodeIPs []netip.Addr
 	if err := m.ensureSysctls(); err != nil {
 		errs = append(errs, err) // IPVS still balances; masquerade may not work
 	}
+	m.ensureTimeouts()
 	if m.randomFully == nil {
 		v := m.detectRandomFully(ctx)
 		m.randomFully = &v

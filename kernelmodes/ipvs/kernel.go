@@ -19,9 +19,9 @@ import (
 // IPVS is the subset of *ipvs.Handle (github.com/moby/ipvs) Mode calls. The
 // kernel reports errors as syscall.Errno: EEXIST when creating what exists,
 // ESRCH for a missing virtual service, ENOENT for a missing real server or
-// an unknown scheduler. Service and Destination are moby/ipvs's own types
-// on Linux (types_linux.go), and a mirror of them elsewhere, where only the
-// fakes implement IPVS.
+// an unknown scheduler. Service, Destination and Timeouts are moby/ipvs's
+// own types on Linux (types_linux.go), and a mirror of them elsewhere, where
+// only the fakes implement IPVS.
 type IPVS interface {
 	GetServices() ([]*Service, error)
 	NewService(*Service) error
@@ -31,6 +31,11 @@ type IPVS interface {
 	NewDestination(*Service, *Destination) error
 	UpdateDestination(*Service, *Destination) error
 	DelDestination(*Service, *Destination) error
+	// GetConfig reads the network namespace's connection timeouts (whole
+	// seconds); SetConfig sets those that are not zero and leaves the
+	// rest (ipvsadm --set).
+	GetConfig() (*Timeouts, error)
+	SetConfig(*Timeouts) error
 }
 
 // Links manages the dummy interface that holds the virtual IPs and reads the

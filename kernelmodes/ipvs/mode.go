@@ -64,6 +64,12 @@ type Config struct {
 	// SweepInterval is how often the sweeper (started by the first Apply,
 	// stopped by Close) looks for drained real servers. Zero: 5s.
 	SweepInterval time.Duration
+	// Timeouts are the network namespace's IPVS connection timeouts
+	// (kube-proxy's ipvs.tcpTimeout, tcpFinTimeout and udpTimeout; the
+	// kernel's defaults are 900s, 120s and 300s), in whole seconds. Each
+	// full sync sets those that differ; zero leaves one as it is. Failing
+	// to set them is a warning, not a failed sync, as in kube-proxy.
+	Timeouts Timeouts
 
 	// The kernel boundaries. Nil: the real ones in this process's network
 	// namespace (NewIPVS, NewLinks, &netfilter.Exec{}, conntrack.NewNetlink, sysctl.Files{}).
@@ -94,6 +100,9 @@ type Mode struct {
 	staleUDP    [2][]conntrack.Match
 	sysctls     Sysctls
 	randomFully *bool // detected on the first full sync
+	// timeoutsErr is the last failure to set Config.Timeouts, warned
+	// about once.
+	timeoutsErr string
 	// cur is what the kernel holds, as far as this Mode knows: what the last
 	// sync found and wrote. Nil before the first sync and after Cleanup.
 	cur *state
@@ -168,6 +177,14 @@ func New(cfg Config) (*Mode, error) {
 	}
 	if cfg.DrainTimeout < 0 {
 		return nil, errors.New("creating IPVS mode: negative drain timeout")
+	}
+	for _, t := range []struct {
+		name string
+		d    time.Duration
+	}{{"TCP", cfg.Timeouts.TimeoutTCP}, {"TCP FIN", cfg.Timeouts.TimeoutTCPFin}, {"UDP", cfg.Timeouts.TimeoutUDP}} {
+		if t.d < 0 || t.d%time.Second != 0 {
+			return nil, fmt.Errorf("creating IPVS mode: %s timeout %v: want 0 (left alone) or whole seconds", t.name, t.d)
+		}
 	}
 	if cfg.SweepInterval <= 0 {
 		cfg.SweepInterval = 5 * time.Second
@@ -629,6 +646,55 @@ var sysctls = [][2]string{
 }
 
 func (m *Mode) ensureSysctls() error { return EnsureSysctls(m.sysctls) }
+
+// ensureTimeouts sets the IPVS timeouts Config.Timeouts names where they
+// differ, and warns (once for the same failure) when it cannot.
+func (m *Mode) ensureTimeouts() {
+	want := m.cfg.Timeouts
+	if want == (Timeouts{}) {
+		return
+	}
+	err := m.setTimeouts(want)
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+		if msg != m.timeoutsErr {
+			m.log.Warn("IPVS timeouts left as they are", zap.Error(err))
+		}
+	}
+	m.timeoutsErr = msg
+}
+
+func (m *Mode) setTimeouts(want Timeouts) error {
+	have, err := m.ipvs.GetConfig()
+	if err != nil {
+		return fmt.Errorf("reading IPVS timeouts: %w", err)
+	}
+	var set Timeouts
+	var changed []zap.Field
+	for _, t := range []struct {
+		name       string
+		want, have time.Duration
+		set        *time.Duration
+	}{
+		{"tcp", want.TimeoutTCP, have.TimeoutTCP, &set.TimeoutTCP},
+		{"tcp_fin", want.TimeoutTCPFin, have.TimeoutTCPFin, &set.TimeoutTCPFin},
+		{"udp", want.TimeoutUDP, have.TimeoutUDP, &set.TimeoutUDP},
+	} {
+		if t.want != 0 && t.want != t.have {
+			*t.set = t.want
+			changed = append(changed, zap.String(t.name, fmt.Sprintf("%v -> %v", t.have, t.want)))
+		}
+	}
+	if len(changed) == 0 {
+		return nil
+	}
+	if err := m.ipvs.SetConfig(&set); err != nil {
+		return fmt.Errorf("setting IPVS timeouts: %w", err)
+	}
+	m.log.Info("set IPVS timeouts", changed...)
+	return nil
+}
 
 // EnsureSysctls sets the IPVS parameters this mode needs where they differ:
 // what the mode does at each full sync, and svcproxy --init-only (with the

@@ -610,6 +610,9 @@ func TestConfig(t *testing.T) {
 		{NodePortAddresses: []netip.Prefix{{}}},
 		{NodeIPs: []netip.Addr{netip.IPv4Unspecified()}},
 		{DrainTimeout: -time.Second},
+		{Timeouts: ipvs.Timeouts{TimeoutTCP: -time.Second}},
+		{Timeouts: ipvs.Timeouts{TimeoutTCPFin: 1500 * time.Millisecond}},
+		{Timeouts: ipvs.Timeouts{TimeoutUDP: time.Millisecond}},
 	} {
 		if _, err := ipvs.New(cfg); err == nil {
 			t.Errorf("New(%+v) accepted it", cfg)
@@ -621,6 +624,89 @@ func TestConfig(t *testing.T) {
 	}
 	if m.Config().Mark != ipvs.DefaultMark || m.Config().Scheduler != "rr" {
 		t.Errorf("defaults: mark %#x scheduler %q", m.Config().Mark, m.Config().Scheduler)
+	}
+}
+
+// TestTimeouts: Config.Timeouts are set by full syncs where they differ
+// (ipvsadm --set), zero ones are left alone, and failing to set them does
+// not fail the sync.
+func TestTimeouts(t *testing.T) {
+	sec := func(s int) time.Duration { return time.Duration(s) * time.Second }
+	d := ipvstest.DefaultTimeouts
+	for _, tc := range []struct {
+		name    string
+		want    ipvs.Timeouts
+		before  ipvs.Timeouts // what the kernel holds first (zero: its defaults)
+		fail    string        // the call that fails once
+		after   ipvs.Timeouts
+		setCall string // the SetConfig made; "": none
+	}{
+		{name: "zero leaves all alone", after: d},
+		{name: "all three", want: ipvs.Timeouts{TimeoutTCP: sec(3600), TimeoutTCPFin: sec(30), TimeoutUDP: sec(60)},
+			after: ipvs.Timeouts{TimeoutTCP: sec(3600), TimeoutTCPFin: sec(30), TimeoutUDP: sec(60)}, setCall: "SetConfig tcp=1h0m0s tcp_fin=30s udp=1m0s"},
+		{name: "only the one that differs", want: ipvs.Timeouts{TimeoutTCP: d.TimeoutTCP, TimeoutUDP: sec(10)},
+			after: ipvs.Timeouts{TimeoutTCP: d.TimeoutTCP, TimeoutTCPFin: d.TimeoutTCPFin, TimeoutUDP: sec(10)}, setCall: "SetConfig tcp=0s tcp_fin=0s udp=10s"},
+		{name: "already set", want: ipvs.Timeouts{TimeoutTCPFin: sec(5)}, before: ipvs.Timeouts{TimeoutTCPFin: sec(5)},
+			after: ipvs.Timeouts{TimeoutTCP: d.TimeoutTCP, TimeoutTCPFin: sec(5), TimeoutUDP: d.TimeoutUDP}},
+		{name: "set refused", want: ipvs.Timeouts{TimeoutTCP: sec(60)}, fail: "SetConfig", after: d, setCall: "SetConfig tcp=1m0s tcp_fin=0s udp=0s"},
+		{name: "read refused", want: ipvs.Timeouts{TimeoutTCP: sec(60)}, fail: "GetConfig", after: d},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, ipvs.Config{Timeouts: tc.want})
+			if tc.before != (ipvs.Timeouts{}) {
+				if err := w.f.IPVS.SetConfig(&tc.before); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.fail != "" {
+				w.f.IPVS.FailNext(tc.fail, syscall.EPERM)
+			}
+			w.f.ResetCalls()
+			w.apply(false, cases.Web(0, 1)) // the first Apply is full; a refusal does not fail it
+			var sets []string
+			for _, c := range w.f.IPVS.Calls() {
+				if strings.HasPrefix(c, "SetConfig") {
+					sets = append(sets, c)
+				}
+			}
+			if want := []string{tc.setCall}; tc.setCall == "" && len(sets) > 0 || tc.setCall != "" && !slices.Equal(sets, want) {
+				t.Errorf("calls %q, want %q", sets, tc.setCall)
+			}
+			if got := w.f.IPVS.Timeouts(); got != tc.after {
+				t.Errorf("timeouts %+v, want %+v", got, tc.after)
+			}
+			if len(w.f.IPVS.Services()) == 0 {
+				t.Error("no virtual servers")
+			}
+			if tc.want == (ipvs.Timeouts{}) || tc.fail == "" {
+				return
+			}
+			// The next full sync sets them.
+			w.apply(true, cases.Web(0, 1))
+			if got := w.f.IPVS.Timeouts(); got.TimeoutTCP != tc.want.TimeoutTCP {
+				t.Errorf("after a second full sync: timeouts %+v, want TCP %v", got, tc.want.TimeoutTCP)
+			}
+		})
+	}
+}
+
+// TestTimeoutsRepaired: a full sync puts back timeouts someone changed; a
+// partial one does not read them.
+func TestTimeoutsRepaired(t *testing.T) {
+	want := ipvs.Timeouts{TimeoutTCP: time.Hour, TimeoutUDP: time.Minute}
+	w := newWorld(t, ipvs.Config{Timeouts: want})
+	w.apply(false, cases.Web(0, 1))
+	if err := w.f.IPVS.SetConfig(&ipvs.Timeouts{TimeoutTCP: 7 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	w.f.ResetCalls()
+	w.apply(false, cases.Web(0, 1, 2))
+	if c := w.f.IPVS.Calls(); slices.ContainsFunc(c, func(s string) bool { return strings.HasSuffix(s, "Config") || strings.HasPrefix(s, "SetConfig") }) {
+		t.Errorf("a partial sync touched the timeouts: %q", c)
+	}
+	w.apply(true, cases.Web(0, 1, 2))
+	if got := w.f.IPVS.Timeouts(); got.TimeoutTCP != time.Hour || got.TimeoutUDP != time.Minute {
+		t.Errorf("after a full sync: timeouts %+v, want TCP 1h and UDP 1m", got)
 	}
 }
 

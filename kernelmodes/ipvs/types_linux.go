@@ -8,6 +8,7 @@ type (
 	Service      = ipvs.Service
 	ServiceStats = ipvs.SvcStats
 	Destination  = ipvs.Destination
+	Timeouts     = ipvs.Config
 )
 
 const connectionFlagMasq = ipvs.ConnectionFlagMasq

@@ -2,11 +2,15 @@
 
 package ipvs
 
-import "net"
+import (
+	"net"
+	"time"
+)
 
 // The IPVS interface's types, where moby/ipvs (Linux-only) does not build:
-// the fields of its Service, SvcStats and Destination that Mode and the
-// fakes use, so the mode's logic and its tests build everywhere.
+// the fields of its Service, SvcStats, Destination and Config (Timeouts)
+// that Mode and the fakes use, so the mode's logic and its tests build
+// everywhere.
 type (
 	Service struct {
 		Address       net.IP
@@ -36,6 +40,11 @@ type (
 		LowerThreshold      uint32
 		ActiveConnections   int
 		InactiveConnections int
+	}
+	Timeouts struct {
+		TimeoutTCP    time.Duration
+		TimeoutTCPFin time.Duration
+		TimeoutUDP    time.Duration
 	}
 )
 

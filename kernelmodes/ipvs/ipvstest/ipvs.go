@@ -69,8 +69,13 @@ type IPVS struct {
 	mu       sync.Mutex
 	services map[string]*virtualServer // by vsName
 	order    []string                  // of creation, as the kernel lists them
+	timeouts ipvs.Timeouts
 	now      func() time.Time
 }
+
+// DefaultTimeouts are the kernel's IPVS timeouts, which a new IPVS starts
+// with: TCP 900s, TCP FIN 120s, UDP 300s.
+var DefaultTimeouts = ipvs.Timeouts{TimeoutTCP: 900 * time.Second, TimeoutTCPFin: 120 * time.Second, TimeoutUDP: 300 * time.Second}
 
 type virtualServer struct {
 	proto     lb.Protocol
@@ -97,7 +102,7 @@ func NewIPVS(now func() time.Time) *IPVS {
 	if now == nil {
 		now = time.Now
 	}
-	return &IPVS{services: map[string]*virtualServer{}, now: now}
+	return &IPVS{services: map[string]*virtualServer{}, timeouts: DefaultTimeouts, now: now}
 }
 
 var _ ipvs.IPVS = (*IPVS)(nil)
@@ -288,6 +293,44 @@ func (f *IPVS) DelDestination(s *ipvs.Service, d *ipvs.Destination) error {
 	vs.dests = slices.Delete(vs.dests, i, i+1)
 	if vs.last >= i {
 		vs.last--
+	}
+	return nil
+}
+
+// GetConfig implements ipvs.IPVS: the timeouts, in whole seconds.
+func (f *IPVS) GetConfig() (*ipvs.Timeouts, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.record("GetConfig"); err != nil {
+		return nil, err
+	}
+	t := f.timeouts
+	return &t, nil
+}
+
+// Timeouts returns the timeouts GetConfig would, without recording a call.
+func (f *IPVS) Timeouts() ipvs.Timeouts {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.timeouts
+}
+
+// SetConfig implements ipvs.IPVS as the kernel does: the timeouts are
+// truncated to whole seconds, and one that is zero is left as it is.
+func (f *IPVS) SetConfig(t *ipvs.Timeouts) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.record("SetConfig", fmt.Sprintf("tcp=%v tcp_fin=%v udp=%v", t.TimeoutTCP, t.TimeoutTCPFin, t.TimeoutUDP)); err != nil {
+		return err
+	}
+	for _, p := range []struct{ from, to *time.Duration }{
+		{&t.TimeoutTCP, &f.timeouts.TimeoutTCP},
+		{&t.TimeoutTCPFin, &f.timeouts.TimeoutTCPFin},
+		{&t.TimeoutUDP, &f.timeouts.TimeoutUDP},
+	} {
+		if s := p.from.Truncate(time.Second); s > 0 {
+			*p.to = s
+		}
 	}
 	return nil
 }

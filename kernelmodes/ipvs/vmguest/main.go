@@ -106,10 +106,11 @@ func run(r *vmtest.Reporter) error {
 	logCfg.OutputPaths = []string{"stdout"}
 	log, _ := logCfg.Build()
 	m, err := ipvs.New(ipvs.Config{
-		IPVS:   counted,
-		Links:  links,
-		Rules:  rules,
-		Logger: log,
+		IPVS:     counted,
+		Links:    links,
+		Rules:    rules,
+		Timeouts: vmTimeouts,
+		Logger:   log,
 	})
 	if err != nil {
 		return err
@@ -122,6 +123,23 @@ func run(r *vmtest.Reporter) error {
 	}
 	g.finish(ctx, rules)
 	return nil
+}
+
+// vmTimeouts are the IPVS timeouts the guest's mode sets: none is the
+// kernel's default (900s, 120s, 300s).
+var vmTimeouts = ipvs.Timeouts{TimeoutTCP: time.Hour, TimeoutTCPFin: 30 * time.Second, TimeoutUDP: 45 * time.Second}
+
+// checkTimeouts reports whether the kernel holds vmTimeouts.
+func (g *guest) checkTimeouts(name string) {
+	t, err := g.ipvs.GetConfig()
+	switch {
+	case err != nil:
+		g.r.Fail(name, "GetConfig: %v", err)
+	case *t != vmTimeouts:
+		g.r.Fail(name, "timeouts %+v, want %+v", *t, vmTimeouts)
+	default:
+		g.r.Pass(name)
+	}
 }
 
 type guest struct {
@@ -183,6 +201,7 @@ func (g *guest) finish(ctx context.Context, rules ipvs.Rules) {
 		} else {
 			r.Pass("a full sync of an unchanged kernel finds nothing to repair")
 		}
+		g.checkTimeouts("full syncs set the IPVS timeouts")
 	}
 	g.counted.n.Store(0)
 	if r.Check("an unchanged incremental sync applies", g.apply(ctx, svcs, false)) {
@@ -195,7 +214,11 @@ func (g *guest) finish(ctx context.Context, rules ipvs.Rules) {
 	// Tamper, then a full sync repairs.
 	web := &mobyipvs.Service{Address: cases.StickyIP.Addr().AsSlice(), Protocol: syscall.IPPROTO_TCP, Port: cases.StickyIP.Port(), AddressFamily: syscall.AF_INET}
 	if err := g.ipvs.DelService(web); err == nil {
+		if err := g.ipvs.SetConfig(&mobyipvs.Config{TimeoutTCP: 7 * time.Second}); err != nil {
+			r.Fail("set the TCP timeout behind the mode's back", "%v", err)
+		}
 		if r.Check("a full sync after tampering applies", g.apply(ctx, svcs, true)) {
+			g.checkTimeouts("a full sync puts the IPVS timeouts back")
 			if g.m.Repairs() != 1 {
 				r.Fail("a full sync repairs a deleted virtual server", "Repairs() = %d", g.m.Repairs())
 			}
