@@ -145,6 +145,13 @@ type IPVS struct {
 	// node's addresses on a dummy interface: the node then answers ARP for
 	// them on no other interface. Default false.
 	StrictARP bool `yaml:"strictARP"`
+	// TCPTimeout, TCPFinTimeout and UDPTimeout are the node's IPVS
+	// connection timeouts (ipvsadm --set), set by the ipvs mode: idle TCP,
+	// TCP after a FIN, and UDP. Default 0: left as they are (the kernel's
+	// 900s, 120s and 300s).
+	TCPTimeout    Duration `yaml:"tcpTimeout"`
+	TCPFinTimeout Duration `yaml:"tcpFinTimeout"`
+	UDPTimeout    Duration `yaml:"udpTimeout"`
 }
 
 // Conntrack is kube-proxy's conntrack section: the kernel's connection
@@ -500,8 +507,11 @@ func (c *Config) problems() []error {
 		{"conntrack.tcpCloseWaitTimeout", c.Conntrack.TCPCloseWaitTimeout},
 		{"conntrack.udpTimeout", c.Conntrack.UDPTimeout},
 		{"conntrack.udpStreamTimeout", c.Conntrack.UDPStreamTimeout},
+		{"ipvs.tcpTimeout", c.IPVS.TCPTimeout},
+		{"ipvs.tcpFinTimeout", c.IPVS.TCPFinTimeout},
+		{"ipvs.udpTimeout", c.IPVS.UDPTimeout},
 	} {
-		if err := ConntrackTimeout(t.d.D()); err != nil {
+		if err := KernelTimeout(t.d.D()); err != nil {
 			bad(t.field, "%v", err)
 		}
 	}
@@ -573,9 +583,10 @@ func (c *Config) problems() []error {
 	return errs
 }
 
-// ConntrackTimeout checks a conntrack timeout: the kernel's are whole
-// seconds, so one is 0 (left alone) or at least a second.
-func ConntrackTimeout(d time.Duration) error {
+// KernelTimeout checks a timeout the kernel counts in whole seconds
+// (conntrack's, IPVS's): 0 (left alone) or at least a second; a fraction
+// of a second beyond is dropped.
+func KernelTimeout(d time.Duration) error {
 	switch {
 	case d < 0:
 		return fmt.Errorf("must not be negative, got %v", d)

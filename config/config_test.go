@@ -144,14 +144,15 @@ detectLocalMode: ClusterCIDR
 nftables: {syncPeriod: 30s}
 iptables: {localhostNodePorts: true}
 conntrack: {maxPerCore: 0, udpTimeout: 10s}
-ipvs: {strictARP: true, tcpTimeout: 10m}
+ipvs: {strictARP: true, tcpTimeout: 10m, tcpFinTimeout: 30s, udpTimeout: 45s, excludeCIDRs: [10.0.0.0/8]}
 `,
 			want: func(c *Config) {
 				c.Conntrack.MaxPerCore, c.Conntrack.UDPTimeout = 0, Duration(10*time.Second)
 				c.IPVS.StrictARP = true
+				c.IPVS.TCPTimeout, c.IPVS.TCPFinTimeout, c.IPVS.UDPTimeout = Duration(10*time.Minute), Duration(30*time.Second), Duration(45*time.Second)
 			},
 			warn: []string{"line 4: featureGates: kube-proxy field ignored", "line 5: detectLocalMode", "line 6: nftables",
-				"line 7: iptables.localhostNodePorts", "line 9: ipvs.tcpTimeout: kube-proxy field ignored"},
+				"line 7: iptables.localhostNodePorts", "line 9: ipvs.excludeCIDRs: kube-proxy field ignored"},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -218,6 +219,8 @@ func TestParseErrors(t *testing.T) {
 			"conntrack.maxPerCore: must not be negative, got -1", "conntrack.min: must not be negative, got -2",
 			"conntrack.tcpEstablishedTimeout: the kernel counts whole seconds: want 0 (left alone) or at least 1s, got 500ms",
 			"conntrack.tcpCloseWaitTimeout: must not be negative", "conntrack.udpStreamTimeout: the kernel counts whole seconds"}},
+		{"bad IPVS timeouts", header + "ipvs: {tcpTimeout: -1s, tcpFinTimeout: 100ms, udpTimeout: 1m}\n", []string{
+			"ipvs.tcpTimeout: must not be negative", "ipvs.tcpFinTimeout: the kernel counts whole seconds"}},
 		{"client connection", header + "clientConnection: {qps: -1, contentType: text/plain}\n", []string{"clientConnection.qps: must not be negative", "clientConnection.contentType: want"}},
 		{"qps NaN", header + "clientConnection: {qps: .nan}\n", []string{"clientConnection.qps: want a number"}},
 		{"svcproxy values", header + "svcproxy: {steering: tproxy, workers: -1, dialTimeouts: [], drainTimeout: -1s, maxConns: -1, maxConnsPerService: -2, algorithm: best, connLogSample: 0}\n",

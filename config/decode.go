@@ -28,9 +28,6 @@ var ignored = map[string]string{
 	"portRange":                           "svcproxy has no port range",
 	"iptables.localhostNodePorts":         "NodePorts on localhost are not served",
 	"ipvs.excludeCIDRs":                   "not supported",
-	"ipvs.tcpTimeout":                     "not supported",
-	"ipvs.tcpFinTimeout":                  "not supported",
-	"ipvs.udpTimeout":                     "use conntrack.udpTimeout",
 	"clientConnection.acceptContentTypes": "svcproxy accepts protobuf and JSON",
 }
 

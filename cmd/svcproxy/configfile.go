@@ -39,6 +39,9 @@ func applyConfigFile(fs *flag.FlagSet, path string) (*config.Config, error) {
 		"min-sync-period":                   minSync.String(),
 		"ipvs-scheduler":                    cfg.IPVS.Scheduler,
 		"ipvs-strict-arp":                   strconv.FormatBool(cfg.IPVS.StrictARP),
+		"ipvs-tcp-timeout":                  cfg.IPVS.TCPTimeout.D().String(),
+		"ipvs-tcpfin-timeout":               cfg.IPVS.TCPFinTimeout.D().String(),
+		"ipvs-udp-timeout":                  cfg.IPVS.UDPTimeout.D().String(),
 		"kubeconfig":                        cfg.ClientConnection.Kubeconfig,
 		"kube-api-qps":                      strconv.FormatFloat(float64(cfg.ClientConnection.QPS), 'g', -1, 32),
 		"kube-api-burst":                    strconv.Itoa(int(cfg.ClientConnection.Burst)),
@@ -132,6 +135,9 @@ func writeConfig(o *options, path string) error {
 	cfg.IPTables.SyncPeriod, cfg.IPTables.MinSyncPeriod = config.Duration(o.syncPeriod), config.Duration(o.minSyncPeriod)
 	cfg.IPVS.SyncPeriod, cfg.IPVS.MinSyncPeriod = config.Duration(o.syncPeriod), config.Duration(o.minSyncPeriod)
 	cfg.IPVS.Scheduler, cfg.IPVS.StrictARP = o.ipvsScheduler, o.strictARP
+	cfg.IPVS.TCPTimeout = config.Duration(o.ipvsTimeouts.TimeoutTCP)
+	cfg.IPVS.TCPFinTimeout = config.Duration(o.ipvsTimeouts.TimeoutTCPFin)
+	cfg.IPVS.UDPTimeout = config.Duration(o.ipvsTimeouts.TimeoutUDP)
 	cfg.ClientConnection = config.ClientConnection{Kubeconfig: o.kubeconfig, QPS: o.kubeAPIQPS, Burst: int32(o.kubeAPIBurst), ContentType: o.kubeAPIContentType}
 	sp := &cfg.Svcproxy
 	sp.Steering, sp.RedirectPort, sp.Workers = o.steering, o.redirectPort, o.workers

@@ -274,6 +274,7 @@ func ipvsConfig(o *options, log *zap.Logger) ipvs.Config {
 		MasqueradeAll:     o.masqueradeAll,
 		Mark:              o.masqueradeMark,
 		DrainTimeout:      o.drainTimeout,
+		Timeouts:          o.ipvsTimeouts,
 		IPv6:              o.ipv6,
 		Logger:            log,
 	}

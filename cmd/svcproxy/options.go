@@ -22,6 +22,7 @@ import (
 	"github.com/svcproxy/svcproxy/conntrack"
 	"github.com/svcproxy/svcproxy/forwarder"
 	"github.com/svcproxy/svcproxy/handover"
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/proxymode"
 	"github.com/svcproxy/svcproxy/redirect"
@@ -63,6 +64,7 @@ type options struct {
 	masqueradeMark    uint32 // kernel modes' masquerade mark, 1<<--iptables-masquerade-bit
 	ipvsScheduler     string
 	strictARP         bool // --ipvs-strict-arp
+	ipvsTimeouts      ipvs.Timeouts
 	pidFile           string
 	successorWait     time.Duration
 	oomScoreAdj       *int // nil: leave as it is
@@ -241,9 +243,6 @@ var kubeProxyIgnored = []struct {
 	{"show-hidden-metrics-for-version", "svcproxy hides no metrics", false},
 	{"iptables-localhost-nodeports", "NodePorts on localhost are not served", true},
 	{"ipvs-exclude-cidrs", "not supported", false},
-	{"ipvs-tcp-timeout", "not supported", false},
-	{"ipvs-tcpfin-timeout", "not supported", false},
-	{"ipvs-udp-timeout", "not supported", false},
 	{"detect-local-mode", "svcproxy tells local traffic by --cluster-cidr only", false},
 	{"pod-bridge-interface", "svcproxy tells local traffic by --cluster-cidr only", false},
 	{"pod-interface-name-prefix", "svcproxy tells local traffic by --cluster-cidr only", false},
@@ -316,6 +315,9 @@ func parseFlags(args []string, env environment) (*options, error) {
 		masqBit = fs.Int("iptables-masquerade-bit", 14, "iptables, ipvs and nftables modes: the bit of the packet mark that asks for masquerade, 0-31")
 		fs.StringVar(&o.ipvsScheduler, "ipvs-scheduler", "rr", "ipvs mode: the default scheduler: "+strings.Join(config.IPVSSchedulers, ", "))
 		fs.BoolVar(&o.strictARP, "ipvs-strict-arp", false, "ipvs mode and --steering=local: set net.ipv4.conf.all.arp_ignore=1 and arp_announce=2, so the node answers ARP for the virtual IPs on its dummy interface on no other (with MetalLB-style ARP announcements); set at start, or by --init-only")
+		fs.DurationVar(&o.ipvsTimeouts.TimeoutTCP, "ipvs-tcp-timeout", 0, "ipvs mode: the node's IPVS timeout of idle TCP connections (ipvsadm --set); 0: leave it (the kernel's 900s)")
+		fs.DurationVar(&o.ipvsTimeouts.TimeoutTCPFin, "ipvs-tcpfin-timeout", 0, "ipvs mode: the IPVS timeout of TCP connections after a FIN; 0: leave it (120s)")
+		fs.DurationVar(&o.ipvsTimeouts.TimeoutUDP, "ipvs-udp-timeout", 0, "ipvs mode: the IPVS timeout of UDP flows; 0: leave it (300s)")
 	})
 	secs.section("Userspace proxy", false, func() {
 		fs.StringVar(&o.steering, "steering", "none", "how Service traffic reaches the forwarder: redirect (REDIRECT of every ClusterIP, ExternalIP, LoadBalancer IP and NodePort, written by --steering-backend; needs root or CAP_NET_ADMIN), local (the virtual IPs put on dummy interface svcproxy-vips as local addresses, as kube-proxy's IPVS mode does, and the forwarder listening on each frontend and NodePort: no rules, no NAT; needs CAP_NET_ADMIN) or none (listen on each frontend directly: for loopback and static files)")
@@ -468,8 +470,11 @@ func parseFlags(args []string, env environment) (*options, error) {
 		{"conntrack-tcp-timeout-close-wait", o.conntrack.TCPCloseWait},
 		{"conntrack-udp-timeout", o.udpIdleTimeout},
 		{"conntrack-udp-timeout-stream", o.conntrack.UDPStream},
+		{"ipvs-tcp-timeout", o.ipvsTimeouts.TimeoutTCP},
+		{"ipvs-tcpfin-timeout", o.ipvsTimeouts.TimeoutTCPFin},
+		{"ipvs-udp-timeout", o.ipvsTimeouts.TimeoutUDP},
 	} {
-		if err := config.ConntrackTimeout(t.d); err != nil {
+		if err := config.KernelTimeout(t.d); err != nil {
 			return nil, fmt.Errorf("--%s: %w", t.flag, err)
 		}
 	}

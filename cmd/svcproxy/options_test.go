@@ -18,6 +18,7 @@ import (
 
 	"github.com/svcproxy/svcproxy/conntrack"
 	"github.com/svcproxy/svcproxy/forwarder"
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
 	"github.com/svcproxy/svcproxy/proxymode"
 	"github.com/svcproxy/svcproxy/redirect"
 )
@@ -57,6 +58,8 @@ func TestParseFlags(t *testing.T) {
 		{"conntrack min past int32", []string{"--conntrack-min=2147483648"}, outsidePod, "--conntrack-min: want 0 to 2147483647"},
 		{"sub-second conntrack timeout", []string{"--conntrack-tcp-timeout-close-wait=10ms"}, outsidePod, "--conntrack-tcp-timeout-close-wait: the kernel counts whole seconds"},
 		{"negative udp timeout", []string{"--conntrack-udp-timeout=-1s"}, outsidePod, "--conntrack-udp-timeout: must not be negative"},
+		{"sub-second IPVS timeout", []string{"--ipvs-tcpfin-timeout=500ms"}, outsidePod, "--ipvs-tcpfin-timeout: the kernel counts whole seconds"},
+		{"negative IPVS timeout", []string{"--ipvs-udp-timeout=-1s"}, outsidePod, "--ipvs-udp-timeout: must not be negative"},
 		{"unknown flag", []string{"--bogus"}, outsidePod, "-bogus"},
 
 		// kube-proxy's flags, as its manifests pass them.
@@ -160,6 +163,10 @@ func TestParseFlagsValues(t *testing.T) {
 				return o.conntrack == conntrack.Tuning{MaxPerCore: 65536, Min: 1, TCPCloseWait: 30 * time.Minute, TCPBeLiberal: true, UDPStream: 2 * time.Minute} &&
 					len(o.warnings) == 0
 			}},
+		{"IPVS timeouts left alone by default", nil, outsidePod, func(o *options) bool { return o.ipvsTimeouts == ipvs.Timeouts{} }},
+		{"IPVS timeouts", []string{"--ipvs-tcp-timeout=1h", "--ipvs-tcpfin-timeout=30s", "--ipvs-udp-timeout=1m"}, outsidePod, func(o *options) bool {
+			return o.ipvsTimeouts == ipvs.Timeouts{TimeoutTCP: time.Hour, TimeoutTCPFin: 30 * time.Second, TimeoutUDP: time.Minute} && len(o.warnings) == 0
+		}},
 		{"udp receive buffer", []string{"--udp-receive-buffer=4194304"}, outsidePod, func(o *options) bool { return o.udpReceiveBuffer == 4<<20 }},
 		{"offload default", nil, outsidePod, func(o *options) bool { return o.offload == forwarder.OffloadNone }},
 		{"offload sockmap", []string{"--offload=sockmap"}, outsidePod, func(o *options) bool { return o.offload == forwarder.OffloadSockmap }},
@@ -171,10 +178,10 @@ func TestParseFlagsValues(t *testing.T) {
 		{"outside a pod: no cluster", nil, outsidePod, func(o *options) bool { return !o.inCluster }},
 		{"in a pod with a services file", []string{"--services=x"}, environment{inPod: true}, func(o *options) bool { return !o.inCluster }},
 		{"in a pod with a kubeconfig", []string{"--kubeconfig=k"}, environment{inPod: true}, func(o *options) bool { return !o.inCluster }},
-		{"ignored flags warned about, by name", []string{"--feature-gates=A=true", "--ipvs-tcp-timeout=1m", "--profiling", "--vmodule=x=2"}, outsidePod,
+		{"ignored flags warned about, by name", []string{"--feature-gates=A=true", "--ipvs-exclude-cidrs=10.0.0.0/8", "--profiling", "--vmodule=x=2"}, outsidePod,
 			func(o *options) bool {
 				return len(o.warnings) == 4 && strings.HasPrefix(o.warnings[0], "--feature-gates:") && strings.HasPrefix(o.warnings[1], "--profiling:") &&
-					strings.HasPrefix(o.warnings[2], "--ipvs-tcp-timeout:") && strings.HasPrefix(o.warnings[3], "--vmodule:")
+					strings.HasPrefix(o.warnings[2], "--ipvs-exclude-cidrs:") && strings.HasPrefix(o.warnings[3], "--vmodule:")
 			}},
 		{"no warnings by default", nil, outsidePod, func(o *options) bool { return len(o.warnings) == 0 }},
 	} {
@@ -262,7 +269,7 @@ mode: iptables
 nodePortAddresses: [primary]
 oomScoreAdj: -999
 iptables: {masqueradeBit: 13, syncPeriod: 20s}
-ipvs: {scheduler: mh, strictARP: true, tcpTimeout: 1m}
+ipvs: {scheduler: mh, strictARP: true, tcpTimeout: 1m, tcpFinTimeout: 20s, udpTimeout: 2m, excludeCIDRs: [10.0.0.0/8]}
 conntrack: {udpTimeout: 45s, maxPerCore: 0, tcpCloseWaitTimeout: 2h, tcpBeLiberal: true, udpStreamTimeout: 5m}
 clientConnection: {kubeconfig: /k, qps: 30, burst: 60, contentType: application/json}
 configSyncPeriod: 1m
@@ -298,7 +305,8 @@ svcproxy: {proxyName: svcproxy-b, steeringBackend: nftables, offload: sockmap, i
 		{"svcproxy.offload", o.offload == forwarder.OffloadSockmap},
 		{"svcproxy.ioUring", o.ioUring == forwarder.IOUringOff},
 		{"ipvs.strictARP", o.strictARP},
-		{"ipvs.tcpTimeout warned", slices.ContainsFunc(o.warnings, func(w string) bool { return strings.HasPrefix(w, "--config "+path+": line 8: ipvs.tcpTimeout") })},
+		{"ipvs timeouts", o.ipvsTimeouts == ipvs.Timeouts{TimeoutTCP: time.Minute, TimeoutTCPFin: 20 * time.Second, TimeoutUDP: 2 * time.Minute}},
+		{"ipvs.excludeCIDRs warned", slices.ContainsFunc(o.warnings, func(w string) bool { return strings.HasPrefix(w, "--config "+path+": line 8: ipvs.excludeCIDRs") })},
 	} {
 		if !c.ok {
 			t.Errorf("%s not honoured: %+v", c.field, *o)

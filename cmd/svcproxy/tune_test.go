@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/svcproxy/svcproxy/conntrack"
+	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/ipvstest"
 	"github.com/svcproxy/svcproxy/sysctl/sysctltest"
 )
@@ -141,11 +142,12 @@ func FuzzCountCPUList(f *testing.F) {
 	})
 }
 
-// TestWriteConfigConntrack: the conntrack section and strict ARP
-// --write-config-to writes read back as the same.
+// TestWriteConfigConntrack: the conntrack section, strict ARP and the IPVS
+// timeouts --write-config-to writes read back as the same.
 func TestWriteConfigConntrack(t *testing.T) {
 	o, err := parseFlags([]string{"--conntrack-max-per-core=0", "--conntrack-min=1000", "--conntrack-tcp-timeout-established=48h",
-		"--conntrack-tcp-timeout-close-wait=0", "--conntrack-tcp-be-liberal", "--conntrack-udp-timeout=40s", "--conntrack-udp-timeout-stream=3m", "--ipvs-strict-arp"}, outsidePod)
+		"--conntrack-tcp-timeout-close-wait=0", "--conntrack-tcp-be-liberal", "--conntrack-udp-timeout=40s", "--conntrack-udp-timeout-stream=3m", "--ipvs-strict-arp",
+		"--ipvs-tcp-timeout=2h", "--ipvs-udp-timeout=15s"}, outsidePod)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,5 +165,8 @@ func TestWriteConfigConntrack(t *testing.T) {
 	}
 	if !o.strictARP || !back.strictARP {
 		t.Errorf("strict ARP: flags %v, read back %v, want true", o.strictARP, back.strictARP)
+	}
+	if wantT := (ipvs.Timeouts{TimeoutTCP: 2 * time.Hour, TimeoutUDP: 15 * time.Second}); back.ipvsTimeouts != wantT || o.ipvsTimeouts != wantT {
+		t.Errorf("IPVS timeouts: flags %+v, read back %+v, want %+v", o.ipvsTimeouts, back.ipvsTimeouts, wantT)
 	}
 }

@@ -66,8 +66,9 @@ type Config struct {
 	SweepInterval time.Duration
 	// Timeouts are the network namespace's IPVS connection timeouts
 	// (kube-proxy's ipvs.tcpTimeout, tcpFinTimeout and udpTimeout; the
-	// kernel's defaults are 900s, 120s and 300s), in whole seconds. Each
-	// full sync sets those that differ; zero leaves one as it is. Failing
+	// kernel's defaults are 900s, 120s and 300s), in whole seconds (New
+	// drops a fraction; under a second is refused). Each full sync sets
+	// those that differ; zero leaves one as it is. Failing
 	// to set them is a warning, not a failed sync, as in kube-proxy.
 	Timeouts Timeouts
 
@@ -180,11 +181,12 @@ func New(cfg Config) (*Mode, error) {
 	}
 	for _, t := range []struct {
 		name string
-		d    time.Duration
-	}{{"TCP", cfg.Timeouts.TimeoutTCP}, {"TCP FIN", cfg.Timeouts.TimeoutTCPFin}, {"UDP", cfg.Timeouts.TimeoutUDP}} {
-		if t.d < 0 || t.d%time.Second != 0 {
-			return nil, fmt.Errorf("creating IPVS mode: %s timeout %v: want 0 (left alone) or whole seconds", t.name, t.d)
+		d    *time.Duration
+	}{{"TCP", &cfg.Timeouts.TimeoutTCP}, {"TCP FIN", &cfg.Timeouts.TimeoutTCPFin}, {"UDP", &cfg.Timeouts.TimeoutUDP}} {
+		if *t.d < 0 || *t.d > 0 && *t.d < time.Second {
+			return nil, fmt.Errorf("creating IPVS mode: %s timeout %v: want 0 (left alone) or at least 1s", t.name, *t.d)
 		}
+		*t.d = t.d.Truncate(time.Second) // the kernel counts whole seconds
 	}
 	if cfg.SweepInterval <= 0 {
 		cfg.SweepInterval = 5 * time.Second

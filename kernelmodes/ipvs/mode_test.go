@@ -611,7 +611,7 @@ func TestConfig(t *testing.T) {
 		{NodeIPs: []netip.Addr{netip.IPv4Unspecified()}},
 		{DrainTimeout: -time.Second},
 		{Timeouts: ipvs.Timeouts{TimeoutTCP: -time.Second}},
-		{Timeouts: ipvs.Timeouts{TimeoutTCPFin: 1500 * time.Millisecond}},
+		{Timeouts: ipvs.Timeouts{TimeoutTCPFin: 500 * time.Millisecond}},
 		{Timeouts: ipvs.Timeouts{TimeoutUDP: time.Millisecond}},
 	} {
 		if _, err := ipvs.New(cfg); err == nil {
@@ -624,6 +624,13 @@ func TestConfig(t *testing.T) {
 	}
 	if m.Config().Mark != ipvs.DefaultMark || m.Config().Scheduler != "rr" {
 		t.Errorf("defaults: mark %#x scheduler %q", m.Config().Mark, m.Config().Scheduler)
+	}
+	m, err = ipvs.New(ipvs.Config{Timeouts: ipvs.Timeouts{TimeoutTCP: 1500 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Config().Timeouts.TimeoutTCP; got != time.Second {
+		t.Errorf("a TCP timeout of 1.5s became %v, want 1s (the kernel's whole seconds)", got)
 	}
 }
 
