@@ -16,7 +16,7 @@ import (
 // guestModules are the modules the VM test loads (their dependencies are
 // found from .modinfo): IPVS and its schedulers, conntrack and ctnetlink,
 // iptables-legacy with the matches and targets the rules use, the ipset
-// types, dummy and veth.
+// types, dummy and veth, and nf_tables for the firewall.
 var guestModules = []string{
 	"nf_defrag_ipv4", "nf_defrag_ipv6", "libcrc32c", "nf_conntrack",
 	"ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_lc", "ip_vs_wlc", "ip_vs_sh", "ip_vs_dh", "ip_vs_mh",
@@ -25,6 +25,7 @@ var guestModules = []string{
 	"xt_mark", "xt_MASQUERADE", "xt_addrtype", "xt_conntrack", "xt_tcpudp", "xt_set",
 	"ip_set", "ip_set_hash_ip", "ip_set_hash_ipport", "ip_set_hash_ipportip", "ip_set_bitmap_port",
 	"dummy", "veth",
+	"nf_tables", // package firewall's table (loadBalancerSourceRanges)
 }
 
 // TestPrivilegedIPVSInVM runs the Service table against a real kernel with

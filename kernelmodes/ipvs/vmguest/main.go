@@ -19,6 +19,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -32,6 +33,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/sys/unix"
 
+	"github.com/svcproxy/svcproxy/firewall"
 	"github.com/svcproxy/svcproxy/internal/vmtest"
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/internal/cases"
@@ -231,6 +233,8 @@ func (g *guest) finish(ctx context.Context, rules ipvs.Rules) {
 		}
 	}
 
+	g.firewall(ctx, svcs)
+
 	if !r.Check("cleanup", g.m.Cleanup(ctx)) {
 		return
 	}
@@ -315,6 +319,55 @@ func (g *guest) schedulers(ctx context.Context) {
 			g.r.Fail(name+": cleanup", "%v", err)
 		}
 	}
+}
+
+// firewall runs loadBalancerSourceRanges in front of the IPVS mode for
+// real: package firewall's nftables table (a prerouting hook ahead of any
+// DNAT, so ahead of IPVS's LOCAL_IN) drops a pod's connections to the
+// LoadBalancer IP while the Service's ranges leave the pod out, lets them
+// through once a range takes it in, and leaves the ClusterIP alone. It
+// puts back services, the table's state before, when it is done.
+func (g *guest) firewall(ctx context.Context, services []lb.Service) {
+	r := g.r
+	fw := firewall.New(firewall.Config{Kernel: firewall.Netlink(""), NodeIPs: []netip.Addr{g.topo.node.ip}})
+	apply := func(ranges ...netip.Prefix) error {
+		web := cases.Web(0, 1)
+		web.LoadBalancerSourceRanges = ranges
+		if err := g.apply(ctx, append(slices.Clone(services), web), false); err != nil {
+			return err
+		}
+		return fw.Apply(ctx, g.store.Snapshot(), false)
+	}
+	defer func() {
+		r.Check("firewall: removed", errors.Join(fw.Cleanup(ctx), g.apply(ctx, services, false)))
+	}()
+	check := func(name string, p cases.Probe) {
+		if msg := cases.Check(p, g.probe(p)); msg != "" {
+			r.Fail(name, "%s", msg)
+		} else {
+			r.Pass(name)
+		}
+	}
+	outside := netip.MustParsePrefix("203.0.113.0/24")
+	if !r.Check("firewall: ranges without the pod applied", apply(outside)) {
+		return
+	}
+	if fw.Frontends() != 1 {
+		r.Fail("firewall: the LoadBalancer IP is restricted", "Frontends() = %d, want 1", fw.Frontends())
+	}
+	name := "firewall: a pod outside the LoadBalancer IP's ranges is dropped"
+	if res := g.tcpProbe(g.topo.pod, cases.WebLBIP); res.Outcome != outcomeTimeout {
+		r.Fail(name, "%v (%s), want a timeout", res.Outcome, res.Detail)
+	} else {
+		r.Pass(name)
+	}
+	check("firewall: the restricted Service's ClusterIP still serves the pod",
+		cases.Probe{From: cases.Pod, To: cases.WebClusterIP, N: 2, Backends: []int{0, 1}, Balanced: true})
+	if !r.Check("firewall: ranges with the pod applied", apply(outside, netip.PrefixFrom(g.topo.pod.ip, 32))) {
+		return
+	}
+	check("firewall: a pod inside the ranges reaches the LoadBalancer IP",
+		cases.Probe{From: cases.Pod, To: cases.WebLBIP, N: 2, Backends: []int{0, 1}, Balanced: true, Masq: cases.MasqYes})
 }
 
 // --- probes over real sockets ---
