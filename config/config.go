@@ -49,6 +49,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/sysctl"
 )
 
 // The file's type, as kube-proxy's.
@@ -511,7 +512,7 @@ func (c *Config) problems() []error {
 		{"ipvs.tcpFinTimeout", c.IPVS.TCPFinTimeout},
 		{"ipvs.udpTimeout", c.IPVS.UDPTimeout},
 	} {
-		if err := KernelTimeout(t.d.D()); err != nil {
+		if err := sysctl.CheckSeconds(t.d.D()); err != nil {
 			bad(t.field, "%v", err)
 		}
 	}
@@ -581,17 +582,4 @@ func (c *Config) problems() []error {
 		bad("svcproxy.connLogSample", "want 1 or more, got %d", s.ConnLogSample)
 	}
 	return errs
-}
-
-// KernelTimeout checks a timeout the kernel counts in whole seconds
-// (conntrack's, IPVS's): 0 (left alone) or at least a second; a fraction
-// of a second beyond is dropped.
-func KernelTimeout(d time.Duration) error {
-	switch {
-	case d < 0:
-		return fmt.Errorf("must not be negative, got %v", d)
-	case d > 0 && d < time.Second:
-		return fmt.Errorf("the kernel counts whole seconds: want 0 (left alone) or at least 1s, got %v", d)
-	}
-	return nil
 }

@@ -219,8 +219,8 @@ func TestParseErrors(t *testing.T) {
 			"conntrack.maxPerCore: must not be negative, got -1", "conntrack.min: must not be negative, got -2",
 			"conntrack.tcpEstablishedTimeout: the kernel counts whole seconds: want 0 (left alone) or at least 1s, got 500ms",
 			"conntrack.tcpCloseWaitTimeout: must not be negative", "conntrack.udpStreamTimeout: the kernel counts whole seconds"}},
-		{"bad IPVS timeouts", header + "ipvs: {tcpTimeout: -1s, tcpFinTimeout: 100ms, udpTimeout: 1m}\n", []string{
-			"ipvs.tcpTimeout: must not be negative", "ipvs.tcpFinTimeout: the kernel counts whole seconds"}},
+		{"bad IPVS timeouts", header + "ipvs: {tcpTimeout: -1s, tcpFinTimeout: 100ms, udpTimeout: 6000h}\n", []string{
+			"ipvs.tcpTimeout: must not be negative", "ipvs.tcpFinTimeout: the kernel counts whole seconds", "ipvs.udpTimeout: the kernel takes at most 5965h13m56s, got 6000h0m0s"}},
 		{"client connection", header + "clientConnection: {qps: -1, contentType: text/plain}\n", []string{"clientConnection.qps: must not be negative", "clientConnection.contentType: want"}},
 		{"qps NaN", header + "clientConnection: {qps: .nan}\n", []string{"clientConnection.qps: want a number"}},
 		{"svcproxy values", header + "svcproxy: {steering: tproxy, workers: -1, dialTimeouts: [], drainTimeout: -1s, maxConns: -1, maxConnsPerService: -2, algorithm: best, connLogSample: 0}\n",

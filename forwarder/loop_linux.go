@@ -81,23 +81,25 @@ import (
 // need, so some connections wait tens to hundreds of milliseconds. Both
 // dropped.
 //
-// Fewer loops were measured too (2026-11-27, bench A/B against HAProxy in
-// the same turns, 11 turns over three runs): GOMAXPROCS=1 with one worker,
-// GOMAXPROCS=1 with two, and one worker with two Ps. Each cut the CPU per
-// keep-alive request by 15–25 % (0.52–0.73× HAProxy's against 0.67–1.26×
-// with a loop per P): one harvest finds more ready connections, so each
-// io_uring_enter and epoll_pwait serves more requests. Requests per second
-// did not follow (medians 0.89–1.10× HAProxy's against 0.83–1.02×, in no
-// consistent order), because on this rig the client and the backend, not
-// the proxy, hold the cores; and one loop caps the proxy at one core on a
-// node that has more. Not adopted: a loop per P stays.
-//
 // In the same rig, over 12 turns against nginx stream, svcproxy served
 // 0.93–1.24× its keep-alive requests (median 1.08×) at 0.75–1.10× its CPU
 // per request (median 0.88×); the bench, 10 rounds, says 1.02× and 0.94×.
 // perf puts 68 % of the loop's CPU under write(2) (it carries the
 // receiving namespace's softirq and wakeups), 13 % in the scheduler's
 // wait, and under 3 % in Go code.
+//
+// Fewer loops were measured too (2026-11-27, the bench's keep-alive and
+// bulk tests, svcproxy-userspace against HAProxy in the same turns, 11
+// turns over three runs): GOMAXPROCS=1 with one worker, GOMAXPROCS=1 with
+// two, and one worker with two Ps. Each cut the CPU per keep-alive request
+// by 10–24 % (medians per run 18.9–22.3 µs against 23.7–24.8 µs with a
+// loop per P), likely because with one loop a harvest finds more ready
+// connections (each io_uring_enter and epoll_pwait serves more requests)
+// and with one P the runtime wakes no idle thread. Requests per second
+// did not follow (medians per run 0.89–1.10× HAProxy's against
+// 0.83–1.02×, in no consistent order), because on this rig the client and
+// the backend, not the proxy, hold the cores; and one loop caps the proxy
+// at one core on a node that has more. Not adopted: a loop per P stays.
 //
 // Edge-triggered registration with EPOLLRDHUP is what saves the system
 // calls Go's poller cannot: a read shorter than the buffer means the

@@ -9,9 +9,11 @@ package sysctl
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // Files reads and writes the parameter files under Root.
@@ -69,4 +71,26 @@ func Ensure(p Params, name, want string, keep func(now string) bool) (old string
 		return now, false, fmt.Errorf("setting %s to %s (it is %s): %w", name, want, now, err)
 	}
 	return now, true, nil
+}
+
+// MaxSeconds is the longest timeout, in seconds, any kernel takes where
+// it keeps one in jiffies (the conntrack timeouts, IPVS's): INT_MAX / HZ at
+// the lowest HZ, 100, about 248 days. A kernel with a higher HZ refuses
+// less (about 24.8 days at HZ=1000) with EINVAL, which svcproxy reports
+// when it sets the parameter.
+const MaxSeconds = math.MaxInt32 / 100
+
+// CheckSeconds checks a timeout for such a parameter: 0 (left alone), or
+// from 1s to MaxSeconds. The kernel counts whole seconds: a fraction is
+// dropped.
+func CheckSeconds(d time.Duration) error {
+	switch {
+	case d < 0:
+		return fmt.Errorf("must not be negative, got %v", d)
+	case d > 0 && d < time.Second:
+		return fmt.Errorf("the kernel counts whole seconds: want 0 (left alone) or at least 1s, got %v", d)
+	case d > MaxSeconds*time.Second:
+		return fmt.Errorf("the kernel takes at most %v, got %v", MaxSeconds*time.Second, d)
+	}
+	return nil
 }

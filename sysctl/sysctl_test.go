@@ -5,7 +5,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 )
 
 func TestFiles(t *testing.T) {
@@ -94,3 +96,24 @@ func TestEnsure(t *testing.T) {
 type failingWrite struct{ Files }
 
 func (failingWrite) SetSysctl(string, string) error { return errors.New("refused") }
+
+func TestCheckSeconds(t *testing.T) {
+	for _, tc := range []struct {
+		d       time.Duration
+		wantErr string
+	}{
+		{0, ""},
+		{time.Second, ""},
+		{1500 * time.Millisecond, ""}, // the fraction is dropped
+		{24 * time.Hour, ""},
+		{MaxSeconds * time.Second, ""},
+		{-time.Second, "must not be negative"},
+		{999 * time.Millisecond, "the kernel counts whole seconds"},
+		{(MaxSeconds + 1) * time.Second, "the kernel takes at most 5965h13m56s"},
+	} {
+		err := CheckSeconds(tc.d)
+		if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+			t.Errorf("CheckSeconds(%v) = %v, want %q", tc.d, err, tc.wantErr)
+		}
+	}
+}

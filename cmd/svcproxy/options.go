@@ -27,6 +27,7 @@ import (
 	"github.com/svcproxy/svcproxy/proxymode"
 	"github.com/svcproxy/svcproxy/redirect"
 	"github.com/svcproxy/svcproxy/source/kube"
+	"github.com/svcproxy/svcproxy/sysctl"
 )
 
 // options are svcproxy's command-line settings.
@@ -474,7 +475,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 		{"ipvs-tcpfin-timeout", o.ipvsTimeouts.TimeoutTCPFin},
 		{"ipvs-udp-timeout", o.ipvsTimeouts.TimeoutUDP},
 	} {
-		if err := config.KernelTimeout(t.d); err != nil {
+		if err := sysctl.CheckSeconds(t.d); err != nil {
 			return nil, fmt.Errorf("--%s: %w", t.flag, err)
 		}
 	}

@@ -60,6 +60,8 @@ func TestParseFlags(t *testing.T) {
 		{"negative udp timeout", []string{"--conntrack-udp-timeout=-1s"}, outsidePod, "--conntrack-udp-timeout: must not be negative"},
 		{"sub-second IPVS timeout", []string{"--ipvs-tcpfin-timeout=500ms"}, outsidePod, "--ipvs-tcpfin-timeout: the kernel counts whole seconds"},
 		{"negative IPVS timeout", []string{"--ipvs-udp-timeout=-1s"}, outsidePod, "--ipvs-udp-timeout: must not be negative"},
+		{"IPVS timeout past the kernel's", []string{"--ipvs-tcp-timeout=6000h"}, outsidePod, "--ipvs-tcp-timeout: the kernel takes at most"},
+		{"conntrack timeout past the kernel's", []string{"--conntrack-tcp-timeout-established=8760h"}, outsidePod, "--conntrack-tcp-timeout-established: the kernel takes at most"},
 		{"unknown flag", []string{"--bogus"}, outsidePod, "-bogus"},
 
 		// kube-proxy's flags, as its manifests pass them.

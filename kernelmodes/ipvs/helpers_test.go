@@ -60,7 +60,9 @@ func newWorldOn(t testing.TB, f *ipvstest.Fakes, clock *fakeClock, cfg ipvs.Conf
 	t.Helper()
 	cfg = f.Config(cfg)
 	cfg.Now = clock.Now
-	cfg.Logger = zaptest.NewLogger(t)
+	if cfg.Logger == nil {
+		cfg.Logger = zaptest.NewLogger(t)
+	}
 	m, err := ipvs.New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)

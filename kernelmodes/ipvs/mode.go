@@ -67,7 +67,8 @@ type Config struct {
 	// Timeouts are the network namespace's IPVS connection timeouts
 	// (kube-proxy's ipvs.tcpTimeout, tcpFinTimeout and udpTimeout; the
 	// kernel's defaults are 900s, 120s and 300s), in whole seconds (New
-	// drops a fraction; under a second is refused). Each full sync sets
+	// drops a fraction, and refuses what sysctl.CheckSeconds does). Each
+	// full sync sets
 	// those that differ; zero leaves one as it is. Failing
 	// to set them is a warning, not a failed sync, as in kube-proxy.
 	Timeouts Timeouts
@@ -183,8 +184,8 @@ func New(cfg Config) (*Mode, error) {
 		name string
 		d    *time.Duration
 	}{{"TCP", &cfg.Timeouts.TimeoutTCP}, {"TCP FIN", &cfg.Timeouts.TimeoutTCPFin}, {"UDP", &cfg.Timeouts.TimeoutUDP}} {
-		if *t.d < 0 || *t.d > 0 && *t.d < time.Second {
-			return nil, fmt.Errorf("creating IPVS mode: %s timeout %v: want 0 (left alone) or at least 1s", t.name, *t.d)
+		if err := sysctl.CheckSeconds(*t.d); err != nil {
+			return nil, fmt.Errorf("creating IPVS mode: %s timeout: %w", t.name, err)
 		}
 		*t.d = t.d.Truncate(time.Second) // the kernel counts whole seconds
 	}

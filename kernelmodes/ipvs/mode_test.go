@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/internal/cases"
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/ipvstest"
@@ -613,6 +616,7 @@ func TestConfig(t *testing.T) {
 		{Timeouts: ipvs.Timeouts{TimeoutTCP: -time.Second}},
 		{Timeouts: ipvs.Timeouts{TimeoutTCPFin: 500 * time.Millisecond}},
 		{Timeouts: ipvs.Timeouts{TimeoutUDP: time.Millisecond}},
+		{Timeouts: ipvs.Timeouts{TimeoutTCP: 6000 * time.Hour}}, // over INT_MAX/HZ seconds at any HZ
 	} {
 		if _, err := ipvs.New(cfg); err == nil {
 			t.Errorf("New(%+v) accepted it", cfg)
@@ -639,7 +643,7 @@ func TestConfig(t *testing.T) {
 // not fail the sync.
 func TestTimeouts(t *testing.T) {
 	sec := func(s int) time.Duration { return time.Duration(s) * time.Second }
-	d := ipvstest.DefaultTimeouts
+	d := ipvstest.DefaultTimeouts()
 	for _, tc := range []struct {
 		name    string
 		want    ipvs.Timeouts
@@ -670,11 +674,17 @@ func TestTimeouts(t *testing.T) {
 			}
 			w.f.ResetCalls()
 			w.apply(false, cases.Web(0, 1)) // the first Apply is full; a refusal does not fail it
-			var sets []string
+			var sets, gets []string
 			for _, c := range w.f.IPVS.Calls() {
 				if strings.HasPrefix(c, "SetConfig") {
 					sets = append(sets, c)
 				}
+				if c == "GetConfig" {
+					gets = append(gets, c)
+				}
+			}
+			if tc.want == (ipvs.Timeouts{}) && len(gets) > 0 {
+				t.Errorf("with no timeouts to set, the sync read them: %q", gets)
 			}
 			if want := []string{tc.setCall}; tc.setCall == "" && len(sets) > 0 || tc.setCall != "" && !slices.Equal(sets, want) {
 				t.Errorf("calls %q, want %q", sets, tc.setCall)
@@ -714,6 +724,46 @@ func TestTimeoutsRepaired(t *testing.T) {
 	w.apply(true, cases.Web(0, 1, 2))
 	if got := w.f.IPVS.Timeouts(); got.TimeoutTCP != time.Hour || got.TimeoutUDP != time.Minute {
 		t.Errorf("after a full sync: timeouts %+v, want TCP 1h and UDP 1m", got)
+	}
+}
+
+// TestTimeoutsWarnOnce: a failure to set the timeouts is warned about
+// once, again when it changes, and again after they were set and fail
+// anew; none of it fails a sync.
+func TestTimeoutsWarnOnce(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	w := newWorld(t, ipvs.Config{Timeouts: ipvs.Timeouts{TimeoutTCP: time.Hour}, Logger: zap.New(core)})
+	for i, step := range []struct {
+		fail  string
+		err   error
+		warns int // so far
+		set   bool
+	}{
+		{"SetConfig", syscall.EPERM, 1, false},
+		{"SetConfig", syscall.EPERM, 1, false},
+		{"GetConfig", syscall.EIO, 2, false},
+		{"", nil, 2, true},
+		{"", nil, 2, true},
+	} {
+		if step.fail != "" {
+			w.f.IPVS.FailNext(step.fail, step.err)
+		}
+		w.apply(true, cases.Web(0, 1))
+		if n := logs.FilterMessage("IPVS timeouts left as they are").Len(); n != step.warns {
+			t.Errorf("step %d: %d warnings, want %d", i, n, step.warns)
+		}
+		if got := w.f.IPVS.Timeouts().TimeoutTCP == time.Hour; got != step.set {
+			t.Errorf("step %d: TCP timeout set %v, want %v", i, got, step.set)
+		}
+	}
+	// Changed behind its back and refused: warned again.
+	if err := w.f.IPVS.SetConfig(&ipvs.Timeouts{TimeoutTCP: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	w.f.IPVS.FailNext("SetConfig", syscall.EPERM)
+	w.apply(true, cases.Web(0, 1))
+	if n := logs.FilterMessage("IPVS timeouts left as they are").Len(); n != 3 {
+		t.Errorf("after a refusal that follows a success: %d warnings, want 3", n)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/sysctl"
 )
 
 // IPVS service flags (include/uapi/linux/ip_vs.h).
@@ -73,9 +74,11 @@ type IPVS struct {
 	now      func() time.Time
 }
 
-// DefaultTimeouts are the kernel's IPVS timeouts, which a new IPVS starts
-// with: TCP 900s, TCP FIN 120s, UDP 300s.
-var DefaultTimeouts = ipvs.Timeouts{TimeoutTCP: 900 * time.Second, TimeoutTCPFin: 120 * time.Second, TimeoutUDP: 300 * time.Second}
+// DefaultTimeouts returns the kernel's IPVS timeouts, which a new IPVS
+// starts with: TCP 900s, TCP FIN 120s, UDP 300s.
+func DefaultTimeouts() ipvs.Timeouts {
+	return ipvs.Timeouts{TimeoutTCP: 900 * time.Second, TimeoutTCPFin: 120 * time.Second, TimeoutUDP: 300 * time.Second}
+}
 
 type virtualServer struct {
 	proto     lb.Protocol
@@ -102,7 +105,7 @@ func NewIPVS(now func() time.Time) *IPVS {
 	if now == nil {
 		now = time.Now
 	}
-	return &IPVS{services: map[string]*virtualServer{}, timeouts: DefaultTimeouts, now: now}
+	return &IPVS{services: map[string]*virtualServer{}, timeouts: DefaultTimeouts(), now: now}
 }
 
 var _ ipvs.IPVS = (*IPVS)(nil)
@@ -316,12 +319,18 @@ func (f *IPVS) Timeouts() ipvs.Timeouts {
 }
 
 // SetConfig implements ipvs.IPVS as the kernel does: the timeouts are
-// truncated to whole seconds, and one that is zero is left as it is.
+// truncated to whole seconds, one that is zero is left as it is, and one
+// over sysctl.MaxSeconds fails them all with EINVAL.
 func (f *IPVS) SetConfig(t *ipvs.Timeouts) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.record("SetConfig", fmt.Sprintf("tcp=%v tcp_fin=%v udp=%v", t.TimeoutTCP, t.TimeoutTCPFin, t.TimeoutUDP)); err != nil {
 		return err
+	}
+	for _, d := range []time.Duration{t.TimeoutTCP, t.TimeoutTCPFin, t.TimeoutUDP} {
+		if d > sysctl.MaxSeconds*time.Second {
+			return syscall.EINVAL
+		}
 	}
 	for _, p := range []struct{ from, to *time.Duration }{
 		{&t.TimeoutTCP, &f.timeouts.TimeoutTCP},

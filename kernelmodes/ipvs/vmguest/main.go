@@ -852,3 +852,13 @@ func (c *countingIPVS) DelDestination(s *mobyipvs.Service, d *mobyipvs.Destinati
 	c.n.Add(1)
 	return c.IPVS.DelDestination(s, d)
 }
+
+func (c *countingIPVS) GetConfig() (*mobyipvs.Config, error) {
+	c.n.Add(1)
+	return c.IPVS.GetConfig()
+}
+
+func (c *countingIPVS) SetConfig(t *mobyipvs.Config) error {
+	c.n.Add(1)
+	return c.IPVS.SetConfig(t)
+}
