@@ -52,7 +52,7 @@ func (m *Mode) fullSync(ctx context.Context, want *desired, nodeIPs []netip.Addr
 			owned[ip] = struct{}{}
 		}
 	}
-	have, err := m.readIPVS(owned)
+	have, err := m.readIPVS(owned, want.vs)
 	if err != nil {
 		return err
 	}
@@ -105,9 +105,10 @@ func (m *Mode) fullSync(ctx context.Context, want *desired, nodeIPs []netip.Addr
 	return errors.Join(errs...)
 }
 
-// readIPVS lists the virtual servers on owned addresses with their real
-// servers and connection counts, keeping what m.cur knows of draining.
-func (m *Mode) readIPVS(owned map[netip.Addr]struct{}) (map[vsKey]*vsState, error) {
+// readIPVS lists the virtual servers on owned addresses, but for foreign
+// ones, with their real servers and connection counts, keeping what m.cur
+// knows of draining.
+func (m *Mode) readIPVS(owned map[netip.Addr]struct{}, want map[vsKey]*vsWant) (map[vsKey]*vsState, error) {
 	svcs, err := m.ipvs.GetServices()
 	if err != nil {
 		return nil, fmt.Errorf("listing virtual servers: %w", err)
@@ -118,7 +119,7 @@ func (m *Mode) readIPVS(owned map[netip.Addr]struct{}) (map[vsKey]*vsState, erro
 		if !ok {
 			continue
 		}
-		if _, mine := owned[k.addr.Addr()]; !mine {
+		if _, mine := owned[k.addr.Addr()]; !mine || m.foreign(k, want, m.cur) {
 			continue
 		}
 		ds, err := m.ipvs.GetDestinations(svc)
@@ -258,7 +259,7 @@ func (m *Mode) cleanupIPVS(ctx context.Context, cur *state) error {
 	var errs []error
 	for _, svc := range svcs {
 		k, _, ok := fromService(svc)
-		if _, mine := owned[k.addr.Addr()]; !ok || !mine {
+		if _, mine := owned[k.addr.Addr()]; !ok || !mine || m.foreign(k, nil, cur) {
 			continue
 		}
 		if err := m.ipvs.DelService(svc); err != nil {

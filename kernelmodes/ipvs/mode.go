@@ -51,6 +51,12 @@ type Config struct {
 	// NodePortAddresses restricts the node IPs (given or found) to those
 	// inside these prefixes. Empty: no restriction.
 	NodePortAddresses []netip.Prefix
+	// ExcludeCIDRs (kube-proxy's ipvs.excludeCIDRs) protect the virtual
+	// servers of others on shared addresses, such as a keepalived's on a
+	// node IP: a virtual server on an address inside one is neither pruned
+	// by a full sync nor removed by Cleanup unless this Mode made it. One
+	// its Services ask for is made and kept as any other.
+	ExcludeCIDRs []netip.Prefix
 	// MasqueradeAll masquerades all Service traffic, ClusterIP included.
 	// Otherwise traffic to NodePorts, ExternalIPs and LoadBalancer IPs of
 	// Services with the Cluster external traffic policy is masqueraded (and
@@ -172,6 +178,12 @@ func New(cfg Config) (*Mode, error) {
 		}
 		cfg.NodePortAddresses[i] = p.Masked()
 	}
+	for i, p := range cfg.ExcludeCIDRs {
+		if !p.IsValid() {
+			return nil, fmt.Errorf("creating IPVS mode: excludeCIDRs[%d]: invalid prefix", i)
+		}
+		cfg.ExcludeCIDRs[i] = p.Masked()
+	}
 	for i, ip := range cfg.NodeIPs {
 		if !ip.IsValid() || ip.IsUnspecified() {
 			return nil, fmt.Errorf("creating IPVS mode: nodeIPs[%d]: invalid address %v", i, ip)
@@ -235,6 +247,21 @@ func (m *Mode) RestoreFailures(family Family) uint64 { return m.rec.RestoreFailu
 // Draining is the number of real servers at weight 0 waiting for their
 // connections to end.
 func (m *Mode) Draining() int { return int(m.draining.Load()) }
+
+// foreign says whether the virtual server k is someone else's to leave
+// alone: on an address Config.ExcludeCIDRs protects, not wanted (want may
+// be nil), and not made by this Mode (cur: what it knows it left; nil
+// after a start or Cleanup).
+func (m *Mode) foreign(k vsKey, want map[vsKey]*vsWant, cur *state) bool {
+	a := k.addr.Addr()
+	if !slices.ContainsFunc(m.cfg.ExcludeCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }) {
+		return false
+	}
+	if want[k] != nil {
+		return false
+	}
+	return cur == nil || cur.vs[k] == nil
+}
 
 // kernel returns the boundaries, creating the real ones on first use. The
 // real IPVS handle needs IPVS: without it, ErrUnavailable.

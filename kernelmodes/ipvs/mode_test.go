@@ -613,6 +613,7 @@ func TestConfig(t *testing.T) {
 		{NodePortAddresses: []netip.Prefix{{}}},
 		{NodeIPs: []netip.Addr{netip.IPv4Unspecified()}},
 		{DrainTimeout: -time.Second},
+		{ExcludeCIDRs: []netip.Prefix{{}}},
 		{Timeouts: ipvs.Timeouts{TimeoutTCP: -time.Second}},
 		{Timeouts: ipvs.Timeouts{TimeoutTCPFin: 500 * time.Millisecond}},
 		{Timeouts: ipvs.Timeouts{TimeoutUDP: time.Millisecond}},
@@ -765,6 +766,75 @@ func TestTimeoutsWarnOnce(t *testing.T) {
 	if n := logs.FilterMessage("IPVS timeouts left as they are").Len(); n != 3 {
 		t.Errorf("after a refusal that follows a success: %d warnings, want 3", n)
 	}
+}
+
+// TestExcludeCIDRs: a virtual server of someone else's on an excluded
+// address (a keepalived's on the node IP) survives full syncs and Cleanup;
+// without the exclusion a full sync prunes it, the node IP being one the
+// NodePorts are served on, as kube-proxy's does. Virtual servers the
+// Services ask for on an excluded address are made as any other, and
+// removed when this Mode made them and they are no longer asked for; one
+// a previous run left there stays, as with kube-proxy.
+func TestExcludeCIDRs(t *testing.T) {
+	ctx := context.Background()
+	keepalived := netip.AddrPortFrom(cases.NodeIP, 443)
+	has := func(w *world, a netip.AddrPort) bool {
+		return slices.ContainsFunc(w.f.IPVS.Services(), func(v ipvstest.VirtualServer) bool { return v.Addr == a })
+	}
+	nodeIP := []netip.Prefix{netip.PrefixFrom(cases.NodeIP, 32)}
+	for _, tc := range []struct {
+		name    string
+		exclude []netip.Prefix
+		kept    bool
+	}{
+		{"no exclusion", nil, false},
+		{"the node IP excluded", nodeIP, true},
+		{"another range excluded", []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, ipvs.Config{ExcludeCIDRs: tc.exclude})
+			if err := w.f.IPVS.NewService(ipvs.VirtualService(lb.TCP, keepalived, "wlc")); err != nil {
+				t.Fatal(err)
+			}
+			w.apply(false, cases.Web(0, 1)) // the first Apply is full
+			w.apply(true, cases.Web(0, 1))
+			if got := has(w, keepalived); got != tc.kept {
+				t.Errorf("after full syncs, %v there: %v, want %v", keepalived, got, tc.kept)
+			}
+			if !has(w, cases.WebNodePort) {
+				t.Errorf("the NodePort's virtual server %v is missing", cases.WebNodePort)
+			}
+			if w.m.Repairs() != 0 {
+				t.Errorf("Repairs() = %d, want 0", w.m.Repairs())
+			}
+			w.apply(true, cases.DNS(0))
+			if has(w, cases.WebNodePort) {
+				t.Errorf("the removed Service's NodePort %v is still there", cases.WebNodePort)
+			}
+			w.apply(false, cases.Web(0, 1))
+			if err := w.m.Cleanup(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if has(w, cases.WebNodePort) {
+				t.Errorf("after Cleanup, the NodePort %v is still there", cases.WebNodePort)
+			}
+			if got := has(w, keepalived); got != tc.kept {
+				t.Errorf("after Cleanup, %v there: %v, want %v", keepalived, got, tc.kept)
+			}
+		})
+	}
+	t.Run("left by a previous run", func(t *testing.T) {
+		w := newWorld(t, ipvs.Config{ExcludeCIDRs: nodeIP})
+		w.apply(false, cases.Web(0, 1))
+		next := newWorldOn(t, w.f, w.clock, ipvs.Config{ExcludeCIDRs: nodeIP})
+		next.apply(false, cases.DNS(0))
+		if !has(next, cases.WebNodePort) {
+			t.Errorf("a NodePort on an excluded address that a previous run made was removed")
+		}
+		if has(next, cases.WebClusterIP) {
+			t.Errorf("a ClusterIP a previous run made was kept")
+		}
+	})
 }
 
 func TestRandomFully(t *testing.T) {

@@ -108,14 +108,20 @@ func run(r *vmtest.Reporter) error {
 	logCfg.OutputPaths = []string{"stdout"}
 	log, _ := logCfg.Build()
 	m, err := ipvs.New(ipvs.Config{
-		IPVS:     counted,
-		Links:    links,
-		Rules:    rules,
-		Timeouts: vmTimeouts,
-		Logger:   log,
+		IPVS:         counted,
+		Links:        links,
+		Rules:        rules,
+		Timeouts:     vmTimeouts,
+		ExcludeCIDRs: []netip.Prefix{netip.PrefixFrom(topo.node.ip, 32)},
+		Logger:       log,
 	})
 	if err != nil {
 		return err
+	}
+	// Someone else's virtual server on the node IP, which the NodePorts
+	// share: the exclusion keeps it through every sync and the cleanup.
+	if err := h.NewService(foreignService(topo)); err != nil {
+		return fmt.Errorf("adding a foreign virtual server: %w", err)
 	}
 	g := &guest{r: r, topo: topo, m: m, ipvs: h, counted: counted, store: lb.NewStore(lb.StoreOptions{})}
 	for _, step := range cases.Steps() {
@@ -125,6 +131,13 @@ func run(r *vmtest.Reporter) error {
 	}
 	g.finish(ctx, rules)
 	return nil
+}
+
+// foreignService is a virtual server svcproxy did not make (a
+// keepalived's, say) on the node IP, port 443.
+func foreignService(t *topology) *mobyipvs.Service {
+	return &mobyipvs.Service{Address: t.node.ip.AsSlice(), Protocol: syscall.IPPROTO_TCP, Port: 443,
+		AddressFamily: syscall.AF_INET, Netmask: 0xffffffff, SchedName: "wlc"}
 }
 
 // vmTimeouts are the IPVS timeouts the guest's mode sets: none is the
@@ -237,6 +250,16 @@ func (g *guest) finish(ctx context.Context, rules ipvs.Rules) {
 
 	if !r.Check("cleanup", g.m.Cleanup(ctx)) {
 		return
+	}
+	foreign := foreignService(g.topo)
+	name := "a foreign virtual server on an excluded node IP outlives the syncs and the cleanup"
+	if _, err := g.ipvs.GetService(foreign); err != nil {
+		r.Fail(name, "%v", err)
+	} else {
+		r.Pass(name)
+		if err := g.ipvs.DelService(foreign); err != nil {
+			r.Fail("delete the foreign virtual server", "%v", err)
+		}
 	}
 	var left []string
 	svcList, err := g.ipvs.GetServices()
