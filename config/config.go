@@ -153,6 +153,11 @@ type IPVS struct {
 	TCPTimeout    Duration `yaml:"tcpTimeout"`
 	TCPFinTimeout Duration `yaml:"tcpFinTimeout"`
 	UDPTimeout    Duration `yaml:"udpTimeout"`
+	// ExcludeCIDRs protect others' IPVS virtual servers on these
+	// addresses (a keepalived's on a node IP): the ipvs mode leaves one
+	// there alone unless its Services ask for it or it made it. Default
+	// none.
+	ExcludeCIDRs []string `yaml:"excludeCIDRs"`
 }
 
 // Conntrack is kube-proxy's conntrack section: the kernel's connection
@@ -277,7 +282,7 @@ func Default() *Config {
 		MetricsBindAddress: DefaultMetricsBindAddress,
 		NodePortAddresses:  []string{},
 		IPTables:           IPTables{MasqueradeBit: &bit, SyncPeriod: Duration(30 * time.Second), MinSyncPeriod: Duration(time.Second)},
-		IPVS:               IPVS{SyncPeriod: Duration(30 * time.Second)},
+		IPVS:               IPVS{SyncPeriod: Duration(30 * time.Second), ExcludeCIDRs: []string{}},
 		ClientConnection:   ClientConnection{QPS: 5, Burst: 10, ContentType: "application/vnd.kubernetes.protobuf"},
 		Conntrack: Conntrack{MaxPerCore: 32 * 1024, Min: 128 * 1024,
 			TCPEstablishedTimeout: Duration(24 * time.Hour), TCPCloseWaitTimeout: Duration(time.Hour)},
@@ -352,6 +357,9 @@ func (c *Config) Write(w io.Writer) error {
 	out.APIVersion, out.Kind = APIVersion, Kind
 	if out.NodePortAddresses == nil {
 		out.NodePortAddresses = []string{}
+	}
+	if out.IPVS.ExcludeCIDRs == nil {
+		out.IPVS.ExcludeCIDRs = []string{}
 	}
 	enc := yaml.NewEncoder(w)
 	enc.SetIndent(2)
@@ -460,6 +468,11 @@ func (c *Config) problems() []error {
 		}
 		if _, err := netip.ParsePrefix(s); err != nil {
 			bad(fmt.Sprintf("nodePortAddresses[%d]", i), "want a CIDR or \"primary\", got %q", s)
+		}
+	}
+	for i, s := range c.IPVS.ExcludeCIDRs {
+		if _, err := netip.ParsePrefix(strings.TrimSpace(s)); err != nil {
+			bad(fmt.Sprintf("ipvs.excludeCIDRs[%d]", i), "want a CIDR, got %q", s)
 		}
 	}
 	if c.ClusterCIDR != "" {

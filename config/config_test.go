@@ -70,7 +70,7 @@ configSyncPeriod: 0s
 				c.NodePortAddresses = []string{"10.0.0.0/8", "fd00::/64"}
 				c.ClusterCIDR = "10.244.0.0/16,fd00:244::/56"
 				c.IPTables = IPTables{MasqueradeBit: &bit, MasqueradeAll: true, SyncPeriod: Duration(time.Minute), MinSyncPeriod: Duration(2 * time.Second)}
-				c.IPVS = IPVS{Scheduler: "mh", SyncPeriod: Duration(45 * time.Second), MinSyncPeriod: Duration(500 * time.Millisecond)}
+				c.IPVS = IPVS{Scheduler: "mh", SyncPeriod: Duration(45 * time.Second), MinSyncPeriod: Duration(500 * time.Millisecond), ExcludeCIDRs: []string{}}
 				c.Conntrack = Conntrack{MaxPerCore: 65536, Min: 262144, TCPEstablishedTimeout: Duration(48 * time.Hour),
 					TCPBeLiberal: true, UDPTimeout: Duration(90 * time.Second), UDPStreamTimeout: Duration(3 * time.Minute)}
 				adj := int32(-999)
@@ -150,9 +150,10 @@ ipvs: {strictARP: true, tcpTimeout: 10m, tcpFinTimeout: 30s, udpTimeout: 45s, ex
 				c.Conntrack.MaxPerCore, c.Conntrack.UDPTimeout = 0, Duration(10*time.Second)
 				c.IPVS.StrictARP = true
 				c.IPVS.TCPTimeout, c.IPVS.TCPFinTimeout, c.IPVS.UDPTimeout = Duration(10*time.Minute), Duration(30*time.Second), Duration(45*time.Second)
+				c.IPVS.ExcludeCIDRs = []string{"10.0.0.0/8"}
 			},
 			warn: []string{"line 4: featureGates: kube-proxy field ignored", "line 5: detectLocalMode", "line 6: nftables",
-				"line 7: iptables.localhostNodePorts", "line 9: ipvs.excludeCIDRs: kube-proxy field ignored"},
+				"line 7: iptables.localhostNodePorts"},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -219,6 +220,7 @@ func TestParseErrors(t *testing.T) {
 			"conntrack.maxPerCore: must not be negative, got -1", "conntrack.min: must not be negative, got -2",
 			"conntrack.tcpEstablishedTimeout: the kernel counts whole seconds: want 0 (left alone) or at least 1s, got 500ms",
 			"conntrack.tcpCloseWaitTimeout: must not be negative", "conntrack.udpStreamTimeout: the kernel counts whole seconds"}},
+		{"bad IPVS exclude CIDRs", header + "ipvs: {excludeCIDRs: [10.0.0.0/8, 10.0.0.1]}\n", []string{`ipvs.excludeCIDRs[1]: want a CIDR, got "10.0.0.1"`}},
 		{"bad IPVS timeouts", header + "ipvs: {tcpTimeout: -1s, tcpFinTimeout: 100ms, udpTimeout: 6000h}\n", []string{
 			"ipvs.tcpTimeout: must not be negative", "ipvs.tcpFinTimeout: the kernel counts whole seconds", "ipvs.udpTimeout: the kernel takes at most 5965h13m56s, got 6000h0m0s"}},
 		{"client connection", header + "clientConnection: {qps: -1, contentType: text/plain}\n", []string{"clientConnection.qps: must not be negative", "clientConnection.contentType: want"}},

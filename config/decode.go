@@ -27,7 +27,6 @@ var ignored = map[string]string{
 	"detectLocal":                         "svcproxy does not masquerade by local-traffic detection",
 	"portRange":                           "svcproxy has no port range",
 	"iptables.localhostNodePorts":         "NodePorts on localhost are not served",
-	"ipvs.excludeCIDRs":                   "not supported",
 	"clientConnection.acceptContentTypes": "svcproxy accepts protobuf and JSON",
 }
 

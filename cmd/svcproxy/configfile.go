@@ -42,6 +42,7 @@ func applyConfigFile(fs *flag.FlagSet, path string) (*config.Config, error) {
 		"ipvs-tcp-timeout":                  cfg.IPVS.TCPTimeout.D().String(),
 		"ipvs-tcpfin-timeout":               cfg.IPVS.TCPFinTimeout.D().String(),
 		"ipvs-udp-timeout":                  cfg.IPVS.UDPTimeout.D().String(),
+		"ipvs-exclude-cidrs":                strings.Join(cfg.IPVS.ExcludeCIDRs, ","),
 		"kubeconfig":                        cfg.ClientConnection.Kubeconfig,
 		"kube-api-qps":                      strconv.FormatFloat(float64(cfg.ClientConnection.QPS), 'g', -1, 32),
 		"kube-api-burst":                    strconv.Itoa(int(cfg.ClientConnection.Burst)),
@@ -138,6 +139,10 @@ func writeConfig(o *options, path string) error {
 	cfg.IPVS.TCPTimeout = config.Duration(o.ipvsTimeouts.TimeoutTCP)
 	cfg.IPVS.TCPFinTimeout = config.Duration(o.ipvsTimeouts.TimeoutTCPFin)
 	cfg.IPVS.UDPTimeout = config.Duration(o.ipvsTimeouts.TimeoutUDP)
+	cfg.IPVS.ExcludeCIDRs = nil
+	for _, p := range o.ipvsExcludeCIDRs {
+		cfg.IPVS.ExcludeCIDRs = append(cfg.IPVS.ExcludeCIDRs, p.String())
+	}
 	cfg.ClientConnection = config.ClientConnection{Kubeconfig: o.kubeconfig, QPS: o.kubeAPIQPS, Burst: int32(o.kubeAPIBurst), ContentType: o.kubeAPIContentType}
 	sp := &cfg.Svcproxy
 	sp.Steering, sp.RedirectPort, sp.Workers = o.steering, o.redirectPort, o.workers

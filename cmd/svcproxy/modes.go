@@ -275,6 +275,7 @@ func ipvsConfig(o *options, log *zap.Logger) ipvs.Config {
 		Mark:              o.masqueradeMark,
 		DrainTimeout:      o.drainTimeout,
 		Timeouts:          o.ipvsTimeouts,
+		ExcludeCIDRs:      o.ipvsExcludeCIDRs,
 		IPv6:              o.ipv6,
 		Logger:            log,
 	}

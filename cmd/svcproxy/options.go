@@ -66,6 +66,7 @@ type options struct {
 	ipvsScheduler     string
 	strictARP         bool // --ipvs-strict-arp
 	ipvsTimeouts      ipvs.Timeouts
+	ipvsExcludeCIDRs  []netip.Prefix
 	pidFile           string
 	successorWait     time.Duration
 	oomScoreAdj       *int // nil: leave as it is
@@ -243,7 +244,6 @@ var kubeProxyIgnored = []struct {
 	{"profiling", "use --profiling-bind-address", true},
 	{"show-hidden-metrics-for-version", "svcproxy hides no metrics", false},
 	{"iptables-localhost-nodeports", "NodePorts on localhost are not served", true},
-	{"ipvs-exclude-cidrs", "not supported", false},
 	{"detect-local-mode", "svcproxy tells local traffic by --cluster-cidr only", false},
 	{"pod-bridge-interface", "svcproxy tells local traffic by --cluster-cidr only", false},
 	{"pod-interface-name-prefix", "svcproxy tells local traffic by --cluster-cidr only", false},
@@ -271,14 +271,14 @@ func parseFlags(args []string, env environment) (*options, error) {
 	host, _ := os.Hostname()
 
 	var (
-		configPath, proxyMode, nodePortAddresses, clusterCIDRs, bindAddress, dialTimeouts, mark, algorithm, logLevel, logFormat *string
-		redirectPort                                                                                                            *uint
-		masqBit, oomScoreAdj, verbosity                                                                                         *int
-		iptSync, iptMinSync, ipvsSync, ipvsMinSync                                                                              *time.Duration
-		version                                                                                                                 *bool
-		qps                                                                                                                     *float64
-		loggingFormat, steeringBackend, offload, ioUring                                                                        *string
-		maxPerCore, ctMin                                                                                                       *int
+		configPath, proxyMode, nodePortAddresses, clusterCIDRs, ipvsExclude, bindAddress, dialTimeouts, mark, algorithm, logLevel, logFormat *string
+		redirectPort                                                                                                                         *uint
+		masqBit, oomScoreAdj, verbosity                                                                                                      *int
+		iptSync, iptMinSync, ipvsSync, ipvsMinSync                                                                                           *time.Duration
+		version                                                                                                                              *bool
+		qps                                                                                                                                  *float64
+		loggingFormat, steeringBackend, offload, ioUring                                                                                     *string
+		maxPerCore, ctMin                                                                                                                    *int
 	)
 	secs.section("Configuration", false, func() {
 		configPath = fs.String("config", "", "a KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1, with an svcproxy: section); flags given on the command line win over it")
@@ -319,6 +319,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 		fs.DurationVar(&o.ipvsTimeouts.TimeoutTCP, "ipvs-tcp-timeout", 0, "ipvs mode: the node's IPVS timeout of idle TCP connections (ipvsadm --set); 0: leave it (the kernel's 900s)")
 		fs.DurationVar(&o.ipvsTimeouts.TimeoutTCPFin, "ipvs-tcpfin-timeout", 0, "ipvs mode: the IPVS timeout of TCP connections after a FIN; 0: leave it (120s)")
 		fs.DurationVar(&o.ipvsTimeouts.TimeoutUDP, "ipvs-udp-timeout", 0, "ipvs mode: the IPVS timeout of UDP flows; 0: leave it (300s)")
+		ipvsExclude = fs.String("ipvs-exclude-cidrs", "", "ipvs mode: comma-separated CIDRs whose IPVS virtual servers are others' (a keepalived's on a node IP): left alone unless svcproxy's Services ask for them or it made them")
 	})
 	secs.section("Userspace proxy", false, func() {
 		fs.StringVar(&o.steering, "steering", "none", "how Service traffic reaches the forwarder: redirect (REDIRECT of every ClusterIP, ExternalIP, LoadBalancer IP and NodePort, written by --steering-backend; needs root or CAP_NET_ADMIN), local (the virtual IPs put on dummy interface svcproxy-vips as local addresses, as kube-proxy's IPVS mode does, and the forwarder listening on each frontend and NodePort: no rules, no NAT; needs CAP_NET_ADMIN) or none (listen on each frontend directly: for loopback and static files)")
@@ -491,6 +492,9 @@ func parseFlags(args []string, env environment) (*options, error) {
 	case forwarder.IOUringAuto, forwarder.IOUringOff:
 	default:
 		return nil, fmt.Errorf("--io-uring: want %q or %q, got %q", forwarder.IOUringAuto, forwarder.IOUringOff, *ioUring)
+	}
+	if o.ipvsExcludeCIDRs, err = parsePrefixes(*ipvsExclude); err != nil {
+		return nil, fmt.Errorf("--ipvs-exclude-cidrs: want comma-separated CIDRs: %w", err)
 	}
 	if o.clusterCIDRs, err = parsePrefixes(*clusterCIDRs); err != nil {
 		return nil, fmt.Errorf("--cluster-cidr: %w", err)

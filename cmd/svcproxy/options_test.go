@@ -58,6 +58,7 @@ func TestParseFlags(t *testing.T) {
 		{"conntrack min past int32", []string{"--conntrack-min=2147483648"}, outsidePod, "--conntrack-min: want 0 to 2147483647"},
 		{"sub-second conntrack timeout", []string{"--conntrack-tcp-timeout-close-wait=10ms"}, outsidePod, "--conntrack-tcp-timeout-close-wait: the kernel counts whole seconds"},
 		{"negative udp timeout", []string{"--conntrack-udp-timeout=-1s"}, outsidePod, "--conntrack-udp-timeout: must not be negative"},
+		{"bad IPVS exclude CIDRs", []string{"--ipvs-exclude-cidrs=10.0.0.0/8,10.0.0.1"}, outsidePod, "--ipvs-exclude-cidrs: want comma-separated CIDRs"},
 		{"sub-second IPVS timeout", []string{"--ipvs-tcpfin-timeout=500ms"}, outsidePod, "--ipvs-tcpfin-timeout: the kernel counts whole seconds"},
 		{"negative IPVS timeout", []string{"--ipvs-udp-timeout=-1s"}, outsidePod, "--ipvs-udp-timeout: must not be negative"},
 		{"IPVS timeout past the kernel's", []string{"--ipvs-tcp-timeout=6000h"}, outsidePod, "--ipvs-tcp-timeout: the kernel takes at most"},
@@ -165,6 +166,9 @@ func TestParseFlagsValues(t *testing.T) {
 				return o.conntrack == conntrack.Tuning{MaxPerCore: 65536, Min: 1, TCPCloseWait: 30 * time.Minute, TCPBeLiberal: true, UDPStream: 2 * time.Minute} &&
 					len(o.warnings) == 0
 			}},
+		{"IPVS exclude CIDRs", []string{"--ipvs-exclude-cidrs=10.0.0.0/8, 192.0.2.7/32"}, outsidePod, func(o *options) bool {
+			return slices.Equal(o.ipvsExcludeCIDRs, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.7/32")})
+		}},
 		{"IPVS timeouts left alone by default", nil, outsidePod, func(o *options) bool { return o.ipvsTimeouts == ipvs.Timeouts{} }},
 		{"IPVS timeouts", []string{"--ipvs-tcp-timeout=1h", "--ipvs-tcpfin-timeout=30s", "--ipvs-udp-timeout=1m"}, outsidePod, func(o *options) bool {
 			return o.ipvsTimeouts == ipvs.Timeouts{TimeoutTCP: time.Hour, TimeoutTCPFin: 30 * time.Second, TimeoutUDP: time.Minute} && len(o.warnings) == 0
@@ -180,10 +184,10 @@ func TestParseFlagsValues(t *testing.T) {
 		{"outside a pod: no cluster", nil, outsidePod, func(o *options) bool { return !o.inCluster }},
 		{"in a pod with a services file", []string{"--services=x"}, environment{inPod: true}, func(o *options) bool { return !o.inCluster }},
 		{"in a pod with a kubeconfig", []string{"--kubeconfig=k"}, environment{inPod: true}, func(o *options) bool { return !o.inCluster }},
-		{"ignored flags warned about, by name", []string{"--feature-gates=A=true", "--ipvs-exclude-cidrs=10.0.0.0/8", "--profiling", "--vmodule=x=2"}, outsidePod,
+		{"ignored flags warned about, by name", []string{"--feature-gates=A=true", "--pod-bridge-interface=cbr0", "--profiling", "--vmodule=x=2"}, outsidePod,
 			func(o *options) bool {
 				return len(o.warnings) == 4 && strings.HasPrefix(o.warnings[0], "--feature-gates:") && strings.HasPrefix(o.warnings[1], "--profiling:") &&
-					strings.HasPrefix(o.warnings[2], "--ipvs-exclude-cidrs:") && strings.HasPrefix(o.warnings[3], "--vmodule:")
+					strings.HasPrefix(o.warnings[2], "--pod-bridge-interface:") && strings.HasPrefix(o.warnings[3], "--vmodule:")
 			}},
 		{"no warnings by default", nil, outsidePod, func(o *options) bool { return len(o.warnings) == 0 }},
 	} {
@@ -308,7 +312,7 @@ svcproxy: {proxyName: svcproxy-b, steeringBackend: nftables, offload: sockmap, i
 		{"svcproxy.ioUring", o.ioUring == forwarder.IOUringOff},
 		{"ipvs.strictARP", o.strictARP},
 		{"ipvs timeouts", o.ipvsTimeouts == ipvs.Timeouts{TimeoutTCP: time.Minute, TimeoutTCPFin: 20 * time.Second, TimeoutUDP: 2 * time.Minute}},
-		{"ipvs.excludeCIDRs warned", slices.ContainsFunc(o.warnings, func(w string) bool { return strings.HasPrefix(w, "--config "+path+": line 8: ipvs.excludeCIDRs") })},
+		{"ipvs.excludeCIDRs", slices.Equal(o.ipvsExcludeCIDRs, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")})},
 	} {
 		if !c.ok {
 			t.Errorf("%s not honoured: %+v", c.field, *o)

@@ -2,7 +2,9 @@ package main
 
 import (
 	"errors"
+	"net/netip"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -142,12 +144,13 @@ func FuzzCountCPUList(f *testing.F) {
 	})
 }
 
-// TestWriteConfigConntrack: the conntrack section, strict ARP and the IPVS
-// timeouts --write-config-to writes read back as the same.
+// TestWriteConfigConntrack: the conntrack section, strict ARP, the IPVS
+// timeouts and exclude CIDRs --write-config-to writes read back as the
+// same.
 func TestWriteConfigConntrack(t *testing.T) {
 	o, err := parseFlags([]string{"--conntrack-max-per-core=0", "--conntrack-min=1000", "--conntrack-tcp-timeout-established=48h",
 		"--conntrack-tcp-timeout-close-wait=0", "--conntrack-tcp-be-liberal", "--conntrack-udp-timeout=40s", "--conntrack-udp-timeout-stream=3m", "--ipvs-strict-arp",
-		"--ipvs-tcp-timeout=2h", "--ipvs-udp-timeout=15s"}, outsidePod)
+		"--ipvs-tcp-timeout=2h", "--ipvs-udp-timeout=15s", "--ipvs-exclude-cidrs=192.0.2.0/24"}, outsidePod)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,5 +171,8 @@ func TestWriteConfigConntrack(t *testing.T) {
 	}
 	if wantT := (ipvs.Timeouts{TimeoutTCP: 2 * time.Hour, TimeoutUDP: 15 * time.Second}); back.ipvsTimeouts != wantT || o.ipvsTimeouts != wantT {
 		t.Errorf("IPVS timeouts: flags %+v, read back %+v, want %+v", o.ipvsTimeouts, back.ipvsTimeouts, wantT)
+	}
+	if wantX := []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}; !slices.Equal(back.ipvsExcludeCIDRs, wantX) {
+		t.Errorf("IPVS exclude CIDRs read back %v, want %v", back.ipvsExcludeCIDRs, wantX)
 	}
 }
