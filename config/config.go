@@ -13,7 +13,8 @@
 //	oomScoreAdj: -999                 # unset: left as it is
 //	clusterCIDR: ""                   # pod CIDRs, comma-separated
 //	iptables: {masqueradeBit: 14, masqueradeAll: false, syncPeriod: 30s, minSyncPeriod: 1s}
-//	ipvs: {scheduler: "", syncPeriod: 30s, minSyncPeriod: 0s, strictARP: false}   # scheduler: rr, wrr, lc, wlc, sh, dh, mh
+//	ipvs: {scheduler: "", syncPeriod: 30s, minSyncPeriod: 0s, strictARP: false,   # scheduler: rr, wrr, lc, wlc, sh, dh, mh
+//	       tcpTimeout: 0s, tcpFinTimeout: 0s, udpTimeout: 0s, excludeCIDRs: []}  # timeouts 0s: the kernel's
 //	conntrack: {maxPerCore: 32768, min: 131072, tcpEstablishedTimeout: 24h, tcpCloseWaitTimeout: 1h, tcpBeLiberal: false, udpTimeout: 0s, udpStreamTimeout: 0s}
 //	clientConnection: {kubeconfig: "", qps: 5, burst: 10, contentType: application/vnd.kubernetes.protobuf}
 //	configSyncPeriod: 15m0s

@@ -319,7 +319,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 		fs.DurationVar(&o.ipvsTimeouts.TimeoutTCP, "ipvs-tcp-timeout", 0, "ipvs mode: the node's IPVS timeout of idle TCP connections (ipvsadm --set); 0: leave it (the kernel's 900s)")
 		fs.DurationVar(&o.ipvsTimeouts.TimeoutTCPFin, "ipvs-tcpfin-timeout", 0, "ipvs mode: the IPVS timeout of TCP connections after a FIN; 0: leave it (120s)")
 		fs.DurationVar(&o.ipvsTimeouts.TimeoutUDP, "ipvs-udp-timeout", 0, "ipvs mode: the IPVS timeout of UDP flows; 0: leave it (300s)")
-		ipvsExclude = fs.String("ipvs-exclude-cidrs", "", "ipvs mode: comma-separated CIDRs whose IPVS virtual servers are others' (a keepalived's on a node IP): left alone unless svcproxy's Services ask for them or it made them")
+		ipvsExclude = fs.String("ipvs-exclude-cidrs", "", "ipvs mode: comma-separated CIDRs whose IPVS virtual servers are others' (a keepalived's on a node IP): left alone by syncs and --cleanup unless svcproxy's Services ask for them or this process created them")
 	})
 	secs.section("Userspace proxy", false, func() {
 		fs.StringVar(&o.steering, "steering", "none", "how Service traffic reaches the forwarder: redirect (REDIRECT of every ClusterIP, ExternalIP, LoadBalancer IP and NodePort, written by --steering-backend; needs root or CAP_NET_ADMIN), local (the virtual IPs put on dummy interface svcproxy-vips as local addresses, as kube-proxy's IPVS mode does, and the forwarder listening on each frontend and NodePort: no rules, no NAT; needs CAP_NET_ADMIN) or none (listen on each frontend directly: for loopback and static files)")

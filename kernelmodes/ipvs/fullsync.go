@@ -58,7 +58,7 @@ func (m *Mode) fullSync(ctx context.Context, want *desired, nodeIPs []netip.Addr
 	}
 	var diffs []string
 	if m.cur != nil {
-		diffs = m.differs(have, onLink)
+		diffs = m.differs(have, onLink, want.vs)
 	}
 
 	// Sets and rules first (the Reconciler reads, repairs and prunes
@@ -119,7 +119,7 @@ func (m *Mode) readIPVS(owned map[netip.Addr]struct{}, want map[vsKey]*vsWant) (
 		if !ok {
 			continue
 		}
-		if _, mine := owned[k.addr.Addr()]; !mine || m.foreign(k, want, m.cur) {
+		if _, mine := owned[k.addr.Addr()]; !mine || m.foreign(k, want) {
 			continue
 		}
 		ds, err := m.ipvs.GetDestinations(svc)
@@ -150,12 +150,17 @@ func (m *Mode) readIPVS(owned map[netip.Addr]struct{}, want map[vsKey]*vsWant) (
 }
 
 // differs lists how the virtual servers and addresses differ from what
-// m.cur says was left (the Reconciler compares the sets and rules).
-func (m *Mode) differs(have map[vsKey]*vsState, onLink map[netip.Addr]struct{}) []string {
+// m.cur says was left (the Reconciler compares the sets and rules). On an
+// excluded address, one that was taken over and is foreign again is not
+// missing, and one not made by this Mode is not a stranger.
+func (m *Mode) differs(have map[vsKey]*vsState, onLink map[netip.Addr]struct{}, want map[vsKey]*vsWant) []string {
 	var diffs []string
 	cur := m.cur
 	for k, s := range cur.vs {
 		h := have[k]
+		if h == nil && m.foreign(k, want) {
+			continue
+		}
 		if h == nil {
 			diffs = append(diffs, fmt.Sprintf("virtual server %v missing", k))
 			continue
@@ -177,7 +182,7 @@ func (m *Mode) differs(have map[vsKey]*vsState, onLink map[netip.Addr]struct{}) 
 		}
 	}
 	for k := range have {
-		if cur.vs[k] == nil {
+		if _, made := m.made[k]; cur.vs[k] == nil && (made || !m.excluded(k.addr.Addr())) {
 			diffs = append(diffs, fmt.Sprintf("virtual server %v is not ours", k))
 		}
 	}
@@ -259,13 +264,14 @@ func (m *Mode) cleanupIPVS(ctx context.Context, cur *state) error {
 	var errs []error
 	for _, svc := range svcs {
 		k, _, ok := fromService(svc)
-		if _, mine := owned[k.addr.Addr()]; !ok || !mine || m.foreign(k, nil, cur) {
+		if _, mine := owned[k.addr.Addr()]; !ok || !mine || m.foreign(k, nil) {
 			continue
 		}
 		if err := m.ipvs.DelService(svc); err != nil {
 			errs = append(errs, fmt.Errorf("deleting virtual server %v: %w", k, err))
 			continue
 		}
+		delete(m.made, k)
 		if k.proto == lb.UDP && cur != nil && cur.vs[k] != nil {
 			for a := range cur.vs[k].dests {
 				m.forgetUDP(k, a)

@@ -54,8 +54,10 @@ type Config struct {
 	// ExcludeCIDRs (kube-proxy's ipvs.excludeCIDRs) protect the virtual
 	// servers of others on shared addresses, such as a keepalived's on a
 	// node IP: a virtual server on an address inside one is neither pruned
-	// by a full sync nor removed by Cleanup unless this Mode made it. One
-	// its Services ask for is made and kept as any other.
+	// by a sync nor removed by Cleanup unless this Mode created it (since
+	// it started: not one a previous run left). One its Services ask for
+	// is made, or taken over, and kept as any other; taken over, it is
+	// left as it is once they stop asking.
 	ExcludeCIDRs []netip.Prefix
 	// MasqueradeAll masquerades all Service traffic, ClusterIP included.
 	// Otherwise traffic to NodePorts, ExternalIPs and LoadBalancer IPs of
@@ -114,6 +116,10 @@ type Mode struct {
 	// cur is what the kernel holds, as far as this Mode knows: what the last
 	// sync found and wrote. Nil before the first sync and after Cleanup.
 	cur *state
+	// made are the virtual servers this Mode created (rather than found
+	// and took over) and has not deleted since: on an address
+	// Config.ExcludeCIDRs protects, only these are its to delete.
+	made map[vsKey]struct{}
 	// needFull: a sync failed part-way; the next Apply reads the kernel.
 	needFull bool
 	repairs  atomic.Uint64
@@ -182,6 +188,9 @@ func New(cfg Config) (*Mode, error) {
 		if !p.IsValid() {
 			return nil, fmt.Errorf("creating IPVS mode: excludeCIDRs[%d]: invalid prefix", i)
 		}
+		if p.Addr().Is4In6() && p.Bits() >= 96 {
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96) // virtual servers' addresses are unmapped
+		}
 		cfg.ExcludeCIDRs[i] = p.Masked()
 	}
 	for i, ip := range cfg.NodeIPs {
@@ -248,19 +257,20 @@ func (m *Mode) RestoreFailures(family Family) uint64 { return m.rec.RestoreFailu
 // connections to end.
 func (m *Mode) Draining() int { return int(m.draining.Load()) }
 
+// excluded says whether a is inside Config.ExcludeCIDRs.
+func (m *Mode) excluded(a netip.Addr) bool {
+	return slices.ContainsFunc(m.cfg.ExcludeCIDRs, func(p netip.Prefix) bool { return p.Contains(a) })
+}
+
 // foreign says whether the virtual server k is someone else's to leave
-// alone: on an address Config.ExcludeCIDRs protects, not wanted (want may
-// be nil), and not made by this Mode (cur: what it knows it left; nil
-// after a start or Cleanup).
-func (m *Mode) foreign(k vsKey, want map[vsKey]*vsWant, cur *state) bool {
-	a := k.addr.Addr()
-	if !slices.ContainsFunc(m.cfg.ExcludeCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }) {
+// alone: on an excluded address, not wanted (want may be nil), and not
+// created by this Mode.
+func (m *Mode) foreign(k vsKey, want map[vsKey]*vsWant) bool {
+	if !m.excluded(k.addr.Addr()) || want[k] != nil {
 		return false
 	}
-	if want[k] != nil {
-		return false
-	}
-	return cur == nil || cur.vs[k] == nil
+	_, mine := m.made[k]
+	return !mine
 }
 
 // kernel returns the boundaries, creating the real ones on first use. The
@@ -428,21 +438,29 @@ func (m *Mode) reconcile(ctx context.Context, have map[vsKey]*vsState, want map[
 		svc := toService(k, w.attrs)
 		switch {
 		case s == nil:
+			s = &vsState{attrs: w.attrs, dests: make(map[netip.AddrPort]*destState, len(w.dests))}
 			err := m.ipvs.NewService(svc)
-			if errors.Is(err, syscall.EEXIST) {
-				err = m.ipvs.UpdateService(svc)
+			if err == nil {
+				m.madeIt(k)
+			} else if errors.Is(err, syscall.EEXIST) {
+				// Someone else's: take it over, with the real servers
+				// it has, which drain below as any that are not wanted.
+				if err = m.ipvs.UpdateService(svc); err == nil {
+					err = m.readDests(svc, s)
+				}
 			}
 			if err != nil {
 				errs = append(errs, fmt.Errorf("creating virtual server %v (%v): %w", k, w.service, err))
 				continue
 			}
 			m.log.Debug("virtual server created", zap.Stringer("service", w.service), zap.Stringer("frontend", k))
-			s = &vsState{attrs: w.attrs, dests: make(map[netip.AddrPort]*destState, len(w.dests))}
 			have[k] = s
 		case s.attrs != w.attrs:
 			err := m.ipvs.UpdateService(svc)
 			if errors.Is(err, syscall.ESRCH) {
-				err = m.ipvs.NewService(svc)
+				if err = m.ipvs.NewService(svc); err == nil {
+					m.madeIt(k)
+				}
 			}
 			if err != nil {
 				errs = append(errs, fmt.Errorf("updating virtual server %v (%v): %w", k, w.service, err))
@@ -505,11 +523,17 @@ func (m *Mode) reconcile(ctx context.Context, have map[vsKey]*vsState, want map[
 			continue
 		}
 		s := have[k]
+		if m.foreign(k, want) {
+			delete(have, k) // taken over once, someone else's again
+			m.log.Debug("virtual server left on an excluded address", zap.Stringer("frontend", k))
+			continue
+		}
 		if err := m.ipvs.DelService(toService(k, s.attrs)); err != nil && !errors.Is(err, syscall.ESRCH) {
 			errs = append(errs, fmt.Errorf("deleting virtual server %v: %w", k, err))
 			continue
 		}
 		delete(have, k)
+		delete(m.made, k)
 		m.log.Debug("virtual server deleted", zap.Stringer("frontend", k))
 		if k.proto == lb.UDP {
 			for _, a := range sortedAddrPorts(s.dests) {
@@ -518,6 +542,28 @@ func (m *Mode) reconcile(ctx context.Context, have map[vsKey]*vsState, want map[
 		}
 	}
 	return errs
+}
+
+// madeIt records that this Mode created the virtual server k.
+func (m *Mode) madeIt(k vsKey) {
+	if m.made == nil {
+		m.made = map[vsKey]struct{}{}
+	}
+	m.made[k] = struct{}{}
+}
+
+// readDests fills s.dests with the real servers the kernel has for svc.
+func (m *Mode) readDests(svc *Service, s *vsState) error {
+	ds, err := m.ipvs.GetDestinations(svc)
+	if err != nil {
+		return fmt.Errorf("listing real servers: %w", err)
+	}
+	for _, d := range ds {
+		if a, ok := destAddr(d); ok {
+			s.dests[a] = &destState{weight: d.Weight, conns: d.ActiveConnections + d.InactiveConnections}
+		}
+	}
+	return nil
 }
 
 // delDest deletes a real server and, for UDP, its conntrack entries.

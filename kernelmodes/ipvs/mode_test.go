@@ -3,6 +3,7 @@ package ipvs_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -769,17 +770,20 @@ func TestTimeoutsWarnOnce(t *testing.T) {
 }
 
 // TestExcludeCIDRs: a virtual server of someone else's on an excluded
-// address (a keepalived's on the node IP) survives full syncs and Cleanup;
-// without the exclusion a full sync prunes it, the node IP being one the
-// NodePorts are served on, as kube-proxy's does. Virtual servers the
-// Services ask for on an excluded address are made as any other, and
-// removed when this Mode made them and they are no longer asked for; one
-// a previous run left there stays, as with kube-proxy.
+// address (a keepalived's on the node IP) survives syncs and Cleanup;
+// without the exclusion a full sync prunes it, and Cleanup removes it, the
+// node IP being one the NodePorts are served on, as kube-proxy's does.
+// Virtual servers the Services ask for on an excluded address are made as
+// any other, and removed when this Mode made them and they are no longer
+// asked for; one a previous run left there stays, as with kube-proxy.
 func TestExcludeCIDRs(t *testing.T) {
 	ctx := context.Background()
 	keepalived := netip.AddrPortFrom(cases.NodeIP, 443)
-	has := func(w *world, a netip.AddrPort) bool {
-		return slices.ContainsFunc(w.f.IPVS.Services(), func(v ipvstest.VirtualServer) bool { return v.Addr == a })
+	addForeign := func(t *testing.T, w *world) {
+		t.Helper()
+		if err := w.f.IPVS.NewService(ipvs.VirtualService(lb.TCP, keepalived, "wlc")); err != nil {
+			t.Fatal(err)
+		}
 	}
 	nodeIP := []netip.Prefix{netip.PrefixFrom(cases.NodeIP, 32)}
 	for _, tc := range []struct {
@@ -789,36 +793,38 @@ func TestExcludeCIDRs(t *testing.T) {
 	}{
 		{"no exclusion", nil, false},
 		{"the node IP excluded", nodeIP, true},
+		{"the node IP excluded, IPv4-mapped", []netip.Prefix{netip.MustParsePrefix("::ffff:198.18.0.0/112")}, true},
 		{"another range excluded", []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t, ipvs.Config{ExcludeCIDRs: tc.exclude})
-			if err := w.f.IPVS.NewService(ipvs.VirtualService(lb.TCP, keepalived, "wlc")); err != nil {
-				t.Fatal(err)
-			}
+			addForeign(t, w)
 			w.apply(false, cases.Web(0, 1)) // the first Apply is full
 			w.apply(true, cases.Web(0, 1))
-			if got := has(w, keepalived); got != tc.kept {
+			if got := hasVS(w, keepalived); got != tc.kept {
 				t.Errorf("after full syncs, %v there: %v, want %v", keepalived, got, tc.kept)
 			}
-			if !has(w, cases.WebNodePort) {
+			if !hasVS(w, cases.WebNodePort) {
 				t.Errorf("the NodePort's virtual server %v is missing", cases.WebNodePort)
 			}
 			if w.m.Repairs() != 0 {
 				t.Errorf("Repairs() = %d, want 0", w.m.Repairs())
 			}
-			w.apply(true, cases.DNS(0))
-			if has(w, cases.WebNodePort) {
+			w.apply(false, cases.DNS(0))
+			if hasVS(w, cases.WebNodePort) {
 				t.Errorf("the removed Service's NodePort %v is still there", cases.WebNodePort)
 			}
 			w.apply(false, cases.Web(0, 1))
+			if !tc.kept {
+				addForeign(t, w)
+			}
 			if err := w.m.Cleanup(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if has(w, cases.WebNodePort) {
+			if hasVS(w, cases.WebNodePort) {
 				t.Errorf("after Cleanup, the NodePort %v is still there", cases.WebNodePort)
 			}
-			if got := has(w, keepalived); got != tc.kept {
+			if got := hasVS(w, keepalived); got != tc.kept {
 				t.Errorf("after Cleanup, %v there: %v, want %v", keepalived, got, tc.kept)
 			}
 		})
@@ -828,13 +834,76 @@ func TestExcludeCIDRs(t *testing.T) {
 		w.apply(false, cases.Web(0, 1))
 		next := newWorldOn(t, w.f, w.clock, ipvs.Config{ExcludeCIDRs: nodeIP})
 		next.apply(false, cases.DNS(0))
-		if !has(next, cases.WebNodePort) {
+		if !hasVS(next, cases.WebNodePort) {
 			t.Errorf("a NodePort on an excluded address that a previous run made was removed")
 		}
-		if has(next, cases.WebClusterIP) {
+		if hasVS(next, cases.WebClusterIP) {
 			t.Errorf("a ClusterIP a previous run made was kept")
 		}
+		if err := newWorldOn(t, w.f, w.clock, ipvs.Config{ExcludeCIDRs: nodeIP}).m.Cleanup(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if !hasVS(next, cases.WebNodePort) {
+			t.Errorf("Cleanup by a new Mode removed a NodePort on an excluded address")
+		}
 	})
+	// A Service asking for someone else's virtual server takes it over
+	// (its real servers drain), by a full or a partial sync; once it
+	// stops asking, the virtual server is left as it is, and no sync
+	// counts a repair.
+	foreignDest := netip.MustParseAddrPort("10.9.9.9:80")
+	for _, full := range []bool{true, false} {
+		t.Run(fmt.Sprintf("taken over by a sync with full=%v", full), func(t *testing.T) {
+			w := newWorld(t, ipvs.Config{ExcludeCIDRs: nodeIP})
+			svc := ipvs.VirtualService(lb.TCP, cases.WebNodePort, "wlc")
+			if err := w.f.IPVS.NewService(svc); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.f.IPVS.NewDestination(svc, ipvs.RealServer(foreignDest, 1)); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.f.IPVS.SetConns(lb.TCP, cases.WebNodePort, foreignDest, 1, 0); err != nil {
+				t.Fatal(err) // a connection open: it drains rather than goes
+			}
+			w.apply(false, cases.DNS(0)) // full: not asked for, left alone
+			w.apply(full, cases.DNS(0), cases.Web(0, 1))
+			v, ok := virtualServer(w, cases.WebNodePort)
+			if !ok || v.Scheduler != "rr" || len(v.RealServers) != 3 {
+				t.Fatalf("taken over: %v, want rr with the two endpoints and %v draining", v, foreignDest)
+			}
+			for _, r := range v.RealServers {
+				if want := 1; r.Addr == foreignDest {
+					if r.Weight != 0 {
+						t.Errorf("the foreign real server has weight %d, want 0 (draining)", r.Weight)
+					}
+				} else if r.Weight != want {
+					t.Errorf("real server %v has weight %d, want %d", r.Addr, r.Weight, want)
+				}
+			}
+			w.apply(full, cases.DNS(0)) // no longer asked for
+			w.apply(true, cases.DNS(0))
+			if !hasVS(w, cases.WebNodePort) {
+				t.Errorf("once no Service asks for it, a virtual server that was taken over was deleted")
+			}
+			if w.m.Repairs() != 0 {
+				t.Errorf("Repairs() = %d, want 0", w.m.Repairs())
+			}
+		})
+	}
+}
+
+func hasVS(w *world, a netip.AddrPort) bool {
+	_, ok := virtualServer(w, a)
+	return ok
+}
+
+func virtualServer(w *world, a netip.AddrPort) (ipvstest.VirtualServer, bool) {
+	for _, v := range w.f.IPVS.Services() {
+		if v.Addr == a {
+			return v, true
+		}
+	}
+	return ipvstest.VirtualServer{}, false
 }
 
 func TestRandomFully(t *testing.T) {
