@@ -156,8 +156,8 @@ type IPVS struct {
 	UDPTimeout    Duration `yaml:"udpTimeout"`
 	// ExcludeCIDRs protect others' IPVS virtual servers on these
 	// addresses (a keepalived's on a node IP): the ipvs mode leaves one
-	// there alone unless its Services ask for it or it made it. Default
-	// none.
+	// there alone unless its Services ask for it or the running process
+	// created it. Default none.
 	ExcludeCIDRs []string `yaml:"excludeCIDRs"`
 }
 

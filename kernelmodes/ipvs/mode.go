@@ -76,8 +76,7 @@ type Config struct {
 	// (kube-proxy's ipvs.tcpTimeout, tcpFinTimeout and udpTimeout; the
 	// kernel's defaults are 900s, 120s and 300s), in whole seconds (New
 	// drops a fraction, and refuses what sysctl.CheckSeconds does). Each
-	// full sync sets
-	// those that differ; zero leaves one as it is. Failing
+	// full sync sets those that differ; zero leaves one as it is. Failing
 	// to set them is a warning, not a failed sync, as in kube-proxy.
 	Timeouts Timeouts
 
