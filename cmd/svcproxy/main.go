@@ -83,12 +83,12 @@ func run(o *options) error {
 	if o.writeConfigTo != "" {
 		return writeConfig(o, o.writeConfigTo)
 	}
-	tune(o, hostTuner(), log)
 	keeper := keeperFromMaster()
 	if o.masterWorker && keeper == "" {
 		stop()
 		return runMaster(o, log)
 	}
+	tune(o, hostTuner(), log) // by the worker, not the master: once per process that serves
 	if keeper != "" {
 		o.pidFile = "" // the master's
 	}
