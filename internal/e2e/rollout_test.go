@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"os/exec"
@@ -29,23 +30,16 @@ import (
 // before the new one has taken over (its probes answer from the old one's
 // shared host port), once after. Not one connection may fail, and the old
 // process must neither exit before it is told to (kubelet would restart
-// it) nor leave the node unsteered. With the ConfigMap as shipped, with its
-// steering switched to local, and from a first pod without --master-worker
-// (the manifest before it turned the master on) to pods with it.
+// it) nor leave the node unsteered. With the ConfigMap as shipped, and
+// with its steering switched to local.
 func TestPrivilegedRolloutUnderLoad(t *testing.T) {
 	proctest.NeedTools(t, "unshare", "mount")
-	for _, tc := range []struct{ name, steering, firstWithout string }{
-		{"as shipped", "", ""},
-		{"local", "local", ""},
-		{"from a pod without a master", "", "--master-worker"},
-	} {
-		t.Run(tc.name, func(t *testing.T) { testRolloutUnderLoad(t, tc.steering, tc.firstWithout) })
+	for _, steering := range []string{"", "local"} {
+		t.Run(cmp.Or(steering, "as shipped"), func(t *testing.T) { testRolloutUnderLoad(t, steering) })
 	}
 }
 
-// testRolloutUnderLoad runs the rollouts; firstWithout, if set, is an arg
-// of the manifest's that the first pod runs without.
-func testRolloutUnderLoad(t *testing.T, steering, firstWithout string) {
+func testRolloutUnderLoad(t *testing.T, steering string) {
 	c := newNode(t, 3, "")
 	pod := newPodSpec(t, c, steering)
 	client := c.topo.Clients[0]
@@ -67,11 +61,7 @@ func testRolloutUnderLoad(t *testing.T, steering, firstWithout string) {
 		t.Fatalf("after the init container, nf_conntrack_tcp_timeout_close_wait = %s, want 3600 (kube-proxy's default):\n%s", v, initOut)
 	}
 
-	first := pod
-	if firstWithout != "" {
-		first = pod.without(t, firstWithout)
-	}
-	p := first.start("pod-0")
+	p := pod.start("pod-0")
 	targets := []string{webVIP + ":80", fmt.Sprintf("%s:%d", topology.NodeAddr, webNode)} // a ClusterIP, and a NodePort
 	c.waitServing(t, p, targets...)
 
@@ -292,17 +282,6 @@ func (p *podSpec) init(t *testing.T) string {
 
 // start starts a pod: svcproxy in a fresh mount namespace on the node's
 // network namespace, as kubelet starts the DaemonSet's container.
-// without returns p without the manifest's arg a.
-func (p *podSpec) without(t *testing.T, a string) *podSpec {
-	t.Helper()
-	q := *p
-	q.args = slices.DeleteFunc(slices.Clone(p.args), func(s string) bool { return s == a })
-	if len(q.args) == len(p.args) {
-		t.Fatalf("daemonset.yaml: the svcproxy container has no %s arg", a)
-	}
-	return &q
-}
-
 func (p *podSpec) start(name string) *proctest.Process {
 	t := p.c.t
 	t.Helper()
