@@ -15,7 +15,6 @@ import (
 
 	"github.com/svcproxy/svcproxy/conntrack"
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
-	"github.com/svcproxy/svcproxy/kernelmodes/ipvs/ipvstest"
 	"github.com/svcproxy/svcproxy/sysctl/sysctltest"
 )
 
@@ -80,16 +79,21 @@ func TestTune(t *testing.T) {
 			if tt.arpReadOnly {
 				sysctls.ReadOnly(syscall.EROFS, "net/ipv4/conf/all/arp_ignore", "net/ipv4/conf/all/arp_announce")
 			}
-			ipvsParams := ipvstest.NewSysctls()
 			var loadedCT, loadedIPVS bool
 			k := tuner{
-				sysctls: sysctls, modules: sysctltest.NewParams(map[string]string{conntrack.HashsizeParam: "65536"}), ipvs: ipvsParams, cpus: 2,
+				sysctls: sysctls, modules: sysctltest.NewParams(map[string]string{conntrack.HashsizeParam: "65536"}), cpus: 2,
 				loadConntrack: func() error {
 					loadedCT = true
 					sysctls.Add(ct)
 					return nil
 				},
-				loadIPVS: func() error { loadedIPVS = true; return tt.ipvsErr },
+				loadIPVS: func() error {
+					loadedIPVS = true
+					if tt.ipvsErr == nil { // ip_vs's parameters appear, at the kernel's defaults
+						sysctls.Add(map[string]string{"net/ipv4/vs/conntrack": "0", "net/ipv4/vs/expire_nodest_conn": "0", "net/ipv4/vs/expire_quiescent_template": "0"})
+					}
+					return tt.ipvsErr
+				},
 			}
 			core, logs := observer.New(zapcore.DebugLevel)
 			tune(o, k, zap.New(core))
@@ -99,7 +103,7 @@ func TestTune(t *testing.T) {
 			if loadedCT != tt.wantLoadCT || loadedIPVS != tt.wantLoadIPVS {
 				t.Errorf("loaded nf_conntrack %v, ip_vs %v; want %v, %v", loadedCT, loadedIPVS, tt.wantLoadCT, tt.wantLoadIPVS)
 			}
-			if got := ipvsParams.Values()["net/ipv4/vs/conntrack"] == "1"; got != tt.wantIPVS {
+			if got := sysctls.Values()["net/ipv4/vs/conntrack"] == "1"; got != tt.wantIPVS {
 				t.Errorf("IPVS parameters set = %v, want %v", got, tt.wantIPVS)
 			}
 			if v := sysctls.Values(); (v["net/ipv4/conf/all/arp_ignore"] == "1" && v["net/ipv4/conf/all/arp_announce"] == "2") != tt.wantARP {
