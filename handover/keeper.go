@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 )
@@ -27,6 +28,7 @@ const deposit = "DEPOSIT svcproxy-handover/1"
 type Keeper struct {
 	path string
 	ln   *net.UnixListener
+	file os.FileInfo // the socket file at path, as bound here
 
 	mu        sync.Mutex
 	files     map[string]*os.File
@@ -35,7 +37,9 @@ type Keeper struct {
 }
 
 // ListenKeeper listens for workers at path, replacing a stale socket file.
-// The socket is 0600, like a predecessor's.
+// The socket is 0600, like a predecessor's. Each master needs a path of its
+// own (see RemoveStaleKeepers): two masters on one path would leave the
+// second's worker depositing with the first.
 func ListenKeeper(path string) (*Keeper, error) {
 	if err := supported(); err != nil {
 		return nil, fmt.Errorf("keeping sockets at %s: %w", path, err)
@@ -44,7 +48,44 @@ func ListenKeeper(path string) (*Keeper, error) {
 	if err != nil {
 		return nil, fmt.Errorf("keeping sockets at %s: %w", path, err)
 	}
-	return &Keeper{path: path, ln: ln, files: map[string]*os.File{}, deposited: make(chan struct{})}, nil
+	ln.SetUnlinkOnClose(false) // Close removes the file only if it is still this one
+	fi, err := os.Lstat(path)
+	if err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("keeping sockets at %s: %w", path, err)
+	}
+	return &Keeper{path: path, ln: ln, file: fi, files: map[string]*os.File{}, deposited: make(chan struct{})}, nil
+}
+
+// RemoveStaleKeepers removes the socket files matching pattern (a
+// filepath.Glob pattern) that no keeper answers at and that were bound more
+// than minAge ago: those of masters that were killed before they could
+// remove their own. A keeper that answers, or a file bound within minAge
+// (its master may be between bind and listen), stays. It returns the paths
+// removed.
+func RemoveStaleKeepers(ctx context.Context, pattern string, minAge time.Duration) ([]string, error) {
+	paths, err := filepath.Glob(pattern)
+	if err != nil {
+		return nil, fmt.Errorf("removing stale keepers: %w", err)
+	}
+	var removed []string
+	for _, p := range paths {
+		fi, err := os.Lstat(p)
+		if err != nil || fi.Mode().Type() != os.ModeSocket || time.Since(fi.ModTime()) < minAge {
+			continue
+		}
+		if answers, err := Answers(ctx, p); err != nil || answers {
+			continue
+		}
+		if cur, err := os.Lstat(p); err != nil || !os.SameFile(cur, fi) {
+			continue // bound again meanwhile
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return removed, fmt.Errorf("removing stale keeper %s: %w", p, err)
+		}
+		removed = append(removed, p)
+	}
+	return removed, nil
 }
 
 // Path is where the keeper listens.
@@ -125,11 +166,13 @@ func (k *Keeper) serveOne(c *net.UnixConn) error {
 	return fmt.Errorf("bad hello %q", msg)
 }
 
-// Close stops listening, removes the socket file and closes the sockets
-// held.
+// Close stops listening, removes the socket file if it is still the one
+// bound here, and closes the sockets held.
 func (k *Keeper) Close() error {
 	err := k.ln.Close()
-	_ = os.Remove(k.path)
+	if cur, serr := os.Lstat(k.path); serr == nil && os.SameFile(cur, k.file) {
+		_ = os.Remove(k.path)
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for _, f := range k.files {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 )
 
 // TestKeeper: a deposit replaces what the keeper holds; every worker that
@@ -86,5 +87,84 @@ func TestKeeper(t *testing.T) {
 	}
 	if err := Deposit(ctx, path, files("tcp/a")); err == nil {
 		t.Error("a deposit after Close succeeded")
+	}
+}
+
+// TestKeeperCloseLeavesAnothersFile: a keeper whose path another keeper
+// has bound since leaves that one's socket file at Close.
+func TestKeeperCloseLeavesAnothersFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keeper.sock")
+	old, err := ListenKeeper(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := ListenKeeper(path) // replaces old's file, as a stale one
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	go k.Serve(t.Context())
+	old.Close()
+	if ok, err := Answers(t.Context(), path); err != nil || !ok {
+		t.Errorf("after the first keeper's Close, the second's socket answers = %v, %v; want true", ok, err)
+	}
+}
+
+// TestRemoveStaleKeepers: socket files nobody answers at go once old
+// enough; a live keeper's, a young one and a file that is not a socket stay.
+func TestRemoveStaleKeepers(t *testing.T) {
+	dir := t.TempDir()
+	stale := func(name string, age time.Duration) string {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		ln, err := listenPrivate(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln.SetUnlinkOnClose(false)
+		ln.Close() // killed: the file stays, nobody listens
+		then := time.Now().Add(-age)
+		if err := os.Chtimes(p, then, then); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	old := stale("x-keeper-1.sock", time.Hour)
+	young := stale("x-keeper-2.sock", 0)
+	legacy := stale("x-keeper.sock", time.Hour)
+	live := filepath.Join(dir, "x-keeper-3.sock")
+	k, err := ListenKeeper(live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	go k.Serve(t.Context())
+	then := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(live, then, then); err != nil {
+		t.Fatal(err)
+	}
+	plain := filepath.Join(dir, "x-keeper-4.sock")
+	if err := os.WriteFile(plain, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(plain, then, then); err != nil {
+		t.Fatal(err)
+	}
+
+	removed, err := RemoveStaleKeepers(t.Context(), filepath.Join(dir, "x-keeper*.sock"), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(removed)
+	if want := []string{old, legacy}; !slices.Equal(removed, want) {
+		t.Errorf("removed %v, want %v", removed, want)
+	}
+	for _, p := range []string{young, live, plain} {
+		if _, err := os.Lstat(p); err != nil {
+			t.Errorf("%s: %v, want it kept", filepath.Base(p), err)
+		}
+	}
+	if ok, err := Answers(t.Context(), live); err != nil || !ok {
+		t.Errorf("the live keeper answers = %v, %v after the sweep; want true", ok, err)
 	}
 }
