@@ -19,13 +19,24 @@
 // restart. A worker that exits with status 0 by itself (it handed over to
 // a successor outside this master, as in a DaemonSet rollout) ends the
 // master too. A worker that fails before it ever served is not restarted:
-// its error is the master's.
+// its error is the master's. Nor is one that dies more often than
+// Config.MaxRestarts allows: the master then exits with its error, so
+// that a crash loop reaches whoever restarts the master (kubelet's
+// CrashLoopBackOff, systemd) instead of being hidden by it; each worker
+// learns how many it replaced (EnvRestarts) and exports it.
+//
+// Every master keeps its sockets at a path of its own (KeeperPath): during
+// a DaemonSet rollout two masters run on the node at once, and the new
+// one's worker must deposit with the new one.
 package master
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -37,6 +48,33 @@ import (
 // EnvKeeper is the environment variable that tells a worker where its
 // master's keeper listens (and that it is a worker).
 const EnvKeeper = "SVCPROXY_KEEPER"
+
+// EnvRestarts tells a worker how many workers that died its master has
+// replaced so far.
+const EnvRestarts = "SVCPROXY_WORKER_RESTARTS"
+
+// KeeperPath returns a keeper socket path of a master's own beside the
+// workers' handover socket: <handover socket without .sock>-keeper-<random>.sock.
+// Random, not the process ID: every pod's master is PID 1 in its own PID
+// namespace, and the directory is the node's.
+func KeeperPath(handoverSocket string) (string, error) {
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("naming the keeper socket: %w", err)
+	}
+	return fmt.Sprintf("%s-%x.sock", keeperPrefix(handoverSocket), b), nil
+}
+
+// RemoveStaleKeepers removes the keeper sockets beside handoverSocket that
+// masters killed before they could clean up left behind (and the single
+// path every master shared before KeeperPath, if nobody answers there).
+func RemoveStaleKeepers(ctx context.Context, handoverSocket string) ([]string, error) {
+	return handover.RemoveStaleKeepers(ctx, keeperPrefix(handoverSocket)+"*.sock", time.Minute)
+}
+
+func keeperPrefix(handoverSocket string) string {
+	return strings.TrimSuffix(handoverSocket, ".sock") + "-keeper"
+}
 
 // Worker is a started worker process.
 type Worker interface {
@@ -60,6 +98,10 @@ type Config struct {
 	// that died soon (under StableAfter) after it started; it doubles on
 	// each such death. Zero: 100ms, 5s, 10s.
 	MinBackoff, MaxBackoff, StableAfter time.Duration
+	// MaxRestarts is how many workers that died the master replaces within
+	// any RestartWindow; the next death ends it. Zero: 3 in 10 minutes.
+	MaxRestarts   int
+	RestartWindow time.Duration
 	// Logger; nil: no logging.
 	Logger *zap.Logger
 }
@@ -86,6 +128,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.StableAfter == 0 {
 		cfg.StableAfter = 10 * time.Second
 	}
+	if cfg.MaxRestarts == 0 {
+		cfg.MaxRestarts = 3
+	}
+	if cfg.RestartWindow == 0 {
+		cfg.RestartWindow = 10 * time.Minute
+	}
 	k, err := handover.ListenKeeper(cfg.Keeper)
 	if err != nil {
 		return fmt.Errorf("master-worker: %w", err)
@@ -99,8 +147,10 @@ func Run(ctx context.Context, cfg Config) error {
 	var current Worker
 	var started time.Time
 	var depositsAtStart int
+	var deaths []time.Time // of workers replaced, within RestartWindow
+	restarts := 0          // workers replaced
 	start := func() error {
-		w, err := cfg.Start([]string{EnvKeeper + "=" + cfg.Keeper})
+		w, err := cfg.Start([]string{EnvKeeper + "=" + cfg.Keeper, fmt.Sprintf("%s=%d", EnvRestarts, restarts)})
 		if err != nil {
 			return fmt.Errorf("starting a worker: %w", err)
 		}
@@ -195,6 +245,14 @@ func Run(ctx context.Context, cfg Config) error {
 				stop(syscall.SIGTERM)
 				return fmt.Errorf("the worker failed before it served: %w", e.err)
 			}
+			now := time.Now()
+			deaths = slices.DeleteFunc(deaths, func(d time.Time) bool { return now.Sub(d) >= cfg.RestartWindow })
+			if len(deaths) >= cfg.MaxRestarts {
+				stop(syscall.SIGTERM)
+				return fmt.Errorf("the worker died %d times within %v; not restarting it again: %w", len(deaths)+1, cfg.RestartWindow, e.err)
+			}
+			deaths = append(deaths, now)
+			restarts++
 			if time.Since(started) < cfg.StableAfter {
 				backoff = min(max(2*backoff, cfg.MinBackoff), cfg.MaxBackoff)
 			} else {
@@ -202,7 +260,8 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 			names, _ := k.Held()
 			log.Warn("the worker died; starting another, which takes its sockets (new connections wait meanwhile)",
-				zap.Int("pid", e.w.Pid()), zap.Error(e.err), zap.Int("socketsKept", len(names)), zap.Duration("after", backoff))
+				zap.Int("pid", e.w.Pid()), zap.Error(e.err), zap.Int("socketsKept", len(names)), zap.Duration("after", backoff),
+				zap.Int("restarts", restarts), zap.Int("restartsLeft", cfg.MaxRestarts-len(deaths)), zap.Duration("within", cfg.RestartWindow))
 			restart = time.After(backoff)
 		}
 	}

@@ -7,6 +7,9 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -22,6 +25,17 @@ type fakeWorker struct {
 	pid  int
 	exit chan error
 	sigs chan os.Signal
+	env  []string
+}
+
+// restarts is the EnvRestarts the worker was started with.
+func (w *fakeWorker) restarts() string {
+	for _, e := range w.env {
+		if v, ok := strings.CutPrefix(e, EnvRestarts+"="); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 func (w *fakeWorker) Pid() int    { return w.pid }
@@ -41,24 +55,27 @@ type rig struct {
 	n       int
 }
 
-func newRig(t *testing.T) *rig {
+// newRig runs Run; opts, if given, change its Config.
+func newRig(t *testing.T, opts ...func(*Config)) *rig {
 	r := &rig{keeper: filepath.Join(t.TempDir(), "keeper.sock"), signals: make(chan os.Signal, 1),
 		started: make(chan *fakeWorker, 8), done: make(chan error, 1)}
-	go func() {
-		r.done <- Run(context.Background(), Config{Keeper: r.keeper, Signals: r.signals, Logger: zaptest.NewLogger(t),
-			MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond,
-			Start: func(env []string) (Worker, error) {
-				if len(env) != 1 || env[0] != EnvKeeper+"="+r.keeper {
-					t.Errorf("worker environment %q, want %s=%s", env, EnvKeeper, r.keeper)
-				}
-				r.mu.Lock()
-				r.n++
-				w := &fakeWorker{pid: r.n, exit: make(chan error, 1), sigs: make(chan os.Signal, 4)}
-				r.mu.Unlock()
-				r.started <- w
-				return w, nil
-			}})
-	}()
+	cfg := Config{Keeper: r.keeper, Signals: r.signals, Logger: zaptest.NewLogger(t),
+		MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond,
+		Start: func(env []string) (Worker, error) {
+			r.mu.Lock()
+			r.n++
+			w := &fakeWorker{pid: r.n, exit: make(chan error, 1), sigs: make(chan os.Signal, 4), env: env}
+			r.mu.Unlock()
+			if want := EnvKeeper + "=" + r.keeper; !slices.Contains(env, want) {
+				t.Errorf("worker environment %q, want %s", env, want)
+			}
+			r.started <- w
+			return w, nil
+		}}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	go func() { r.done <- Run(context.Background(), cfg) }()
 	return r
 }
 
@@ -126,6 +143,40 @@ func TestRun(t *testing.T) {
 			t.Errorf("Run = %v, want nil", err)
 		}
 	})
+	t.Run("a crash loop ends the master", func(t *testing.T) {
+		r := newRig(t, func(c *Config) { c.MaxRestarts, c.RestartWindow = 2, time.Hour })
+		for i := range 3 {
+			w := r.next(t)
+			if got, want := w.restarts(), strconv.Itoa(i); got != want {
+				t.Errorf("worker %d started with %s=%q, want %q", i, EnvRestarts, got, want)
+			}
+			r.serve(t)
+			w.exit <- crash
+		}
+		err := r.result(t)
+		if !errors.Is(err, crash) || !strings.Contains(err.Error(), "died 3 times within 1h0m0s") {
+			t.Errorf("Run = %v, want the third death's error, naming the count", err)
+		}
+	})
+	t.Run("deaths older than the window do not count", func(t *testing.T) {
+		r := newRig(t, func(c *Config) { c.MaxRestarts, c.RestartWindow = 1, 50*time.Millisecond })
+		for range 3 {
+			w := r.next(t)
+			r.serve(t)
+			time.Sleep(60 * time.Millisecond) // past the window since the last death
+			w.exit <- crash
+		}
+		w := r.next(t)
+		if got := w.restarts(); got != "3" {
+			t.Errorf("the fourth worker started with %s=%q, want 3", EnvRestarts, got)
+		}
+		r.signals <- syscall.SIGTERM
+		<-w.sigs
+		w.exit <- nil
+		if err := r.result(t); err != nil {
+			t.Errorf("Run = %v, want nil", err)
+		}
+	})
 	t.Run("a worker that fails before it served ends the master", func(t *testing.T) {
 		r := newRig(t)
 		r.next(t).exit <- crash
@@ -165,4 +216,25 @@ func TestRun(t *testing.T) {
 			t.Errorf("a worker was started after the old one exited")
 		}
 	})
+}
+
+// TestKeeperPath: each master gets a path of its own beside the handover
+// socket, which RemoveStaleKeepers' pattern covers.
+func TestKeeperPath(t *testing.T) {
+	a, err := KeeperPath("/run/svcproxy/handover.sock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := KeeperPath("/run/svcproxy/handover.sock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a == b {
+		t.Errorf("two masters got the same keeper path %s", a)
+	}
+	for _, p := range []string{a, b} {
+		if ok, _ := filepath.Match(keeperPrefix("/run/svcproxy/handover.sock")+"*.sock", p); !ok || !strings.HasPrefix(p, "/run/svcproxy/handover-keeper-") {
+			t.Errorf("keeper path %s: want /run/svcproxy/handover-keeper-<random>.sock", p)
+		}
+	}
 }

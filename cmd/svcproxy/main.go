@@ -94,6 +94,9 @@ func run(o *options) error {
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerBuildInfo(reg, readBuildInfo())
+	if keeper != "" {
+		registerWorkerRestarts(reg, log)
+	}
 
 	var kubeClient kubernetes.Interface
 	var node *corev1.Node

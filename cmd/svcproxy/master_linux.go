@@ -7,9 +7,10 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"strings"
+	"strconv"
 	"syscall"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/svcproxy/svcproxy/master"
@@ -19,15 +20,38 @@ import (
 // a worker's environment; "" when it runs alone.
 func keeperFromMaster() string { return os.Getenv(master.EnvKeeper) }
 
+// registerWorkerRestarts exports, in a worker, how many workers that died
+// its master has replaced (a crash its master hides from kubelet shows
+// here).
+func registerWorkerRestarts(reg prometheus.Registerer, log *zap.Logger) {
+	n, err := strconv.Atoi(os.Getenv(master.EnvRestarts))
+	if err != nil || n < 0 {
+		log.Warn("the master passed no restart count", zap.String(master.EnvRestarts, os.Getenv(master.EnvRestarts)))
+		n = 0
+	}
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: "svcproxy", Name: "master_worker_restarts_total",
+		Help: "Workers that died and that this worker's master (--master-worker) replaced since it started, this one included if it is one of them.",
+	}, func() float64 { return float64(n) }))
+}
+
 // runMaster runs this process as the master of --master-worker: it starts
 // this binary again with the same arguments as its worker.
 func runMaster(o *options, log *zap.Logger) error {
 	if o.handoverSocket == "" {
 		return fmt.Errorf("--master-worker needs --handover-socket (the worker hands over through it)")
 	}
-	keeper := strings.TrimSuffix(o.handoverSocket, ".sock") + "-keeper.sock"
+	keeper, err := master.KeeperPath(o.handoverSocket)
+	if err != nil {
+		return fmt.Errorf("--master-worker: %w", err)
+	}
 	if err := os.MkdirAll(filepath.Dir(keeper), 0o700); err != nil {
 		return fmt.Errorf("--master-worker: %w", err)
+	}
+	if gone, err := master.RemoveStaleKeepers(context.Background(), o.handoverSocket); err != nil {
+		log.Warn("--master-worker: removing stale keeper sockets", zap.Error(err))
+	} else if len(gone) > 0 {
+		log.Info("--master-worker: removed keeper sockets of masters no longer running", zap.Strings("paths", gone))
 	}
 	exe, err := os.Executable()
 	if err != nil {

@@ -60,6 +60,9 @@ func TestPrivilegedCrashUnderLoad(t *testing.T) {
 			gap := time.Since(start)
 			time.Sleep(time.Second)
 			if tc.maxFailed >= 0 {
+				if got := c.metric(t, "svcproxy_master_worker_restarts_total"); got != 1 {
+					t.Errorf("after the kill, the new worker's svcproxy_master_worker_restarts_total = %v, want 1", got)
+				}
 				// A planned restart through the master: SIGUSR2 starts a
 				// new worker, which takes over from the running one; the
 				// old one drains and exits. Nothing fails.
@@ -81,6 +84,11 @@ func TestPrivilegedCrashUnderLoad(t *testing.T) {
 				}
 				if n := load.failed.Load() - failedBefore; n > 0 {
 					t.Errorf("%d connections failed across a SIGUSR2 restart through the master", n)
+				}
+				// The old worker has exited: the successor answers on the
+				// metrics socket it took. A planned restart is no death.
+				if got := c.metric(t, "svcproxy_master_worker_restarts_total"); got != 1 {
+					t.Errorf("after a SIGUSR2 restart, svcproxy_master_worker_restarts_total = %v, want still 1", got)
 				}
 			}
 			load.stop()
