@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"cmp"
 	"fmt"
 	"os"
 	"os/exec"
@@ -30,16 +29,25 @@ import (
 // before the new one has taken over (its probes answer from the old one's
 // shared host port), once after. Not one connection may fail, and the old
 // process must neither exit before it is told to (kubelet would restart
-// it) nor leave the node unsteered. With the ConfigMap as shipped, and
-// with its steering switched to local.
+// it) nor leave the node unsteered. With the ConfigMap as shipped, with its
+// steering switched to local, and from a first pod without --master-worker
+// (the manifest before it turned the master on) to pods with it. Then,
+// as the manifest runs a master, the last pod's worker is killed: its
+// master must still keep the sockets for the next (crashWorker).
 func TestPrivilegedRolloutUnderLoad(t *testing.T) {
 	proctest.NeedTools(t, "unshare", "mount")
-	for _, steering := range []string{"", "local"} {
-		t.Run(cmp.Or(steering, "as shipped"), func(t *testing.T) { testRolloutUnderLoad(t, steering) })
+	for _, tc := range []struct{ name, steering, firstWithout string }{
+		{"as shipped", "", ""},
+		{"local", "local", ""},
+		{"from a pod without a master", "", "--master-worker"},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testRolloutUnderLoad(t, tc.steering, tc.firstWithout) })
 	}
 }
 
-func testRolloutUnderLoad(t *testing.T, steering string) {
+// testRolloutUnderLoad runs the rollouts; firstWithout, if set, is an arg
+// of the manifest's that the first pod runs without.
+func testRolloutUnderLoad(t *testing.T, steering, firstWithout string) {
 	c := newNode(t, 3, "")
 	pod := newPodSpec(t, c, steering)
 	client := c.topo.Clients[0]
@@ -61,7 +69,11 @@ func testRolloutUnderLoad(t *testing.T, steering string) {
 		t.Fatalf("after the init container, nf_conntrack_tcp_timeout_close_wait = %s, want 3600 (kube-proxy's default):\n%s", v, initOut)
 	}
 
-	p := pod.start("pod-0")
+	first := pod
+	if firstWithout != "" {
+		first = pod.without(t, firstWithout)
+	}
+	p := first.start("pod-0")
 	targets := []string{webVIP + ":80", fmt.Sprintf("%s:%d", topology.NodeAddr, webNode)} // a ClusterIP, and a NodePort
 	c.waitServing(t, p, targets...)
 
@@ -97,6 +109,11 @@ func testRolloutUnderLoad(t *testing.T, steering string) {
 			t.Errorf("rollout %d: the old pod removed the steering the new one serves by", i+1)
 		}
 	}
+	rolloutFailed := load.failed.Load()
+	var crashFailed int64
+	if slices.Contains(pod.args, "--master-worker") {
+		crashFailed = crashWorker(t, p, load)
+	}
 	load.stop()
 	// (nf_conntrack_max may be named on a node with many CPUs: the table's
 	// size is the node's first namespace's, read-only here.)
@@ -104,13 +121,46 @@ func testRolloutUnderLoad(t *testing.T, steering string) {
 		t.Errorf("a pod set (or failed to set) a timeout the init container had set:\n%s", out)
 	}
 	ok, failed := load.ok.Load(), load.failed.Load()
-	if failed > 0 {
-		t.Errorf("%d of %d connections failed across 2 rollouts; first: %v", failed, failed+ok, load.firstErr.Load())
+	if rolloutFailed > 0 {
+		t.Errorf("%d of %d connections failed across 2 rollouts; first: %v", rolloutFailed, failed+ok, load.firstErr.Load())
+	}
+	// As TestPrivilegedCrashUnderLoad: at most those in flight in the
+	// killed worker (4 clients, one connection open each, and a few the
+	// dying worker had just accepted).
+	if crashFailed > 8 {
+		t.Errorf("%d connections failed when the last pod's worker was killed, want at most 8", crashFailed)
 	}
 	if ok < 100 {
 		t.Errorf("only %d requests in the run: the load did not run", ok)
 	}
-	t.Logf("%d connections across 2 rollouts, %d failed", ok+failed, failed)
+	t.Logf("%d connections across 2 rollouts and a worker crash: %d failed in the rollouts, %d in the crash", ok+failed, rolloutFailed, crashFailed)
+}
+
+// crashWorker kills the worker of pod p (a master) with SIGKILL under the
+// load, and waits until a new worker serves with the sockets the master
+// kept. The master must still have its keeper after the rollouts that
+// made it the node's: the old pod's master, stopping, must not have taken
+// it away. It returns the connections that failed meanwhile.
+func crashWorker(t *testing.T, p *proctest.Process, load *load) int64 {
+	t.Helper()
+	kids := children(p.Cmd.Process.Pid)
+	if len(kids) != 1 {
+		t.Fatalf("%s: the master has children %v, want one worker", p.Name, kids)
+	}
+	failed, ok := load.failed.Load(), load.ok.Load()
+	if err := syscall.Kill(kids[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if !waitFor(20*time.Second, func() bool {
+		return strings.Contains(p.Out.String(), "taking over the sockets the master kept") && load.ok.Load() > ok+50
+	}) {
+		t.Fatalf("%s: no worker served with the kept sockets within 20s of the kill:\n%s", p.Name, p.Out)
+	}
+	n := load.failed.Load() - failed
+	t.Logf("%s: its worker killed after the rollouts: serving again after %v, %d connections failed",
+		p.Name, time.Since(start).Round(time.Millisecond), n)
+	return n
 }
 
 // podSpec is deploy/daemonset.yaml's container as this test runs it on its
@@ -282,6 +332,17 @@ func (p *podSpec) init(t *testing.T) string {
 
 // start starts a pod: svcproxy in a fresh mount namespace on the node's
 // network namespace, as kubelet starts the DaemonSet's container.
+// without returns p without the manifest's arg a.
+func (p *podSpec) without(t *testing.T, a string) *podSpec {
+	t.Helper()
+	q := *p
+	q.args = slices.DeleteFunc(slices.Clone(p.args), func(s string) bool { return s == a })
+	if len(q.args) == len(p.args) {
+		t.Fatalf("daemonset.yaml: the svcproxy container has no %s arg", a)
+	}
+	return &q
+}
+
 func (p *podSpec) start(name string) *proctest.Process {
 	t := p.c.t
 	t.Helper()
