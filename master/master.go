@@ -27,7 +27,9 @@
 //
 // Every master keeps its sockets at a path of its own (KeeperPath): during
 // a DaemonSet rollout two masters run on the node at once, and the new
-// one's worker must deposit with the new one.
+// one's worker must deposit with the new one. As a container's PID 1 the
+// master inherits the processes a dead worker left running, and reaps them
+// when they exit.
 package master
 
 import (
@@ -106,6 +108,9 @@ type Config struct {
 	Logger *zap.Logger
 }
 
+// reapEvery is how often the master looks for orphans to reap.
+const reapEvery = 10 * time.Second
+
 type exit struct {
 	w   Worker
 	err error
@@ -180,6 +185,19 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	backoff := time.Duration(0)
 	var restart <-chan time.Time
+	// As PID 1 of a container the master inherits whatever a dead worker
+	// left running; reap those once they exit.
+	reap := time.NewTicker(reapEvery)
+	defer reap.Stop()
+	reapNow := func() {
+		keep := map[int]bool{}
+		for w := range live {
+			keep[w.Pid()] = true
+		}
+		if pids := reapOrphans(keep); len(pids) > 0 {
+			log.Info("reaped processes a worker left behind", zap.Ints("pids", pids))
+		}
+	}
 	done := ctx.Done()
 	for {
 		select {
@@ -218,8 +236,11 @@ func Run(ctx context.Context, cfg Config) error {
 			if err := start(); err != nil {
 				return err
 			}
+		case <-reap.C:
+			reapNow()
 		case e := <-exits:
 			delete(live, e.w)
+			reapNow()
 			if e.w != current {
 				log.Info("the previous worker exited", zap.Int("pid", e.w.Pid()), zap.Error(e.err))
 				if stopping && len(live) == 0 {
