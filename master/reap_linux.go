@@ -18,11 +18,13 @@ import (
 // PIDs it reaped.
 func reapOrphans(keep map[int]bool) []int {
 	self := os.Getpid()
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
 	var reaped []int
-	for _, p := range stats {
-		pid, ppid, state, ok := procStat(p)
-		if !ok || ppid != self || state != "Z" || keep[pid] {
+	for _, pid := range children() {
+		if keep[pid] {
+			continue
+		}
+		_, ppid, state, ok := procStat("/proc/" + strconv.Itoa(pid) + "/stat")
+		if !ok || ppid != self || state != "Z" {
 			continue
 		}
 		var ws unix.WaitStatus
@@ -31,6 +33,35 @@ func reapOrphans(keep map[int]bool) []int {
 		}
 	}
 	return reaped
+}
+
+// children lists this process's children: each thread's
+// /proc/self/task/<tid>/children, or, without CONFIG_PROC_CHILDREN, every
+// process (the caller checks the parent).
+func children() []int {
+	var pids []int
+	lists, _ := filepath.Glob("/proc/self/task/*/children")
+	for _, l := range lists {
+		data, err := os.ReadFile(l)
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(data)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	if len(lists) > 0 {
+		return pids
+	}
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, p := range stats {
+		if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // procStat reads the PID, parent PID and state of /proc/<pid>/stat.
