@@ -23,6 +23,7 @@ import (
 type tuner struct {
 	sysctls, modules sysctl.Params // /proc/sys (conntrack's, ARP's and the IPVS mode's), /sys/module
 	cpus             int           // the node's
+	release          string        // the kernel's (uname -r)
 	// loadConntrack and loadIPVS ask the kernel for nf_conntrack and ip_vs,
 	// whose parameters exist only once they are loaded: --init-only may run
 	// on a fresh node before anything has used them.
@@ -32,7 +33,7 @@ type tuner struct {
 // hostTuner is this node's kernel.
 func hostTuner() tuner {
 	return tuner{
-		sysctls: sysctl.Files{}, modules: sysctl.Module, cpus: nodeCPUs(),
+		sysctls: sysctl.Files{}, modules: sysctl.Module, cpus: nodeCPUs(), release: ipvs.KernelRelease(),
 		loadConntrack: func() error {
 			// A ctnetlink request loads nf_conntrack_netlink, and with it
 			// nf_conntrack; reading the table is the cheapest there is.
@@ -97,10 +98,10 @@ func tune(o *options, k tuner, log *zap.Logger) {
 	if o.initOnly && o.proxyMode == proxymode.IPVS {
 		if err := k.loadIPVS(); err != nil {
 			log.Warn("cannot load IPVS (ip_vs) to set the IPVS mode's parameters", zap.Error(err))
-		} else if err := ipvs.EnsureSysctls(k.sysctls); err != nil {
+		} else if set, err := ipvs.EnsureSysctls(k.sysctls, k.release); err != nil {
 			log.Warn("cannot set the IPVS mode's parameters", zap.Error(err))
 		} else {
-			log.Info("the IPVS mode's parameters are set")
+			log.Info("the IPVS mode's parameters are set", zap.Strings("changed", set))
 		}
 	}
 }

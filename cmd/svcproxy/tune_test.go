@@ -71,7 +71,7 @@ func TestTune(t *testing.T) {
 				t.Fatal(err)
 			}
 			ct := map[string]string{conntrack.MaxSysctl: "262144", conntrack.TCPEstablishedSysctl: "432000", conntrack.TCPCloseWaitSysctl: "60",
-				"net/ipv4/conf/all/arp_ignore": "0", "net/ipv4/conf/all/arp_announce": "0"}
+				"net/ipv4/conf/all/arp_ignore": "0", "net/ipv4/conf/all/arp_announce": "0", "net/ipv4/ip_forward": "0"}
 			sysctls := sysctltest.NewParams(nil)
 			if tt.loaded {
 				sysctls = sysctltest.NewParams(ct)
@@ -82,6 +82,7 @@ func TestTune(t *testing.T) {
 			var loadedCT, loadedIPVS bool
 			k := tuner{
 				sysctls: sysctls, modules: sysctltest.NewParams(map[string]string{conntrack.HashsizeParam: "65536"}), cpus: 2,
+				release: "4.18.0-553.el8_10.x86_64", // conn_reuse_mode is set there
 				loadConntrack: func() error {
 					loadedCT = true
 					sysctls.Add(ct)
@@ -90,7 +91,7 @@ func TestTune(t *testing.T) {
 				loadIPVS: func() error {
 					loadedIPVS = true
 					if tt.ipvsErr == nil { // ip_vs's parameters appear, at the kernel's defaults
-						sysctls.Add(map[string]string{"net/ipv4/vs/conntrack": "0", "net/ipv4/vs/expire_nodest_conn": "0", "net/ipv4/vs/expire_quiescent_template": "0"})
+						sysctls.Add(map[string]string{"net/ipv4/vs/conntrack": "0", "net/ipv4/vs/expire_nodest_conn": "0", "net/ipv4/vs/expire_quiescent_template": "0", "net/ipv4/vs/conn_reuse_mode": "1"})
 					}
 					return tt.ipvsErr
 				},
@@ -103,8 +104,8 @@ func TestTune(t *testing.T) {
 			if loadedCT != tt.wantLoadCT || loadedIPVS != tt.wantLoadIPVS {
 				t.Errorf("loaded nf_conntrack %v, ip_vs %v; want %v, %v", loadedCT, loadedIPVS, tt.wantLoadCT, tt.wantLoadIPVS)
 			}
-			if got := sysctls.Values()["net/ipv4/vs/conntrack"] == "1"; got != tt.wantIPVS {
-				t.Errorf("IPVS parameters set = %v, want %v", got, tt.wantIPVS)
+			if v := sysctls.Values(); (v["net/ipv4/vs/conntrack"] == "1" && v["net/ipv4/vs/conn_reuse_mode"] == "0" && v["net/ipv4/ip_forward"] == "1") != tt.wantIPVS {
+				t.Errorf("IPVS parameters %v, want them set: %v", v, tt.wantIPVS)
 			}
 			if v := sysctls.Values(); (v["net/ipv4/conf/all/arp_ignore"] == "1" && v["net/ipv4/conf/all/arp_announce"] == "2") != tt.wantARP {
 				t.Errorf("arp_ignore %s, arp_announce %s; want strict ARP %v", v["net/ipv4/conf/all/arp_ignore"], v["net/ipv4/conf/all/arp_announce"], tt.wantARP)

@@ -18,9 +18,6 @@ func VirtualService(proto lb.Protocol, addr netip.AddrPort, sched string) *Servi
 // RealServer is the moby/ipvs form of a real server Mode writes.
 func RealServer(addr netip.AddrPort, weight int) *Destination { return toDestination(addr, weight) }
 
-// WantSysctls are the sysctls Mode sets, as name and value.
-var WantSysctls = sysctls
-
 // FlagHashed is the flag the kernel sets on every virtual server it lists.
 const FlagHashed = flagHashed
 

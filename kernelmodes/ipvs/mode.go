@@ -79,6 +79,9 @@ type Config struct {
 	// full sync sets those that differ; zero leaves one as it is. Failing
 	// to set them is a warning, not a failed sync, as in kube-proxy.
 	Timeouts Timeouts
+	// KernelRelease is the running kernel's (uname -r), which decides
+	// whether conn_reuse_mode is set (see Parameters). "": read it (uname).
+	KernelRelease string
 
 	// The kernel boundaries. Nil: the real ones in this process's network
 	// namespace (NewIPVS, NewLinks, &netfilter.Exec{}, conntrack.NewNetlink, sysctl.Files{}).
@@ -238,6 +241,9 @@ func New(cfg Config) (*Mode, error) {
 	})
 	if m.sysctls == nil {
 		m.sysctls = sysctl.Files{}
+	}
+	if m.cfg.KernelRelease == "" {
+		m.cfg.KernelRelease = KernelRelease()
 	}
 	return m, nil
 }
@@ -709,18 +715,55 @@ func (m *Mode) runSweeper(ctx context.Context) {
 	}
 }
 
-// sysctls are the IPVS parameters this mode needs (kube-proxy sets the
-// same): conntrack, so iptables can masquerade IPVS traffic and clear UDP
-// entries; expire_nodest_conn and expire_quiescent_template, so
-// connections to a deleted (or persistence to a weight-0) real server end
-// at their next packet instead of hanging.
-var sysctls = [][2]string{
-	{"net/ipv4/vs/conntrack", "1"},
-	{"net/ipv4/vs/expire_nodest_conn", "1"},
-	{"net/ipv4/vs/expire_quiescent_template", "1"},
+// Parameters are the kernel parameters this mode needs on a kernel of release
+// (uname -r), as name and value; kube-proxy's IPVS mode sets the same:
+//   - vs/conntrack, so iptables can masquerade IPVS traffic and clear UDP
+//     entries;
+//   - vs/expire_nodest_conn and vs/expire_quiescent_template, so
+//     connections to a deleted (or persistence to a weight-0) real server
+//     end at their next packet instead of hanging;
+//   - ip_forward, so NodePort and external traffic reaches endpoints on
+//     other nodes;
+//   - on kernels 4.1 to 5.8 only, vs/conn_reuse_mode=0: there the default
+//     (1) makes a SYN that reuses the port of an IPVS connection in
+//     TIME_WAIT wait a second (kubernetes/kubernetes#81775); 5.9 fixed it,
+//     and kube-proxy leaves it alone there too.
+func Parameters(release string) [][2]string {
+	s := [][2]string{
+		{"net/ipv4/vs/conntrack", "1"},
+		{"net/ipv4/vs/expire_nodest_conn", "1"},
+		{"net/ipv4/vs/expire_quiescent_template", "1"},
+		{"net/ipv4/ip_forward", "1"},
+	}
+	if v, ok := kernelVersion(release); ok && v >= 4_001 && v < 5_009 {
+		s = append(s, [2]string{"net/ipv4/vs/conn_reuse_mode", "0"})
+	}
+	return s
 }
 
-func (m *Mode) ensureSysctls() error { return EnsureSysctls(m.sysctls) }
+// kernelVersion is a kernel release's major and minor number as
+// major*1000+minor ("5.4.0-150-generic": 5_004).
+func kernelVersion(release string) (int, bool) {
+	major, rest, ok := strings.Cut(release, ".")
+	if !ok {
+		return 0, false
+	}
+	minor := rest
+	if i := strings.IndexFunc(rest, func(r rune) bool { return r < '0' || r > '9' }); i >= 0 {
+		minor = rest[:i]
+	}
+	a, err1 := strconv.Atoi(major)
+	b, err2 := strconv.Atoi(minor)
+	return a*1000 + b, err1 == nil && err2 == nil && b < 1000
+}
+
+func (m *Mode) ensureSysctls() error {
+	set, err := EnsureSysctls(m.sysctls, m.cfg.KernelRelease)
+	for _, p := range set {
+		m.log.Info("set a kernel parameter the IPVS mode needs", zap.String("parameter", p))
+	}
+	return err
+}
 
 // ensureTimeouts sets the IPVS timeouts Config.Timeouts names where they
 // differ, and warns (once for the same failure) when it cannot.
@@ -771,17 +814,21 @@ func (m *Mode) setTimeouts(want Timeouts) error {
 	return nil
 }
 
-// EnsureSysctls sets the IPVS parameters this mode needs where they differ:
-// what the mode does at each full sync, and svcproxy --init-only (with the
-// privileges to write /proc/sys) before it starts.
-func EnsureSysctls(p Sysctls) error {
+// EnsureSysctls sets the parameters this mode needs on a kernel of
+// release (Parameters) where they differ: what the mode does at each full
+// sync, and svcproxy --init-only (with the privileges to write /proc/sys)
+// before it starts. It returns those it changed, as name=value (was old).
+func EnsureSysctls(p Sysctls, release string) (set []string, err error) {
 	var errs []error
-	for _, s := range sysctls {
-		if _, _, err := sysctl.Ensure(p, s[0], s[1], nil); err != nil {
+	for _, s := range Parameters(release) {
+		old, wrote, err := sysctl.Ensure(p, s[0], s[1], nil)
+		if err != nil {
 			errs = append(errs, err)
+		} else if wrote {
+			set = append(set, fmt.Sprintf("%s=%s (was %s)", s[0], s[1], old))
 		}
 	}
-	return errors.Join(errs...)
+	return set, errors.Join(errs...)
 }
 
 var iptablesVersionRE = regexp.MustCompile(`v(\d+)\.(\d+)\.(\d+)`)

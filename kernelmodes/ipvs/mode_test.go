@@ -182,7 +182,7 @@ func TestVirtualServers(t *testing.T) {
 		t.Errorf("%s addresses: %s, want %s", ipvs.DummyInterface, g, w)
 	}
 	vals := w.f.Sysctls.Values()
-	for _, s := range ipvs.WantSysctls {
+	for _, s := range ipvs.Parameters(ipvs.KernelRelease()) {
 		if vals[s[0]] != s[1] {
 			t.Errorf("sysctl %s = %q, want %q", s[0], vals[s[0]], s[1])
 		}
@@ -1019,5 +1019,47 @@ func TestAvailable(t *testing.T) {
 	}
 	if err := m.Cleanup(context.Background()); err != nil {
 		t.Errorf("Cleanup without IPVS: %v", err)
+	}
+}
+
+// TestParameters: a full sync sets vs/conntrack, expire_nodest_conn,
+// expire_quiescent_template and ip_forward, and conn_reuse_mode=0 only on
+// the kernels whose default delays reused ports (4.1 to 5.8), as
+// kube-proxy does; a parameter changed behind its back comes back.
+func TestParameters(t *testing.T) {
+	for _, tt := range []struct {
+		release   string
+		connReuse string // conn_reuse_mode after a sync (the default is 1)
+	}{
+		{"4.18.0-553.el8_10.x86_64", "0"}, // RHEL 8
+		{"5.4.0-150-generic", "0"},
+		{"5.8.18", "0"},
+		{"4.1.0", "0"},
+		{"5.9.0", "1"},
+		{"5.10.0-28-amd64", "1"},
+		{"6.1.0-18-amd64", "1"},
+		{"4.0.9", "1"},
+		{"3.10.0-1160.el7.x86_64", "1"},
+		{"garbage", "1"},
+	} {
+		t.Run(tt.release, func(t *testing.T) {
+			w := newWorld(t, ipvs.Config{KernelRelease: tt.release})
+			w.apply(true, cases.Web(0))
+			v := w.f.Sysctls.Values()
+			want := map[string]string{"net/ipv4/vs/conntrack": "1", "net/ipv4/vs/expire_nodest_conn": "1",
+				"net/ipv4/vs/expire_quiescent_template": "1", "net/ipv4/ip_forward": "1", "net/ipv4/vs/conn_reuse_mode": tt.connReuse}
+			for name, val := range want {
+				if v[name] != val {
+					t.Errorf("%s = %q, want %q", name, v[name], val)
+				}
+			}
+			if err := w.f.Sysctls.SetSysctl("net/ipv4/ip_forward", "0"); err != nil {
+				t.Fatal(err)
+			}
+			w.apply(true, cases.Web(0))
+			if got := w.f.Sysctls.Values()["net/ipv4/ip_forward"]; got != "1" {
+				t.Errorf("ip_forward turned off behind its back: %q after a full sync, want 1", got)
+			}
+		})
 	}
 }

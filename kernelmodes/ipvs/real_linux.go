@@ -55,3 +55,13 @@ func NewIPVS() (*ipvs.Handle, error) {
 	}
 	return h, nil
 }
+
+// KernelRelease is the running kernel's release (uname -r); "" when
+// uname fails.
+func KernelRelease() string {
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(uts.Release[:])
+}

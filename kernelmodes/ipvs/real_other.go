@@ -18,3 +18,6 @@ func Available() error { return fmt.Errorf("%w: %w", ErrUnavailable, unsupported
 
 // NewIPVS fails: there is no IPVS netlink family here.
 func NewIPVS() (IPVS, error) { return nil, unsupported("opening IPVS netlink socket") }
+
+// KernelRelease is "": there is no Linux kernel here.
+func KernelRelease() string { return "" }

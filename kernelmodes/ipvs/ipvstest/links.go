@@ -218,24 +218,30 @@ func (f *Conntrack) Flows() []string {
 	return out
 }
 
-// ipvsSysctls are the parameters the ip_vs module adds, at their defaults.
-var ipvsSysctls = []string{"net/ipv4/vs/conntrack", "net/ipv4/vs/expire_nodest_conn", "net/ipv4/vs/expire_quiescent_template"}
+// DefaultSysctls are the parameters the IPVS mode reads, at a fresh
+// network namespace's defaults: those the ip_vs module adds, and
+// ip_forward.
+func DefaultSysctls() map[string]string {
+	return map[string]string{
+		"net/ipv4/vs/conntrack":                 "0",
+		"net/ipv4/vs/expire_nodest_conn":        "0",
+		"net/ipv4/vs/expire_quiescent_template": "0",
+		"net/ipv4/vs/conn_reuse_mode":           "1",
+		"net/ipv4/ip_forward":                   "0",
+	}
+}
 
-// Sysctls is an in-memory ipvs.Sysctls holding the IPVS parameters at the
-// kernel's defaults (0) (sysctltest.Params), with its calls recorded;
-// reading another is an error, as a missing file under /proc/sys is.
+// Sysctls is an in-memory ipvs.Sysctls holding DefaultSysctls
+// (sysctltest.Params), with its calls recorded; reading another is an
+// error, as a missing file under /proc/sys is.
 type Sysctls struct {
 	recorder
 	p *sysctltest.Params
 }
 
-// NewSysctls returns the kernel's defaults of the IPVS sysctls.
+// NewSysctls returns DefaultSysctls.
 func NewSysctls() *Sysctls {
-	v := map[string]string{}
-	for _, name := range ipvsSysctls {
-		v[name] = "0"
-	}
-	return &Sysctls{p: sysctltest.NewParams(v)}
+	return &Sysctls{p: sysctltest.NewParams(DefaultSysctls())}
 }
 
 var _ ipvs.Sysctls = (*Sysctls)(nil)

@@ -40,6 +40,7 @@ import (
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
 	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
+	"github.com/svcproxy/svcproxy/sysctl"
 )
 
 func main() {
@@ -157,6 +158,19 @@ func (g *guest) checkTimeouts(name string) {
 	}
 }
 
+// checkParameters reports whether the kernel holds the parameters the
+// mode sets on this kernel (ipvs.Parameters).
+func (g *guest) checkParameters(name string) {
+	for _, p := range ipvs.Parameters(ipvs.KernelRelease()) {
+		v, err := (sysctl.Files{}).Sysctl(p[0])
+		if err != nil || v != p[1] {
+			g.r.Fail(name, "%s = %q, %v; want %s", p[0], v, err, p[1])
+			return
+		}
+	}
+	g.r.Pass(name)
+}
+
 type guest struct {
 	r       *vmtest.Reporter
 	topo    *topology
@@ -217,6 +231,7 @@ func (g *guest) finish(ctx context.Context, rules ipvs.Rules) {
 			r.Pass("a full sync of an unchanged kernel finds nothing to repair")
 		}
 		g.checkTimeouts("full syncs set the IPVS timeouts")
+		g.checkParameters("full syncs set the IPVS mode's kernel parameters")
 	}
 	g.counted.n.Store(0)
 	if r.Check("an unchanged incremental sync applies", g.apply(ctx, svcs, false)) {
@@ -232,8 +247,12 @@ func (g *guest) finish(ctx context.Context, rules ipvs.Rules) {
 		if err := g.ipvs.SetConfig(&mobyipvs.Config{TimeoutTCP: 7 * time.Second}); err != nil {
 			r.Fail("set the TCP timeout behind the mode's back", "%v", err)
 		}
+		if err := (sysctl.Files{}).SetSysctl("net/ipv4/ip_forward", "0"); err != nil {
+			r.Fail("turn ip_forward off behind the mode's back", "%v", err)
+		}
 		if r.Check("a full sync after tampering applies", g.apply(ctx, svcs, true)) {
 			g.checkTimeouts("a full sync puts the IPVS timeouts back")
+			g.checkParameters("a full sync turns ip_forward back on")
 			if g.m.Repairs() != 1 {
 				r.Fail("a full sync repairs a deleted virtual server", "Repairs() = %d", g.m.Repairs())
 			}
