@@ -60,7 +60,8 @@
 // traffic policy, to everything with Config.MasqueradeAll, and to an
 // endpoint reaching itself through its Service. It needs
 // net.ipv4.vs.conntrack=1, which a full sync sets, with
-// expire_nodest_conn=1 and expire_quiescent_template=1 (as kube-proxy
+// expire_nodest_conn=1, expire_quiescent_template=1, ip_forward=1 and,
+// on kernels 4.1 to 5.8, conn_reuse_mode=0 (Parameters; as kube-proxy
 // does); svcproxy --init-only sets them where svcproxy itself may not
 // write /proc/sys.
 //
