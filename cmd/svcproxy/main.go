@@ -9,6 +9,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -146,6 +148,11 @@ func run(o *options) error {
 	} else {
 		source = daemon.KubeSource(kube.Options{Client: kubeClient, NodeName: o.hostname, Zone: o.zone, ProxyName: o.proxyName,
 			ResyncPeriod: o.configSyncPeriod, Logger: log, Metrics: kube.NewMetrics(reg)}, store)
+		// SIGHUP reloads the services file; with the API server as the
+		// source there is nothing to reload, and the signal must not end
+		// the process (Go's default), which --master-worker would count
+		// as a crash.
+		defer ignoreHangup(log)()
 	}
 
 	var clog *connlog.Log
@@ -174,4 +181,23 @@ func run(o *options) error {
 			return watchRules(ctx, mode, o, changed)
 		},
 	})
+}
+
+// ignoreHangup logs SIGHUP instead of dying of it, until the returned
+// func is called.
+func ignoreHangup(log *zap.Logger) (stop func()) {
+	hups := make(chan os.Signal, 1)
+	signal.Notify(hups, syscall.SIGHUP)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-hups:
+				log.Info("SIGHUP: nothing to reload (the Services come from the API server)")
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() { signal.Stop(hups); close(done) }
 }
