@@ -66,3 +66,18 @@ func recv(c *net.UnixConn, nfds int) ([]byte, []int, error) {
 	}
 	return buf[:n], fds, nil
 }
+
+// peerPID is the process ID of c's peer (SO_PEERCRED), 0 when unknown.
+func peerPID(c *net.UnixConn) int {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	pid := 0
+	_ = raw.Control(func(fd uintptr) {
+		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
+			pid = int(cred.Pid)
+		}
+	})
+	return pid
+}

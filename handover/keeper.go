@@ -34,6 +34,8 @@ type Keeper struct {
 	files     map[string]*os.File
 	deposits  int
 	deposited chan struct{} // closed at the first deposit
+	notify    chan struct{} // a send (coalesced) after each deposit
+	served    map[int]bool  // process IDs that deposited (SO_PEERCRED)
 }
 
 // ListenKeeper listens for workers at path, replacing a stale socket file.
@@ -54,7 +56,8 @@ func ListenKeeper(path string) (*Keeper, error) {
 		ln.Close()
 		return nil, fmt.Errorf("keeping sockets at %s: %w", path, err)
 	}
-	return &Keeper{path: path, ln: ln, file: fi, files: map[string]*os.File{}, deposited: make(chan struct{})}, nil
+	return &Keeper{path: path, ln: ln, file: fi, files: map[string]*os.File{},
+		deposited: make(chan struct{}), notify: make(chan struct{}, 1), served: map[int]bool{}}, nil
 }
 
 // RemoveStaleKeepers removes the socket files matching pattern (a
@@ -105,6 +108,26 @@ func (k *Keeper) Held() (names []string, deposits int) {
 // Deposited is closed once a worker has deposited its sockets: it served.
 func (k *Keeper) Deposited() <-chan struct{} { return k.deposited }
 
+// Deposits receives after deposits: one value for any number since the
+// last receive (see Held for the count, Served for who).
+func (k *Keeper) Deposits() <-chan struct{} { return k.notify }
+
+// Served reports whether the process pid has deposited: a worker deposits
+// once it serves.
+func (k *Keeper) Served(pid int) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.served[pid]
+}
+
+// Forget drops what Served knows of pid, an exited worker's (its ID may
+// be reused).
+func (k *Keeper) Forget(pid int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	delete(k.served, pid)
+}
+
 // Serve answers workers until ctx ends or Close: deposits replace the
 // sockets held; a worker starting up takes them. One exchange at a time.
 func (k *Keeper) Serve(ctx context.Context) error {
@@ -137,14 +160,22 @@ func (k *Keeper) serveOne(c *net.UnixConn) error {
 			}
 			return err
 		}
+		pid := peerPID(c)
 		k.mu.Lock()
 		old := k.files
 		k.files = files
 		k.deposits++
+		if pid > 0 {
+			k.served[pid] = true
+		}
 		if k.deposits == 1 {
 			close(k.deposited)
 		}
 		k.mu.Unlock()
+		select {
+		case k.notify <- struct{}{}:
+		default:
+		}
 		for _, f := range old {
 			f.Close()
 		}

@@ -74,6 +74,18 @@ func TestKeeper(t *testing.T) {
 	if names, n := k.Held(); n != 2 || len(names) != 2 {
 		t.Errorf("Held() = %v after %d deposits, want 2 sockets after 2", names, n)
 	}
+	select {
+	case <-k.Deposits():
+	default:
+		t.Error("Deposits received nothing after two deposits")
+	}
+	if !k.Served(os.Getpid()) || k.Served(os.Getpid()+1) {
+		t.Errorf("Served(this process) = %v, Served(another) = %v; want true, false (SO_PEERCRED)", k.Served(os.Getpid()), k.Served(os.Getpid()+1))
+	}
+	k.Forget(os.Getpid())
+	if k.Served(os.Getpid()) {
+		t.Error("Served after Forget")
+	}
 	for range 2 { // the keeper serves worker after worker
 		if got, want := take(), []string{"tcp/a", "tcp/c"}; !slices.Equal(got, want) {
 			t.Errorf("a worker took %v, want the latest deposit %v", got, want)

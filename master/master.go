@@ -16,11 +16,17 @@
 // new connections are refused rather than queued while the worker
 // drains); SIGHUP is passed on; SIGUSR2 starts a new worker, which takes
 // over from the running one through the handover socket as on any
-// restart. A worker that exits with status 0 by itself (it handed over to
-// a successor outside this master, as in a DaemonSet rollout) ends the
-// master too. A worker that fails before it ever served is not restarted:
-// its error is the master's. Nor is one that dies more often than
-// Config.MaxRestarts allows: the master then exits with its error, so
+// restart, and once it serves the master sends the old one SIGTERM (which
+// with --successor-wait waits for it after draining); a new worker that
+// fails before it serves leaves the old one serving. A worker that exits
+// with status 0 by itself (it handed over to a successor outside this
+// master, as in a DaemonSet rollout) ends the master too. A worker has
+// served once it deposited its sockets with the keeper (which knows the
+// depositor from the unix socket's peer credentials). If the first worker
+// fails before it served, its error is the master's (a configuration that
+// never worked); a later one that does is a death like any other. A worker
+// that dies more often than Config.MaxRestarts allows is not replaced
+// either: the master then exits with its error, so
 // that a crash loop reaches whoever restarts the master (kubelet's
 // CrashLoopBackOff, systemd) instead of being hidden by it; each worker
 // learns how many it replaced (EnvRestarts) and exports it.
@@ -151,15 +157,18 @@ func Run(ctx context.Context, cfg Config) error {
 	live := map[Worker]bool{}
 	var current Worker
 	var started time.Time
-	var depositsAtStart int
+	var retiring []Worker  // workers a SIGUSR2 successor replaces, told to stop once it serves
 	var deaths []time.Time // of workers replaced, within RestartWindow
 	restarts := 0          // workers replaced
+	// A worker served once it deposited its sockets (the keeper knows who
+	// deposited from the unix socket's peer credentials).
+	served := func(w Worker) bool { return k.Served(w.Pid()) }
+	everServed := false // some worker did: its configuration works
 	start := func() error {
 		w, err := cfg.Start([]string{EnvKeeper + "=" + cfg.Keeper, fmt.Sprintf("%s=%d", EnvRestarts, restarts)})
 		if err != nil {
 			return fmt.Errorf("starting a worker: %w", err)
 		}
-		_, depositsAtStart = k.Held()
 		current, started, live[w] = w, time.Now(), true
 		log.Info("started a worker", zap.Int("pid", w.Pid()))
 		go func() { exits <- exit{w, w.Wait()} }()
@@ -224,9 +233,28 @@ func Run(ctx context.Context, cfg Config) error {
 					continue
 				}
 				log.Info("SIGUSR2: starting a new worker; it takes over from the running one")
+				prev := current
 				if err := start(); err != nil {
 					log.Error("restarting", zap.Error(err))
+					continue
 				}
+				if live[prev] {
+					retiring = append(retiring, prev)
+				}
+			}
+		case <-k.Deposits():
+			// Once the successor serves, its predecessors have handed over
+			// and drain; with a successor wait (--successor-wait, as in
+			// the DaemonSet) each then waits to be told to terminate, and
+			// no kubelet will tell a worker: the master does.
+			if len(retiring) > 0 && served(current) {
+				for _, w := range retiring {
+					if live[w] {
+						log.Info("the new worker serves; telling the one it replaced to finish", zap.Int("pid", w.Pid()))
+						_ = w.Signal(syscall.SIGTERM)
+					}
+				}
+				retiring = nil
 			}
 		case <-restart:
 			restart = nil
@@ -241,6 +269,9 @@ func Run(ctx context.Context, cfg Config) error {
 		case e := <-exits:
 			delete(live, e.w)
 			reapNow()
+			wasServed := served(e.w)
+			everServed = everServed || wasServed
+			k.Forget(e.w.Pid())
 			if e.w != current {
 				log.Info("the previous worker exited", zap.Int("pid", e.w.Pid()), zap.Error(e.err))
 				if stopping && len(live) == 0 {
@@ -262,9 +293,21 @@ func Run(ctx context.Context, cfg Config) error {
 				}
 				continue
 			}
-			if _, deposits := k.Held(); deposits == depositsAtStart {
-				stop(syscall.SIGTERM)
-				return fmt.Errorf("the worker failed before it served: %w", e.err)
+			if !wasServed {
+				if prev := lastLive(retiring, live); prev != nil {
+					// A SIGUSR2 successor that failed before it served: the
+					// worker it was to replace still serves.
+					log.Error("the new worker failed before it served; the running one stays", zap.Int("pid", e.w.Pid()), zap.Error(e.err))
+					current, retiring = prev, slices.DeleteFunc(retiring, func(w Worker) bool { return w == prev })
+					continue
+				}
+				if !everServed {
+					stop(syscall.SIGTERM)
+					return fmt.Errorf("the worker failed before it served: %w", e.err)
+				}
+				// A replacement that died before serving is one more death
+				// of a crash loop (counted below), not a bad configuration:
+				// the same one served before.
 			}
 			now := time.Now()
 			deaths = slices.DeleteFunc(deaths, func(d time.Time) bool { return now.Sub(d) >= cfg.RestartWindow })
@@ -286,4 +329,14 @@ func Run(ctx context.Context, cfg Config) error {
 			restart = time.After(backoff)
 		}
 	}
+}
+
+// lastLive is the last of ws still in live, or nil.
+func lastLive(ws []Worker, live map[Worker]bool) Worker {
+	for i := len(ws) - 1; i >= 0; i-- {
+		if live[ws[i]] {
+			return ws[i]
+		}
+	}
+	return nil
 }

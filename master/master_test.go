@@ -5,7 +5,9 @@ package master
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -22,6 +24,7 @@ import (
 
 // fakeWorker is a worker that exits when told (exit) or signalled.
 type fakeWorker struct {
+	mu   sync.Mutex
 	pid  int
 	exit chan error
 	sigs chan os.Signal
@@ -38,7 +41,11 @@ func (w *fakeWorker) restarts() string {
 	return ""
 }
 
-func (w *fakeWorker) Pid() int    { return w.pid }
+func (w *fakeWorker) Pid() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.pid
+}
 func (w *fakeWorker) Wait() error { return <-w.exit }
 func (w *fakeWorker) Signal(s os.Signal) error {
 	w.sigs <- s
@@ -92,16 +99,42 @@ func (r *rig) next(t *testing.T) *fakeWorker {
 	return nil
 }
 
-// serve has the worker deposit a socket with the keeper, as a serving one does.
-func (r *rig) serve(t *testing.T) {
+// envDeposit makes this test binary a helper that deposits a socket with
+// the keeper at its value and exits (TestMain).
+const envDeposit = "MASTER_TEST_DEPOSIT"
+
+func TestMain(m *testing.M) {
+	if path := os.Getenv(envDeposit); path != "" {
+		f, err := os.CreateTemp("", "sock")
+		if err == nil {
+			os.Remove(f.Name())
+			err = handover.Deposit(context.Background(), path, map[string]*os.File{"tcp/redirect/0.0.0.0:15001/0": f})
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// serve has w deposit a socket with the keeper, as a serving worker does:
+// the keeper knows a depositor by its process ID, so the deposit comes
+// from a helper process whose ID w takes.
+func (r *rig) serve(t *testing.T, w *fakeWorker) {
 	t.Helper()
-	f, err := os.CreateTemp(t.TempDir(), "sock")
-	if err != nil {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envDeposit+"="+r.keeper)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	if err := handover.Deposit(context.Background(), r.keeper, map[string]*os.File{"tcp/redirect/0.0.0.0:15001/0": f}); err != nil {
-		t.Fatal(err)
+	w.mu.Lock()
+	w.pid = cmd.Process.Pid
+	w.mu.Unlock()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("depositing: %v", err)
 	}
 }
 
@@ -121,7 +154,7 @@ func TestRun(t *testing.T) {
 	t.Run("a crashed worker is replaced and the next takes the kept sockets", func(t *testing.T) {
 		r := newRig(t)
 		w := r.next(t)
-		r.serve(t)
+		r.serve(t, w)
 		w.exit <- crash
 		w2 := r.next(t)
 		h, err := handover.Take(context.Background(), r.keeper)
@@ -150,7 +183,7 @@ func TestRun(t *testing.T) {
 			if got, want := w.restarts(), strconv.Itoa(i); got != want {
 				t.Errorf("worker %d started with %s=%q, want %q", i, EnvRestarts, got, want)
 			}
-			r.serve(t)
+			r.serve(t, w)
 			w.exit <- crash
 		}
 		err := r.result(t)
@@ -162,7 +195,7 @@ func TestRun(t *testing.T) {
 		r := newRig(t, func(c *Config) { c.MaxRestarts, c.RestartWindow = 1, 50*time.Millisecond })
 		for range 3 {
 			w := r.next(t)
-			r.serve(t)
+			r.serve(t, w)
 			time.Sleep(60 * time.Millisecond) // past the window since the last death
 			w.exit <- crash
 		}
@@ -177,7 +210,47 @@ func TestRun(t *testing.T) {
 			t.Errorf("Run = %v, want nil", err)
 		}
 	})
-	t.Run("a worker that fails before it served ends the master", func(t *testing.T) {
+	t.Run("a SIGUSR2 successor that fails before it served leaves the old one serving", func(t *testing.T) {
+		r := newRig(t)
+		w := r.next(t)
+		r.serve(t, w)
+		r.signals <- syscall.SIGUSR2
+		r.next(t).exit <- crash
+		select {
+		case s := <-w.sigs:
+			t.Errorf("the running worker got %v", s)
+		case <-time.After(100 * time.Millisecond):
+		}
+		w.exit <- crash // it is the current one again: its death is a crash
+		w3 := r.next(t)
+		if got := w3.restarts(); got != "1" {
+			t.Errorf("its replacement started with %s=%q, want 1", EnvRestarts, got)
+		}
+		r.signals <- syscall.SIGTERM
+		<-w3.sigs
+		w3.exit <- nil
+		if err := r.result(t); err != nil {
+			t.Errorf("Run = %v, want nil", err)
+		}
+	})
+	t.Run("a replacement that dies before it served is one more death, not the end", func(t *testing.T) {
+		r := newRig(t)
+		w := r.next(t)
+		r.serve(t, w)
+		w.exit <- crash
+		r.next(t).exit <- crash // before it deposited
+		w3 := r.next(t)
+		if got := w3.restarts(); got != "2" {
+			t.Errorf("the third worker started with %s=%q, want 2", EnvRestarts, got)
+		}
+		r.signals <- syscall.SIGTERM
+		<-w3.sigs
+		w3.exit <- nil
+		if err := r.result(t); err != nil {
+			t.Errorf("Run = %v, want nil", err)
+		}
+	})
+	t.Run("the first worker failing before it served ends the master", func(t *testing.T) {
 		r := newRig(t)
 		r.next(t).exit <- crash
 		if err := r.result(t); !errors.Is(err, crash) {
@@ -187,7 +260,7 @@ func TestRun(t *testing.T) {
 	t.Run("a worker's clean exit ends the master", func(t *testing.T) {
 		r := newRig(t)
 		w := r.next(t)
-		r.serve(t)
+		r.serve(t, w)
 		w.exit <- nil
 		if err := r.result(t); err != nil {
 			t.Errorf("Run = %v, want nil", err)
@@ -196,14 +269,40 @@ func TestRun(t *testing.T) {
 	t.Run("SIGHUP is passed on; SIGUSR2 starts a successor and the old one's exit is no crash", func(t *testing.T) {
 		r := newRig(t)
 		w := r.next(t)
-		r.serve(t)
+		r.serve(t, w)
 		r.signals <- syscall.SIGHUP
 		if s := <-w.sigs; s != syscall.SIGHUP {
 			t.Errorf("worker got %v, want SIGHUP", s)
 		}
 		r.signals <- syscall.SIGUSR2
 		w2 := r.next(t)
-		w.exit <- nil // it handed over and drained
+		if got := w2.restarts(); got != "0" {
+			t.Errorf("a SIGUSR2 successor started with %s=%q, want 0: no worker died", EnvRestarts, got)
+		}
+		// The old one deposits again (a sync changed its sockets) while
+		// the successor starts: it must not be told to stop yet.
+		pid := w.Pid()
+		r.serve(t, w)
+		select {
+		case s := <-w.sigs:
+			t.Errorf("the old worker got %v before its successor served", s)
+		case <-time.After(100 * time.Millisecond):
+		}
+		w.mu.Lock()
+		w.pid = pid
+		w.mu.Unlock()
+		// The successor serves: the old one, which handed over and
+		// waits to be terminated (--successor-wait), is told to finish.
+		r.serve(t, w2)
+		select {
+		case s := <-w.sigs:
+			if s != syscall.SIGTERM {
+				t.Errorf("the old worker got %v once its successor served, want SIGTERM", s)
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("the old worker was not told to finish once its successor served")
+		}
+		w.exit <- nil // it drained
 		r.signals <- syscall.SIGINT
 		if s := <-w2.sigs; s != syscall.SIGINT {
 			t.Errorf("successor got %v, want SIGINT", s)

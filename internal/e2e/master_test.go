@@ -27,7 +27,10 @@ func TestPrivilegedCrashUnderLoad(t *testing.T) {
 		// 4 clients each with at most one connection open: those are
 		// the ones in flight; a few more may have been accepted by the
 		// dying worker a moment before.
-		{"master-worker", []string{"--master-worker"}, 8},
+		// With the DaemonSet's --successor-wait: a worker that handed
+		// over waits to be terminated, which the master does once the
+		// SIGUSR2 successor serves.
+		{"master-worker", []string{"--master-worker", "--successor-wait=30s"}, 8},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCluster(t, 3, "", tc.args...)
