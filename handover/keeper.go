@@ -72,6 +72,7 @@ func RemoveStaleKeepers(ctx context.Context, pattern string, minAge time.Duratio
 		return nil, fmt.Errorf("removing stale keepers: %w", err)
 	}
 	var removed []string
+	var errs []error
 	for _, p := range paths {
 		fi, err := os.Lstat(p)
 		if err != nil || fi.Mode().Type() != os.ModeSocket || time.Since(fi.ModTime()) < minAge {
@@ -84,11 +85,12 @@ func RemoveStaleKeepers(ctx context.Context, pattern string, minAge time.Duratio
 			continue // bound again meanwhile
 		}
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return removed, fmt.Errorf("removing stale keeper %s: %w", p, err)
+			errs = append(errs, fmt.Errorf("removing stale keeper %s: %w", p, err))
+			continue
 		}
 		removed = append(removed, p)
 	}
-	return removed, nil
+	return removed, errors.Join(errs...)
 }
 
 // Path is where the keeper listens.

@@ -77,7 +77,19 @@ func KeeperPath(handoverSocket string) (string, error) {
 // masters killed before they could clean up left behind (and the single
 // path every master shared before KeeperPath, if nobody answers there).
 func RemoveStaleKeepers(ctx context.Context, handoverSocket string) ([]string, error) {
-	return handover.RemoveStaleKeepers(ctx, keeperPrefix(handoverSocket)+"*.sock", time.Minute)
+	return handover.RemoveStaleKeepers(ctx, escapeGlob(keeperPrefix(handoverSocket))+"*.sock", time.Minute)
+}
+
+// escapeGlob quotes filepath.Match's metacharacters in s.
+func escapeGlob(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 func keeperPrefix(handoverSocket string) string {
@@ -107,7 +119,8 @@ type Config struct {
 	// each such death. Zero: 100ms, 5s, 10s.
 	MinBackoff, MaxBackoff, StableAfter time.Duration
 	// MaxRestarts is how many workers that died the master replaces within
-	// any RestartWindow; the next death ends it. Zero: 3 in 10 minutes.
+	// any RestartWindow; the next death ends it. Zero: 3 in 10 minutes;
+	// negative: none (the first death ends it, as HAProxy's master does).
 	MaxRestarts   int
 	RestartWindow time.Duration
 	// Logger; nil: no logging.

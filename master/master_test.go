@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -335,5 +336,38 @@ func TestKeeperPath(t *testing.T) {
 		if ok, _ := filepath.Match(keeperPrefix("/run/svcproxy/handover.sock")+"*.sock", p); !ok || !strings.HasPrefix(p, "/run/svcproxy/handover-keeper-") {
 			t.Errorf("keeper path %s: want /run/svcproxy/handover-keeper-<random>.sock", p)
 		}
+	}
+}
+
+// TestRemoveStaleKeepers: the handover socket's path is no pattern: a
+// directory named with glob metacharacters still finds its stale keepers.
+func TestRemoveStaleKeepers(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a[1]*")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "handover.sock")
+	stale, err := KeeperPath(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := handover.ListenKeeper(stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.Close() // removes its file: make a stale one as a killed master leaves it
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: stale, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
+	then := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(stale, then, then); err != nil {
+		t.Fatal(err)
+	}
+	removed, err := RemoveStaleKeepers(t.Context(), sock)
+	if err != nil || !slices.Equal(removed, []string{stale}) {
+		t.Errorf("RemoveStaleKeepers = %v, %v; want [%s]", removed, err, stale)
 	}
 }

@@ -31,7 +31,7 @@ func registerWorkerRestarts(reg prometheus.Registerer, log *zap.Logger) {
 	}
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Namespace: "svcproxy", Name: "master_worker_restarts_total",
-		Help: "Workers that died and that this worker's master (--master-worker) replaced since it started, this one included if it is one of them.",
+		Help: "Workers that died and that the master (--master-worker) replaced since the master started, counted when this worker started.",
 	}, func() float64 { return float64(n) }))
 }
 

@@ -330,8 +330,6 @@ func (p *podSpec) init(t *testing.T) string {
 	return string(out)
 }
 
-// start starts a pod: svcproxy in a fresh mount namespace on the node's
-// network namespace, as kubelet starts the DaemonSet's container.
 // without returns p without the manifest's arg a.
 func (p *podSpec) without(t *testing.T, a string) *podSpec {
 	t.Helper()
@@ -343,6 +341,8 @@ func (p *podSpec) without(t *testing.T, a string) *podSpec {
 	return &q
 }
 
+// start starts a pod: svcproxy in a fresh mount namespace on the node's
+// network namespace, as kubelet starts the DaemonSet's container.
 func (p *podSpec) start(name string) *proctest.Process {
 	t := p.c.t
 	t.Helper()
