@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -268,7 +269,15 @@ func nftablesConfig(o *options, log *zap.Logger) nftables.Config {
 }
 
 func ipvsConfig(o *options, log *zap.Logger) ipvs.Config {
+	// Beside the handover socket (the DaemonSet's /run/svcproxy, which
+	// outlives pods but not the node's IPVS table): what the next
+	// svcproxy needs to know of this one's virtual servers.
+	made := ""
+	if o.handoverSocket != "" && len(o.ipvsExcludeCIDRs) > 0 {
+		made = filepath.Join(filepath.Dir(o.handoverSocket), "ipvs-excluded-made")
+	}
 	return ipvs.Config{
+		MadeFile:          made,
 		Scheduler:         o.ipvsScheduler,
 		NodePortAddresses: o.nodePortAddresses,
 		MasqueradeAll:     o.masqueradeAll,

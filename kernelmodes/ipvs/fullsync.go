@@ -56,6 +56,14 @@ func (m *Mode) fullSync(ctx context.Context, want *desired, nodeIPs []netip.Addr
 	if err != nil {
 		return err
 	}
+	// A made one that is gone (deleted behind its back, or a previous
+	// run's record of one since removed) is no longer this Mode's: a
+	// virtual server someone else puts there later is theirs.
+	for k := range m.made {
+		if have[k] == nil {
+			delete(m.made, k)
+		}
+	}
 	var diffs []string
 	if m.cur != nil {
 		diffs = m.differs(have, onLink, want.vs)
@@ -226,6 +234,7 @@ func (m *Mode) Cleanup(ctx context.Context) error {
 		errs = append(errs, err)
 	default:
 		errs = append(errs, m.cleanupIPVS(ctx, cur), m.flushUDP(ctx))
+		m.saveMade()
 	}
 	m.rec.Forget()
 	errs = append(errs, netfilter.Cleanup(ctx, m.rules, chainPrefix, setPrefix, m.cfg.IPv6))

@@ -55,10 +55,17 @@ type Config struct {
 	// servers of others on shared addresses, such as a keepalived's on a
 	// node IP: a virtual server on an address inside one is neither pruned
 	// by a sync nor removed by Cleanup unless this Mode created it (since
-	// it started: not one a previous run left). One its Services ask for
-	// is made, or taken over, and kept as any other; taken over, it is
-	// left as it is once they stop asking.
+	// it started, or a previous run recorded in MadeFile). One its
+	// Services ask for is made, or taken over, and kept as any other;
+	// taken over, it is left as it is once they stop asking.
 	ExcludeCIDRs []netip.Prefix
+	// MadeFile, if set, is where the mode records the virtual servers it
+	// made on excluded addresses, and reads them at New: the next
+	// svcproxy (a restart, a handover, a DaemonSet rollout's new pod)
+	// then deletes them when their Services go. Keep it on a filesystem
+	// that lives as long as the kernel's IPVS table (/run). "": not
+	// recorded; a restart leaves them for good, as kube-proxy does.
+	MadeFile string
 	// MasqueradeAll masquerades all Service traffic, ClusterIP included.
 	// Otherwise traffic to NodePorts, ExternalIPs and LoadBalancer IPs of
 	// Services with the Cluster external traffic policy is masqueraded (and
@@ -122,6 +129,9 @@ type Mode struct {
 	// and took over) and has not deleted since: on an address
 	// Config.ExcludeCIDRs protects, only these are its to delete.
 	made map[vsKey]struct{}
+	// madeSaved is the made file's content as last read or written;
+	// madeErr the last failure to write it, warned about once.
+	madeSaved, madeErr string
 	// needFull: a sync failed part-way; the next Apply reads the kernel.
 	needFull bool
 	repairs  atomic.Uint64
@@ -245,6 +255,7 @@ func New(cfg Config) (*Mode, error) {
 	if m.cfg.KernelRelease == "" {
 		m.cfg.KernelRelease = KernelRelease()
 	}
+	m.loadMade()
 	return m, nil
 }
 
@@ -334,6 +345,7 @@ func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
 		err = m.partialSync(ctx, want)
 	}
 	m.needFull = err != nil
+	m.saveMade()
 	if ferr := m.flushUDP(ctx); ferr != nil {
 		errs = append(errs, ferr)
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -845,6 +847,65 @@ func TestExcludeCIDRs(t *testing.T) {
 		}
 		if !hasVS(next, cases.WebNodePort) {
 			t.Errorf("Cleanup by a new Mode removed a NodePort on an excluded address")
+		}
+	})
+	t.Run("left by a previous run that recorded it in the made file", func(t *testing.T) {
+		made := filepath.Join(t.TempDir(), "made")
+		cfg := ipvs.Config{ExcludeCIDRs: nodeIP, MadeFile: made}
+		w := newWorld(t, cfg)
+		addForeign(t, w)
+		w.apply(false, cases.Web(0, 1))
+		data, err := os.ReadFile(made)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := "\ntcp " + cases.WebNodePort.String() + "\n"; !strings.Contains(string(data), want) || strings.Contains(string(data), keepalived.String()) {
+			t.Errorf("made file:\n%s\nwant the NodePort on the excluded node IP (%v) alone", data, cases.WebNodePort)
+		}
+		next := newWorldOn(t, w.f, w.clock, cfg) // a restart, a handover, a rollout's new pod
+		next.apply(false, cases.DNS(0))
+		if hasVS(next, cases.WebNodePort) {
+			t.Errorf("a NodePort on an excluded address that the previous run made and recorded was kept")
+		}
+		if !hasVS(next, keepalived) {
+			t.Errorf("the foreign virtual server went")
+		}
+		if data, _ := os.ReadFile(made); strings.Contains(string(data), cases.WebNodePort.String()) {
+			t.Errorf("the made file still lists the deleted NodePort:\n%s", data)
+		}
+		// Made and recorded, deleted behind its back as its Service goes
+		// (a full sync finds it gone and drops it from the record), then
+		// someone else's: not the next svcproxy's to delete.
+		next.apply(false, cases.Web(0, 1))
+		if err := next.f.IPVS.DelService(ipvs.VirtualService(lb.TCP, cases.WebNodePort, "rr")); err != nil {
+			t.Fatal(err)
+		}
+		next.apply(true, cases.DNS(0))
+		if err := next.f.IPVS.NewService(ipvs.VirtualService(lb.TCP, cases.WebNodePort, "wlc")); err != nil {
+			t.Fatal(err)
+		}
+		third := newWorldOn(t, w.f, w.clock, cfg)
+		third.apply(false, cases.DNS(0))
+		third.apply(true, cases.DNS(0))
+		if !hasVS(third, cases.WebNodePort) {
+			t.Errorf("a virtual server someone else made where a recorded one was deleted was removed")
+		}
+		if err := newWorldOn(t, w.f, w.clock, cfg).m.Cleanup(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if !hasVS(third, keepalived) {
+			t.Errorf("Cleanup removed the foreign virtual server")
+		}
+	})
+	t.Run("an unreadable made file", func(t *testing.T) {
+		made := filepath.Join(t.TempDir(), "made")
+		if err := os.WriteFile(made, []byte("tcp nonsense\nbogus\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		w := newWorld(t, ipvs.Config{ExcludeCIDRs: nodeIP, MadeFile: made})
+		w.apply(false, cases.Web(0, 1))
+		if data, _ := os.ReadFile(made); !strings.Contains(string(data), "tcp "+cases.WebNodePort.String()) || strings.Contains(string(data), "bogus") {
+			t.Errorf("made file after a sync:\n%s\nwant it rewritten with the NodePort", data)
 		}
 	})
 	// A Service asking for someone else's virtual server takes it over
