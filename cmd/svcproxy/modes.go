@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -269,12 +268,13 @@ func nftablesConfig(o *options, log *zap.Logger) nftables.Config {
 }
 
 func ipvsConfig(o *options, log *zap.Logger) ipvs.Config {
-	// Beside the handover socket (the DaemonSet's /run/svcproxy, which
-	// outlives pods but not the node's IPVS table): what the next
-	// svcproxy needs to know of this one's virtual servers.
+	// Named after the handover socket (per network namespace, in the
+	// DaemonSet's /run/svcproxy, which outlives pods but not the node's
+	// IPVS table): what the next svcproxy in this namespace needs to know
+	// of this one's virtual servers.
 	made := ""
 	if o.handoverSocket != "" && len(o.ipvsExcludeCIDRs) > 0 {
-		made = filepath.Join(filepath.Dir(o.handoverSocket), "ipvs-excluded-made")
+		made = strings.TrimSuffix(o.handoverSocket, ".sock") + "-ipvs-excluded-made"
 	}
 	return ipvs.Config{
 		MadeFile:          made,

@@ -52,15 +52,18 @@ func (m *Mode) fullSync(ctx context.Context, want *desired, nodeIPs []netip.Addr
 			owned[ip] = struct{}{}
 		}
 	}
+	m.loadMade() // what another svcproxy (a rollout's other pod) recorded since
 	have, err := m.readIPVS(owned, want.vs)
 	if err != nil {
 		return err
 	}
-	// A made one that is gone (deleted behind its back, or a previous
-	// run's record of one since removed) is no longer this Mode's: a
-	// virtual server someone else puts there later is theirs.
+	// A made one that is gone from an address read here (deleted behind
+	// its back, or a previous run's record of one since removed) is no
+	// longer this Mode's: a virtual server someone else puts there later
+	// is theirs. One on an address not read (a node IP missing for now)
+	// stays recorded.
 	for k := range m.made {
-		if have[k] == nil {
+		if _, read := owned[k.addr.Addr()]; read && have[k] == nil {
 			delete(m.made, k)
 		}
 	}

@@ -26,6 +26,11 @@ import (
 // whatever its Services do not ask for anyway. One line per virtual
 // server, "tcp 192.0.2.7:30080"; the file is replaced whole (a temporary
 // file renamed over it) after each sync that changed what it should hold.
+//
+// During a rollout two processes sync the same kernel and write the same
+// file: each full sync reads it again and takes in what the other
+// recorded, so what either made stays recorded (a record whose virtual
+// server a full sync finds gone is dropped).
 
 // madeHeader heads the made file.
 const madeHeader = "# svcproxy IPVS mode: the virtual servers it made on addresses ipvs.excludeCIDRs protects (its to delete)\n"
@@ -75,34 +80,43 @@ func formatMade(keys []vsKey) []byte {
 	return b.Bytes()
 }
 
-// loadMade seeds m.made from Config.MadeFile, if there is one: the
-// virtual servers a previous svcproxy made on excluded addresses.
+// loadMade takes into m.made what Config.MadeFile, if there is one,
+// records: the virtual servers on excluded addresses a previous svcproxy
+// (or one running beside this one in a rollout) made. It remembers the
+// file's content, to write it only when it should change.
 func (m *Mode) loadMade() {
 	if m.cfg.MadeFile == "" {
 		return
 	}
 	data, err := os.ReadFile(m.cfg.MadeFile)
 	if errors.Is(err, os.ErrNotExist) {
+		m.madeSaved, m.madeFile = "", false
 		return
 	}
 	if err != nil {
-		m.log.Warn("cannot read which virtual servers on excluded addresses a previous svcproxy made; they stay once their Services go",
-			zap.String("file", m.cfg.MadeFile), zap.Error(err))
+		if msg := err.Error(); msg != m.madeErr {
+			m.log.Warn("cannot read which virtual servers on excluded addresses a previous svcproxy made; they stay once their Services go",
+				zap.String("file", m.cfg.MadeFile), zap.Error(err))
+			m.madeErr = msg
+		}
 		return
 	}
+	m.madeSaved, m.madeFile = string(data), true
 	keys, err := parseMade(data)
-	if err != nil {
+	if err != nil && !m.madeWarned {
 		m.log.Warn("skipping unreadable lines of the made file", zap.String("file", m.cfg.MadeFile), zap.Error(err))
+		m.madeWarned = true
 	}
+	added := 0
 	for _, k := range keys {
-		if m.excluded(k.addr.Addr()) {
+		if _, ok := m.made[k]; !ok && m.excluded(k.addr.Addr()) {
 			m.madeIt(k)
+			added++
 		}
 	}
-	m.madeSaved = string(formatMade(m.madeExcluded()))
-	if len(keys) > 0 {
-		m.log.Info("virtual servers on excluded addresses a previous svcproxy made are this one's to delete",
-			zap.String("file", m.cfg.MadeFile), zap.Int("count", len(m.made)))
+	if added > 0 {
+		m.log.Debug("virtual servers on excluded addresses another svcproxy made are this one's to delete",
+			zap.String("file", m.cfg.MadeFile), zap.Int("added", added))
 	}
 }
 
@@ -120,10 +134,14 @@ func (m *Mode) madeExcluded() []vsKey {
 // saveMade writes Config.MadeFile when what it should hold changed, and
 // warns (once for the same failure) when it cannot.
 func (m *Mode) saveMade() {
-	if m.cfg.MadeFile == "" || len(m.cfg.ExcludeCIDRs) == 0 && m.madeSaved == "" {
+	if m.cfg.MadeFile == "" {
 		return
 	}
-	data := formatMade(m.madeExcluded())
+	keys := m.madeExcluded()
+	if len(keys) == 0 && !m.madeFile {
+		return // nothing to record, and no record to empty
+	}
+	data := formatMade(keys)
 	if string(data) == m.madeSaved {
 		return
 	}
@@ -136,7 +154,7 @@ func (m *Mode) saveMade() {
 				zap.String("file", m.cfg.MadeFile), zap.Error(err))
 		}
 	} else {
-		m.madeSaved = string(data)
+		m.madeSaved, m.madeFile = string(data), true
 	}
 	m.madeErr = msg
 }

@@ -129,9 +129,11 @@ type Mode struct {
 	// and took over) and has not deleted since: on an address
 	// Config.ExcludeCIDRs protects, only these are its to delete.
 	made map[vsKey]struct{}
-	// madeSaved is the made file's content as last read or written;
-	// madeErr the last failure to write it, warned about once.
-	madeSaved, madeErr string
+	// madeSaved is the made file's content as last read or written
+	// (madeFile: it exists); madeErr the last failure to read or write
+	// it, warned about once; madeWarned: its bad lines were.
+	madeSaved, madeErr   string
+	madeFile, madeWarned bool
 	// needFull: a sync failed part-way; the next Apply reads the kernel.
 	needFull bool
 	repairs  atomic.Uint64
@@ -254,6 +256,9 @@ func New(cfg Config) (*Mode, error) {
 	}
 	if m.cfg.KernelRelease == "" {
 		m.cfg.KernelRelease = KernelRelease()
+	}
+	if _, ok := kernelVersion(m.cfg.KernelRelease); !ok {
+		m.log.Warn("cannot read the kernel's version; conn_reuse_mode is left as it is", zap.String("release", m.cfg.KernelRelease))
 	}
 	m.loadMade()
 	return m, nil

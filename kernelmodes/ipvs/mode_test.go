@@ -897,6 +897,34 @@ func TestExcludeCIDRs(t *testing.T) {
 			t.Errorf("Cleanup removed the foreign virtual server")
 		}
 	})
+	t.Run("two processes in a rollout share the made file", func(t *testing.T) {
+		cfg := ipvs.Config{ExcludeCIDRs: nodeIP, MadeFile: filepath.Join(t.TempDir(), "made")}
+		old := newWorld(t, cfg)
+		old.apply(false, cases.Web(0, 1))
+		next := newWorldOn(t, old.f, old.clock, cfg) // the new pod, while the old one still syncs
+		next.apply(false, cases.Web(0, 1))
+		old.apply(false, cases.Web(0, 1), cases.Diameter()) // the old one makes a NodePort meanwhile
+		next.apply(true, cases.Web(0, 1), cases.Diameter()) // a full sync reads what the old one recorded
+		next.apply(false, cases.Web(0, 1))                   // the old one is gone; Diameter goes
+		if hasVS(next, cases.SCTPNodePort) {
+			t.Errorf("a NodePort on an excluded address the old pod made during the rollout stayed after its Service went")
+		}
+	})
+	t.Run("a record on a node IP missing at a full sync stays", func(t *testing.T) {
+		cfg := ipvs.Config{ExcludeCIDRs: nodeIP, MadeFile: filepath.Join(t.TempDir(), "made")}
+		w := newWorld(t, cfg)
+		w.apply(false, cases.Web(0, 1))
+		if err := w.f.Links.DelAddr(ctx, "eth0", cases.NodeIP); err != nil {
+			t.Fatal(err)
+		}
+		next := newWorldOn(t, w.f, w.clock, cfg)
+		next.apply(false, cases.Web(0, 1)) // full, without the node IP: its virtual servers are not read
+		w.f.Links.AddNodeAddr("eth0", cases.NodeIP)
+		next.apply(true, cases.DNS(0))
+		if hasVS(next, cases.WebNodePort) {
+			t.Errorf("a recorded NodePort on a node IP that was missing for a sync stayed after its Service went")
+		}
+	})
 	t.Run("an unreadable made file", func(t *testing.T) {
 		made := filepath.Join(t.TempDir(), "made")
 		if err := os.WriteFile(made, []byte("tcp nonsense\nbogus\n"), 0o600); err != nil {
