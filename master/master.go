@@ -17,8 +17,11 @@
 // drains); SIGHUP is passed on; SIGUSR2 starts a new worker, which takes
 // over from the running one through the handover socket as on any
 // restart, and once it serves the master sends the old one SIGTERM (which
-// with --successor-wait waits for it after draining); a new worker that
-// fails before it serves leaves the old one serving. A worker that exits
+// with --successor-wait waits for it after draining). A new worker that
+// fails before it took over (the old one still answers at the handover
+// socket) leaves the old one serving; one that fails after is replaced as
+// a crashed worker is. A SIGUSR2 while the last one's worker has not
+// served yet is ignored. A worker that exits
 // with status 0 by itself (it handed over to a successor outside this
 // master, as in a DaemonSet rollout) ends the master too. A worker has
 // served once it deposited its sockets with the keeper (which knows the
@@ -108,6 +111,9 @@ type Worker interface {
 type Config struct {
 	// Keeper is the unix socket path of the keeper. Required.
 	Keeper string
+	// Handover is the workers' handover socket: a worker that still
+	// answers there serves (it has not handed over). "": assume it does.
+	Handover string
 	// Start starts a worker with env added to this process's environment.
 	// Required.
 	Start func(env []string) (Worker, error)
@@ -245,6 +251,10 @@ func Run(ctx context.Context, cfg Config) error {
 				if stopping || restart != nil {
 					continue
 				}
+				if len(retiring) > 0 {
+					log.Warn("SIGUSR2 ignored: the worker started by the last one has not served yet")
+					continue
+				}
 				log.Info("SIGUSR2: starting a new worker; it takes over from the running one")
 				prev := current
 				if err := start(); err != nil {
@@ -307,14 +317,17 @@ func Run(ctx context.Context, cfg Config) error {
 				continue
 			}
 			if !wasServed {
-				if prev := lastLive(retiring, live); prev != nil {
-					// A SIGUSR2 successor that failed before it served: the
-					// worker it was to replace still serves.
+				if prev := lastLive(retiring, live); prev != nil && stillServes(cfg.Handover) {
+					// A SIGUSR2 successor that failed before it took over:
+					// the worker it was to replace still serves.
 					log.Error("the new worker failed before it served; the running one stays", zap.Int("pid", e.w.Pid()), zap.Error(e.err))
-					current, retiring = prev, slices.DeleteFunc(retiring, func(w Worker) bool { return w == prev })
+					current, retiring = prev, nil
 					continue
 				}
-				if !everServed {
+				// Otherwise it failed after the old one handed over to it
+				// (which then drains, and is told to finish once a
+				// replacement serves): one more death, below.
+				if !everServed && len(retiring) == 0 {
 					stop(syscall.SIGTERM)
 					return fmt.Errorf("the worker failed before it served: %w", e.err)
 				}
@@ -352,4 +365,16 @@ func lastLive(ws []Worker, live map[Worker]bool) Worker {
 		}
 	}
 	return nil
+}
+
+// stillServes reports whether a worker answers at the handover socket
+// path: one that has handed over stops listening there.
+func stillServes(path string) bool {
+	if path == "" {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	ok, err := handover.Answers(ctx, path)
+	return ok || err != nil // unsure: keep the one that may serve
 }

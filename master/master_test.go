@@ -32,6 +32,18 @@ type fakeWorker struct {
 	env  []string
 }
 
+// signal is the next signal w gets; it fails t after 5s without one.
+func (w *fakeWorker) signal(t *testing.T) os.Signal {
+	t.Helper()
+	select {
+	case s := <-w.sigs:
+		return s
+	case <-time.After(5 * time.Second):
+		t.Fatal("the worker got no signal")
+	}
+	return nil
+}
+
 // restarts is the EnvRestarts the worker was started with.
 func (w *fakeWorker) restarts() string {
 	for _, e := range w.env {
@@ -169,7 +181,7 @@ func TestRun(t *testing.T) {
 			t.Errorf("Ready: %v", err)
 		}
 		r.signals <- syscall.SIGTERM
-		if s := <-w2.sigs; s != syscall.SIGTERM {
+		if s := w2.signal(t); s != syscall.SIGTERM {
 			t.Errorf("worker got %v, want SIGTERM", s)
 		}
 		w2.exit <- nil
@@ -205,14 +217,22 @@ func TestRun(t *testing.T) {
 			t.Errorf("the fourth worker started with %s=%q, want 3", EnvRestarts, got)
 		}
 		r.signals <- syscall.SIGTERM
-		<-w.sigs
+		w.signal(t)
 		w.exit <- nil
 		if err := r.result(t); err != nil {
 			t.Errorf("Run = %v, want nil", err)
 		}
 	})
 	t.Run("a SIGUSR2 successor that fails before it served leaves the old one serving", func(t *testing.T) {
-		r := newRig(t)
+		// The old worker answers at the handover socket: it still serves.
+		handoverPath := filepath.Join(t.TempDir(), "handover.sock")
+		srv, err := handover.Listen(handoverPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer srv.Close()
+		go srv.Serve(t.Context(), func() (map[string]*os.File, error) { return nil, nil }, func() {})
+		r := newRig(t, func(c *Config) { c.Handover = handoverPath })
 		w := r.next(t)
 		r.serve(t, w)
 		r.signals <- syscall.SIGUSR2
@@ -228,8 +248,62 @@ func TestRun(t *testing.T) {
 			t.Errorf("its replacement started with %s=%q, want 1", EnvRestarts, got)
 		}
 		r.signals <- syscall.SIGTERM
-		<-w3.sigs
+		w3.signal(t)
 		w3.exit <- nil
+		if err := r.result(t); err != nil {
+			t.Errorf("Run = %v, want nil", err)
+		}
+	})
+	t.Run("a SIGUSR2 successor that dies after the old one handed over to it is replaced", func(t *testing.T) {
+		// Nothing answers at the handover socket: the old worker handed
+		// over (it listens there no more) and drains.
+		handoverPath := filepath.Join(t.TempDir(), "handover.sock")
+		r := newRig(t, func(c *Config) { c.Handover = handoverPath })
+		w := r.next(t)
+		r.serve(t, w)
+		r.signals <- syscall.SIGUSR2
+		r.next(t).exit <- crash // after Ready, before its first deposit
+		w3 := r.next(t)
+		if got := w3.restarts(); got != "1" {
+			t.Errorf("the replacement started with %s=%q, want 1 (a death)", EnvRestarts, got)
+		}
+		r.serve(t, w3)
+		select {
+		case s := <-w.sigs:
+			if s != syscall.SIGTERM {
+				t.Errorf("the old worker got %v once the replacement served, want SIGTERM", s)
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("the old worker, which had handed over, was not told to finish")
+		}
+		w.exit <- nil
+		r.signals <- syscall.SIGTERM
+		w3.signal(t)
+		w3.exit <- nil
+		if err := r.result(t); err != nil {
+			t.Errorf("Run = %v, want nil", err)
+		}
+	})
+	t.Run("SIGUSR2 while a successor has not served yet is ignored", func(t *testing.T) {
+		r := newRig(t)
+		w := r.next(t)
+		r.serve(t, w)
+		r.signals <- syscall.SIGUSR2
+		w2 := r.next(t)
+		r.signals <- syscall.SIGUSR2
+		select {
+		case w3 := <-r.started:
+			t.Errorf("a second SIGUSR2 started worker %d before the first successor served", w3.pid)
+		case <-time.After(100 * time.Millisecond):
+		}
+		r.serve(t, w2)
+		if s := w.signal(t); s != syscall.SIGTERM {
+			t.Errorf("old worker got %v, want SIGTERM", s)
+		}
+		w.exit <- nil
+		r.signals <- syscall.SIGTERM
+		w2.signal(t)
+		w2.exit <- nil
 		if err := r.result(t); err != nil {
 			t.Errorf("Run = %v, want nil", err)
 		}
@@ -245,7 +319,7 @@ func TestRun(t *testing.T) {
 			t.Errorf("the third worker started with %s=%q, want 2", EnvRestarts, got)
 		}
 		r.signals <- syscall.SIGTERM
-		<-w3.sigs
+		w3.signal(t)
 		w3.exit <- nil
 		if err := r.result(t); err != nil {
 			t.Errorf("Run = %v, want nil", err)
@@ -272,7 +346,7 @@ func TestRun(t *testing.T) {
 		w := r.next(t)
 		r.serve(t, w)
 		r.signals <- syscall.SIGHUP
-		if s := <-w.sigs; s != syscall.SIGHUP {
+		if s := w.signal(t); s != syscall.SIGHUP {
 			t.Errorf("worker got %v, want SIGHUP", s)
 		}
 		r.signals <- syscall.SIGUSR2
@@ -305,7 +379,7 @@ func TestRun(t *testing.T) {
 		}
 		w.exit <- nil // it drained
 		r.signals <- syscall.SIGINT
-		if s := <-w2.sigs; s != syscall.SIGINT {
+		if s := w2.signal(t); s != syscall.SIGINT {
 			t.Errorf("successor got %v, want SIGINT", s)
 		}
 		w2.exit <- nil

@@ -68,9 +68,10 @@ func runMaster(o *options, log *zap.Logger) error {
 	log = log.Named("master")
 	log.Info("master-worker: this process keeps the sockets; a worker serves", zap.String("keeper", keeper))
 	return master.Run(context.Background(), master.Config{
-		Keeper:  keeper,
-		Signals: sigs,
-		Logger:  log,
+		Keeper:   keeper,
+		Handover: o.handoverSocket,
+		Signals:  sigs,
+		Logger:   log,
 		Start: func(env []string) (master.Worker, error) {
 			cmd := exec.Command(exe, os.Args[1:]...)
 			cmd.Env = append(os.Environ(), env...)
