@@ -19,9 +19,10 @@
 // restart, and once it serves the master sends the old one SIGTERM (which
 // with --successor-wait waits for it after draining). A new worker that
 // fails before it took over (the old one still answers at the handover
-// socket) leaves the old one serving; one that fails after is replaced as
-// a crashed worker is. A SIGUSR2 while the last one's worker has not
-// served yet is ignored. A worker that exits
+// socket) leaves the old one serving, watched for 30s in case it was
+// finishing the handover all the same; one that fails after is replaced
+// as a crashed worker is. A SIGUSR2 while the running worker has not
+// served, or while a restart is under way, is ignored. A worker that exits
 // with status 0 by itself (it handed over to a successor outside this
 // master, as in a DaemonSet rollout) ends the master too. A worker has
 // served once it deposited its sockets with the keeper (which knows the
@@ -44,6 +45,7 @@ package master
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -136,6 +138,14 @@ type Config struct {
 // reapEvery is how often the master looks for orphans to reap.
 const reapEvery = 10 * time.Second
 
+// fallBackWatch is how long a worker made current again is watched for a
+// handover it was finishing to a successor that died.
+const fallBackWatch = 30 * time.Second
+
+// errHandedOverToDead is the "death" of a worker that handed over to a
+// successor which then died: it no longer serves.
+var errHandedOverToDead = errors.New("handed over to a successor that died before serving")
+
 type exit struct {
 	w   Worker
 	err error
@@ -179,6 +189,14 @@ func Run(ctx context.Context, cfg Config) error {
 	var retiring []Worker  // workers a SIGUSR2 successor replaces, told to stop once it serves
 	var deaths []time.Time // of workers replaced, within RestartWindow
 	restarts := 0          // workers replaced
+	// fellBack is a worker made current again when its SIGUSR2 successor
+	// died before serving, watched until fellBackUntil in case it was
+	// handing over to the dead one all the same.
+	var fellBack Worker
+	var fellBackUntil time.Time
+	fallBackTick := time.NewTicker(time.Hour)
+	fallBackTick.Stop()
+	defer fallBackTick.Stop()
 	// A worker served once it deposited its sockets (the keeper knows who
 	// deposited from the unix socket's peer credentials).
 	served := func(w Worker) bool { return k.Served(w.Pid()) }
@@ -226,6 +244,29 @@ func Run(ctx context.Context, cfg Config) error {
 			log.Info("reaped processes a worker left behind", zap.Ints("pids", pids))
 		}
 	}
+	// died counts the current worker's death and schedules its
+	// replacement, or ends the master past MaxRestarts.
+	died := func(w Worker, werr error) error {
+		now := time.Now()
+		deaths = slices.DeleteFunc(deaths, func(d time.Time) bool { return now.Sub(d) >= cfg.RestartWindow })
+		if len(deaths) >= cfg.MaxRestarts {
+			stop(syscall.SIGTERM)
+			return fmt.Errorf("the worker died %d times within %v; not restarting it again: %w", len(deaths)+1, cfg.RestartWindow, werr)
+		}
+		deaths = append(deaths, now)
+		restarts++
+		if time.Since(started) < cfg.StableAfter {
+			backoff = min(max(2*backoff, cfg.MinBackoff), cfg.MaxBackoff)
+		} else {
+			backoff = 0
+		}
+		names, _ := k.Held()
+		log.Warn("the worker died; starting another, which takes its sockets (new connections wait meanwhile)",
+			zap.Int("pid", w.Pid()), zap.Error(werr), zap.Int("socketsKept", len(names)), zap.Duration("after", backoff),
+			zap.Int("restarts", restarts), zap.Int("restartsLeft", cfg.MaxRestarts-len(deaths)), zap.Duration("within", cfg.RestartWindow))
+		restart = time.After(backoff)
+		return nil
+	}
 	done := ctx.Done()
 	for {
 		select {
@@ -251,8 +292,8 @@ func Run(ctx context.Context, cfg Config) error {
 				if stopping || restart != nil {
 					continue
 				}
-				if len(retiring) > 0 {
-					log.Warn("SIGUSR2 ignored: the worker started by the last one has not served yet")
+				if len(retiring) > 0 || !served(current) || fellBack != nil {
+					log.Warn("SIGUSR2 ignored: the running worker has not served yet, or a restart is under way")
 					continue
 				}
 				log.Info("SIGUSR2: starting a new worker; it takes over from the running one")
@@ -321,7 +362,11 @@ func Run(ctx context.Context, cfg Config) error {
 					// A SIGUSR2 successor that failed before it took over:
 					// the worker it was to replace still serves.
 					log.Error("the new worker failed before it served; the running one stays", zap.Int("pid", e.w.Pid()), zap.Error(e.err))
-					current, retiring = prev, nil
+					current, retiring, started = prev, nil, time.Time{}
+					// It may still be finishing a handover the dead one
+					// asked for: watch that it keeps answering.
+					fellBack, fellBackUntil = prev, time.Now().Add(fallBackWatch)
+					fallBackTick.Reset(time.Second)
 					continue
 				}
 				// Otherwise it failed after the old one handed over to it
@@ -335,24 +380,25 @@ func Run(ctx context.Context, cfg Config) error {
 				// of a crash loop (counted below), not a bad configuration:
 				// the same one served before.
 			}
-			now := time.Now()
-			deaths = slices.DeleteFunc(deaths, func(d time.Time) bool { return now.Sub(d) >= cfg.RestartWindow })
-			if len(deaths) >= cfg.MaxRestarts {
-				stop(syscall.SIGTERM)
-				return fmt.Errorf("the worker died %d times within %v; not restarting it again: %w", len(deaths)+1, cfg.RestartWindow, e.err)
+			if err := died(e.w, e.err); err != nil {
+				return err
 			}
-			deaths = append(deaths, now)
-			restarts++
-			if time.Since(started) < cfg.StableAfter {
-				backoff = min(max(2*backoff, cfg.MinBackoff), cfg.MaxBackoff)
-			} else {
-				backoff = 0
+		case <-fallBackTick.C:
+			switch {
+			case fellBack == nil || fellBack != current || !live[fellBack] || time.Now().After(fellBackUntil):
+				fellBack = nil
+				fallBackTick.Stop()
+			case !stillServes(cfg.Handover):
+				// It handed over to the successor that died: it drains
+				// and serves no more.
+				w := fellBack
+				fellBack = nil
+				fallBackTick.Stop()
+				retiring = []Worker{w}
+				if err := died(w, errHandedOverToDead); err != nil {
+					return err
+				}
 			}
-			names, _ := k.Held()
-			log.Warn("the worker died; starting another, which takes its sockets (new connections wait meanwhile)",
-				zap.Int("pid", e.w.Pid()), zap.Error(e.err), zap.Int("socketsKept", len(names)), zap.Duration("after", backoff),
-				zap.Int("restarts", restarts), zap.Int("restartsLeft", cfg.MaxRestarts-len(deaths)), zap.Duration("within", cfg.RestartWindow))
-			restart = time.After(backoff)
 		}
 	}
 }

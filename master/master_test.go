@@ -284,6 +284,52 @@ func TestRun(t *testing.T) {
 			t.Errorf("Run = %v, want nil", err)
 		}
 	})
+	t.Run("a worker made current again that was handing over to the dead successor all the same is replaced", func(t *testing.T) {
+		handoverPath := filepath.Join(t.TempDir(), "handover.sock")
+		srv, err := handover.Listen(handoverPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go srv.Serve(t.Context(), func() (map[string]*os.File, error) { return nil, nil }, func() {})
+		r := newRig(t, func(c *Config) { c.Handover = handoverPath })
+		w := r.next(t)
+		r.serve(t, w)
+		r.signals <- syscall.SIGUSR2
+		r.next(t).exit <- crash // it sent Ready, then died; the old one still answers for a moment
+		time.Sleep(100 * time.Millisecond)
+		srv.Close() // ...then finishes the handover: it listens no more
+		w3 := r.next(t)
+		if got := w3.restarts(); got != "1" {
+			t.Errorf("the replacement started with %s=%q, want 1", EnvRestarts, got)
+		}
+		r.serve(t, w3)
+		if s := w.signal(t); s != syscall.SIGTERM {
+			t.Errorf("the old worker got %v once the replacement served, want SIGTERM", s)
+		}
+		w.exit <- nil
+		r.signals <- syscall.SIGTERM
+		w3.signal(t)
+		w3.exit <- nil
+		if err := r.result(t); err != nil {
+			t.Errorf("Run = %v, want nil", err)
+		}
+	})
+	t.Run("SIGUSR2 before the running worker served is ignored", func(t *testing.T) {
+		r := newRig(t)
+		w := r.next(t)
+		r.signals <- syscall.SIGUSR2
+		select {
+		case w2 := <-r.started:
+			t.Errorf("SIGUSR2 started worker %d before the running one served", w2.pid)
+		case <-time.After(100 * time.Millisecond):
+		}
+		r.signals <- syscall.SIGTERM
+		w.signal(t)
+		w.exit <- nil
+		if err := r.result(t); err != nil {
+			t.Errorf("Run = %v, want nil", err)
+		}
+	})
 	t.Run("SIGUSR2 while a successor has not served yet is ignored", func(t *testing.T) {
 		r := newRig(t)
 		w := r.next(t)
