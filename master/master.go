@@ -206,6 +206,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return fmt.Errorf("starting a worker: %w", err)
 		}
+		k.Forget(w.Pid()) // a dead worker's late deposit may have marked a PID reused now
 		current, started, live[w] = w, time.Now(), true
 		log.Info("started a worker", zap.Int("pid", w.Pid()))
 		go func() { exits <- exit{w, w.Wait()} }()
