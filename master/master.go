@@ -186,7 +186,7 @@ func Run(ctx context.Context, cfg Config) error {
 	live := map[Worker]bool{}
 	var current Worker
 	var started time.Time
-	var retiring []Worker  // workers a SIGUSR2 successor replaces, told to stop once it serves
+	var retiring Worker    // the worker a SIGUSR2 successor replaces, told to stop once that serves
 	var deaths []time.Time // of workers replaced, within RestartWindow
 	restarts := 0          // workers replaced
 	// fellBack is a worker made current again when its SIGUSR2 successor
@@ -293,7 +293,7 @@ func Run(ctx context.Context, cfg Config) error {
 				if stopping || restart != nil {
 					continue
 				}
-				if len(retiring) > 0 || !served(current) || fellBack != nil {
+				if retiring != nil || !served(current) || fellBack != nil {
 					log.Warn("SIGUSR2 ignored: the running worker has not served yet, or a restart is under way")
 					continue
 				}
@@ -304,20 +304,18 @@ func Run(ctx context.Context, cfg Config) error {
 					continue
 				}
 				if live[prev] {
-					retiring = append(retiring, prev)
+					retiring = prev
 				}
 			}
 		case <-k.Deposits():
-			// Once the successor serves, its predecessors have handed over
-			// and drain; with a successor wait (--successor-wait, as in
-			// the DaemonSet) each then waits to be told to terminate, and
+			// Once the successor serves, its predecessor has handed over
+			// and drains; with a successor wait (--successor-wait, as in
+			// the DaemonSet) it then waits to be told to terminate, and
 			// no kubelet will tell a worker: the master does.
-			if len(retiring) > 0 && served(current) {
-				for _, w := range retiring {
-					if live[w] {
-						log.Info("the new worker serves; telling the one it replaced to finish", zap.Int("pid", w.Pid()))
-						_ = w.Signal(syscall.SIGTERM)
-					}
+			if retiring != nil && served(current) {
+				if live[retiring] {
+					log.Info("the new worker serves; telling the one it replaced to finish", zap.Int("pid", retiring.Pid()))
+					_ = retiring.Signal(syscall.SIGTERM)
 				}
 				retiring = nil
 			}
@@ -359,7 +357,7 @@ func Run(ctx context.Context, cfg Config) error {
 				continue
 			}
 			if !wasServed {
-				if prev := lastLive(retiring, live); prev != nil && stillServes(cfg.Handover) {
+				if prev := retiring; prev != nil && live[prev] && stillServes(cfg.Handover) {
 					// A SIGUSR2 successor that failed before it took over:
 					// the worker it was to replace still serves.
 					log.Error("the new worker failed before it served; the running one stays", zap.Int("pid", e.w.Pid()), zap.Error(e.err))
@@ -373,7 +371,7 @@ func Run(ctx context.Context, cfg Config) error {
 				// Otherwise it failed after the old one handed over to it
 				// (which then drains, and is told to finish once a
 				// replacement serves): one more death, below.
-				if !everServed && len(retiring) == 0 {
+				if !everServed && retiring == nil {
 					stop(syscall.SIGTERM)
 					return fmt.Errorf("the worker failed before it served: %w", e.err)
 				}
@@ -395,23 +393,13 @@ func Run(ctx context.Context, cfg Config) error {
 				w := fellBack
 				fellBack = nil
 				fallBackTick.Stop()
-				retiring = []Worker{w}
+				retiring = w
 				if err := died(w, errHandedOverToDead); err != nil {
 					return err
 				}
 			}
 		}
 	}
-}
-
-// lastLive is the last of ws still in live, or nil.
-func lastLive(ws []Worker, live map[Worker]bool) Worker {
-	for i := len(ws) - 1; i >= 0; i-- {
-		if live[ws[i]] {
-			return ws[i]
-		}
-	}
-	return nil
 }
 
 // stillServes reports whether a worker answers at the handover socket

@@ -151,6 +151,20 @@ func (r *rig) serve(t *testing.T, w *fakeWorker) {
 	}
 }
 
+// stop sends the master SIGTERM, which it must pass to w, the running
+// worker; w then exits and the master returns nil.
+func (r *rig) stop(t *testing.T, w *fakeWorker) {
+	t.Helper()
+	r.signals <- syscall.SIGTERM
+	if s := w.signal(t); s != syscall.SIGTERM {
+		t.Errorf("worker got %v, want SIGTERM", s)
+	}
+	w.exit <- nil
+	if err := r.result(t); err != nil {
+		t.Errorf("Run = %v, want nil", err)
+	}
+}
+
 func (r *rig) result(t *testing.T) error {
 	t.Helper()
 	select {
@@ -180,14 +194,7 @@ func TestRun(t *testing.T) {
 		if err := h.Ready(context.Background()); err != nil {
 			t.Errorf("Ready: %v", err)
 		}
-		r.signals <- syscall.SIGTERM
-		if s := w2.signal(t); s != syscall.SIGTERM {
-			t.Errorf("worker got %v, want SIGTERM", s)
-		}
-		w2.exit <- nil
-		if err := r.result(t); err != nil {
-			t.Errorf("Run = %v, want nil", err)
-		}
+		r.stop(t, w2)
 	})
 	t.Run("a crash loop ends the master", func(t *testing.T) {
 		r := newRig(t, func(c *Config) { c.MaxRestarts, c.RestartWindow = 2, time.Hour })
@@ -216,12 +223,7 @@ func TestRun(t *testing.T) {
 		if got := w.restarts(); got != "3" {
 			t.Errorf("the fourth worker started with %s=%q, want 3", EnvRestarts, got)
 		}
-		r.signals <- syscall.SIGTERM
-		w.signal(t)
-		w.exit <- nil
-		if err := r.result(t); err != nil {
-			t.Errorf("Run = %v, want nil", err)
-		}
+		r.stop(t, w)
 	})
 	t.Run("a SIGUSR2 successor that fails before it served leaves the old one serving", func(t *testing.T) {
 		// The old worker answers at the handover socket: it still serves.
@@ -247,12 +249,7 @@ func TestRun(t *testing.T) {
 		if got := w3.restarts(); got != "1" {
 			t.Errorf("its replacement started with %s=%q, want 1", EnvRestarts, got)
 		}
-		r.signals <- syscall.SIGTERM
-		w3.signal(t)
-		w3.exit <- nil
-		if err := r.result(t); err != nil {
-			t.Errorf("Run = %v, want nil", err)
-		}
+		r.stop(t, w3)
 	})
 	t.Run("a SIGUSR2 successor that dies after the old one handed over to it is replaced", func(t *testing.T) {
 		// Nothing answers at the handover socket: the old worker handed
@@ -277,12 +274,7 @@ func TestRun(t *testing.T) {
 			t.Error("the old worker, which had handed over, was not told to finish")
 		}
 		w.exit <- nil
-		r.signals <- syscall.SIGTERM
-		w3.signal(t)
-		w3.exit <- nil
-		if err := r.result(t); err != nil {
-			t.Errorf("Run = %v, want nil", err)
-		}
+		r.stop(t, w3)
 	})
 	t.Run("a worker made current again that was handing over to the dead successor all the same is replaced", func(t *testing.T) {
 		handoverPath := filepath.Join(t.TempDir(), "handover.sock")
@@ -307,12 +299,7 @@ func TestRun(t *testing.T) {
 			t.Errorf("the old worker got %v once the replacement served, want SIGTERM", s)
 		}
 		w.exit <- nil
-		r.signals <- syscall.SIGTERM
-		w3.signal(t)
-		w3.exit <- nil
-		if err := r.result(t); err != nil {
-			t.Errorf("Run = %v, want nil", err)
-		}
+		r.stop(t, w3)
 	})
 	t.Run("SIGUSR2 before the running worker served is ignored", func(t *testing.T) {
 		r := newRig(t)
@@ -323,12 +310,7 @@ func TestRun(t *testing.T) {
 			t.Errorf("SIGUSR2 started worker %d before the running one served", w2.pid)
 		case <-time.After(100 * time.Millisecond):
 		}
-		r.signals <- syscall.SIGTERM
-		w.signal(t)
-		w.exit <- nil
-		if err := r.result(t); err != nil {
-			t.Errorf("Run = %v, want nil", err)
-		}
+		r.stop(t, w)
 	})
 	t.Run("SIGUSR2 while a successor has not served yet is ignored", func(t *testing.T) {
 		r := newRig(t)
@@ -347,12 +329,7 @@ func TestRun(t *testing.T) {
 			t.Errorf("old worker got %v, want SIGTERM", s)
 		}
 		w.exit <- nil
-		r.signals <- syscall.SIGTERM
-		w2.signal(t)
-		w2.exit <- nil
-		if err := r.result(t); err != nil {
-			t.Errorf("Run = %v, want nil", err)
-		}
+		r.stop(t, w2)
 	})
 	t.Run("a replacement that dies before it served is one more death, not the end", func(t *testing.T) {
 		r := newRig(t)
@@ -364,12 +341,7 @@ func TestRun(t *testing.T) {
 		if got := w3.restarts(); got != "2" {
 			t.Errorf("the third worker started with %s=%q, want 2", EnvRestarts, got)
 		}
-		r.signals <- syscall.SIGTERM
-		w3.signal(t)
-		w3.exit <- nil
-		if err := r.result(t); err != nil {
-			t.Errorf("Run = %v, want nil", err)
-		}
+		r.stop(t, w3)
 	})
 	t.Run("the first worker failing before it served ends the master", func(t *testing.T) {
 		r := newRig(t)

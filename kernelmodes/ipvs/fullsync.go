@@ -221,6 +221,7 @@ func (m *Mode) Cleanup(ctx context.Context) error {
 	cur := m.cur
 	m.cur, m.needFull = nil, true
 	m.draining.Store(0)
+	m.loadMade() // what this or another svcproxy made on excluded addresses is to go too
 	var errs []error
 	if m.links == nil {
 		l, err := NewLinks(netns.None())

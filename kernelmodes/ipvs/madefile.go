@@ -27,8 +27,10 @@ import (
 // server, "tcp 192.0.2.7:30080"; the file is replaced whole (a temporary
 // file renamed over it) after each sync that changed what it should hold.
 //
-// During a rollout two processes sync the same kernel and write the same
-// file: each full sync reads it again and takes in what the other
+// The file is read by each full sync (the first Apply is one) and by
+// Cleanup, not by New: a mode built only to probe reads nothing. During a
+// rollout two processes sync the same kernel and write the same file:
+// each full sync reads it again and takes in what the other
 // recorded, so what either made stays recorded (a record whose virtual
 // server a full sync finds gone is dropped).
 

@@ -60,11 +60,12 @@ type Config struct {
 	// taken over, it is left as it is once they stop asking.
 	ExcludeCIDRs []netip.Prefix
 	// MadeFile, if set, is where the mode records the virtual servers it
-	// made on excluded addresses, and reads them at New: the next
-	// svcproxy (a restart, a handover, a DaemonSet rollout's new pod)
-	// then deletes them when their Services go. Keep it on a filesystem
-	// that lives as long as the kernel's IPVS table (/run). "": not
-	// recorded; a restart leaves them for good, as kube-proxy does.
+	// made on excluded addresses, and reads them at each full sync and at
+	// Cleanup: the next svcproxy (a restart, a handover, a DaemonSet
+	// rollout's new pod) then deletes them when their Services go. Keep
+	// it on a filesystem that lives as long as the kernel's IPVS table
+	// (/run). "": not recorded; a restart leaves them for good, as
+	// kube-proxy does.
 	MadeFile string
 	// MasqueradeAll masquerades all Service traffic, ClusterIP included.
 	// Otherwise traffic to NodePorts, ExternalIPs and LoadBalancer IPs of
@@ -260,7 +261,6 @@ func New(cfg Config) (*Mode, error) {
 	if _, ok := kernelVersion(m.cfg.KernelRelease); !ok {
 		m.log.Warn("cannot read the kernel's version; conn_reuse_mode is left as it is", zap.String("release", m.cfg.KernelRelease))
 	}
-	m.loadMade()
 	return m, nil
 }
 

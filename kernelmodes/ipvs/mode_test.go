@@ -905,7 +905,7 @@ func TestExcludeCIDRs(t *testing.T) {
 		next.apply(false, cases.Web(0, 1))
 		old.apply(false, cases.Web(0, 1), cases.Diameter()) // the old one makes a NodePort meanwhile
 		next.apply(true, cases.Web(0, 1), cases.Diameter()) // a full sync reads what the old one recorded
-		next.apply(false, cases.Web(0, 1))                   // the old one is gone; Diameter goes
+		next.apply(false, cases.Web(0, 1))                  // the old one is gone; Diameter goes
 		if hasVS(next, cases.SCTPNodePort) {
 			t.Errorf("a NodePort on an excluded address the old pod made during the rollout stayed after its Service went")
 		}
