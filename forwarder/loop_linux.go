@@ -28,15 +28,15 @@ import (
 //
 // # How a worker waits
 //
-// A worker is a goroutine, not a locked OS thread. Its epoll file
-// descriptor is itself pollable, so the worker hands it to Go's own
-// netpoller (os.NewFile of the non-blocking epoll fd) and waits for it with
+// A worker is a goroutine, not a locked OS thread. An epoll file
+// descriptor is itself pollable, so the worker waits for its epoll in Go's
+// own netpoller (os.NewFile of a non-blocking epoll fd) with
 // (syscall.RawConn).Read: the callback harvests the worker's epoll with a
 // zero timeout, handles what it got, and returns false to park the
-// goroutine until the netpoller sees the epoll fd readable again. Timers
-// are the epoll file's read deadline. Measured against the alternatives on
-// this kind of machine (../shared/FACTS.md, a 250-line prototype of each,
-// ratios against nginx stream in the same run):
+// goroutine until the netpoller sees it readable again. Timers are the
+// file's read deadline. Measured against the alternatives on this kind of
+// machine (../shared/FACTS.md, a 250-line prototype of each, ratios
+// against nginx stream in the same run):
 //
 //	how a worker waits                                  keep-alive req/s  CPU/req  new conn/s  p99
 //	blocking epoll_wait, LockOSThread                   0.77×             1.76×    0.82×       81 ms
@@ -49,24 +49,50 @@ import (
 // switch to each: that, not Go code, was the cost. In the netpoller the
 // worker parks like any goroutine waiting for a socket.
 //
-// Two refinements were built into this engine and measured against it,
+// # The parking epoll
+//
+// The file in the netpoller is not the worker's epoll but a second one, the
+// parking epoll, which holds the worker's epoll as a one-shot entry: armed
+// (EPOLL_CTL_MOD, which reports at once if events are already waiting) as
+// the worker parks, disarmed by reading its report as the worker wakes
+// (rearm, unpark). The worker's epoll in the netpoller directly woke the
+// netpoller at every event, parked or not: each time a socket of a busy
+// worker became ready, a thread blocked in the netpoller (on the other CPU,
+// which the client and backend need) woke, found the worker running, and
+// slept again. Under one bulk stream (svcproxy-vip, perf over 2 s) the
+// netpoller blocked and woke 3,400 times a second while the worker harvested
+// its epoll 1,060 times; with the parking epoll, 6.1k context switches in
+// 5 s against 16.7k (HAProxy: 2.8–4.7k), and half the epoll waits. In the
+// bench's bulk, 1 MiB and keep-alive tests (2026-11-28, svcproxy-vip against
+// HAProxy in the same turns, 5 turns of 4 s, medians of the ratios, before →
+// after): bulk on one stream 0.86× → 1.00× at 0.57–0.72 s of CPU per GB
+// against 0.76–0.89, four streams 0.95× → 1.04×, 1 MiB transfers 0.79× →
+// 0.93×, keep-alive requests 0.98× → 1.13× with the p99 1.79× → 1.10×
+// HAProxy's and CPU per request 0.73× → 0.65×; new connections unchanged
+// (1.12×, 1.11×). Two system calls per park (the MOD, the read of the
+// report), none while busy.
+//
+// The same was first built with EPOLL_CTL_ADD before parking and DEL on
+// waking, and measured with keep-alive only, where it changed nothing
+// (2026-11-26: context switches per request 0.21–0.25 either way). ADD is
+// also the wrong call for it: adding an epoll to an epoll that is itself
+// watched makes the kernel check for loops by walking every descriptor
+// the added one watches (ep_loop_check), under a global mutex, a cost per
+// park that grows with the worker's connections. MOD of an entry that is
+// there already takes only the parking epoll's own lock.
+//
+// A further refinement was built into the engine and measured against it,
 // A/B in turns (wrk, 64 keep-alive connections, 1 KiB responses, client,
 // node and backend namespaces joined by veths, 4 turns of 5 s each), and
-// dropped:
-//
-//   - A second, parking epoll holds the worker's epoll only while it is
-//     parked (EPOLL_CTL_ADD before parking, DEL on waking), so events
-//     that come while it runs wake nobody else. Context switches per
-//     request 0.21–0.25, the same; CPU per request no better.
-//   - On top of that, while busy, wait in a raw blocking epoll_pwait2 of
-//     up to 2 ms that keeps the P (the runtime never sees it), GOMAXPROCS
-//     raised by the worker count; park in the netpoller only after 2 ms
-//     of nothing.
-//     CPU per request 15–22 µs against 13–19 µs, and a p99 over 900 ms in
-//     2 of 4 turns. Context switches per request doubled (0.37–0.46
-//     against 0.20–0.24): a thread that blocks in the kernel at once
-//     switches at every wait, where the runtime, before it blocks in the
-//     netpoller, spins briefly and often finds the next event first.
+// dropped: on top of the parking epoll (then ADD/DEL), while busy, wait in
+// a raw blocking epoll_pwait2 of up to 2 ms that keeps the P (the runtime
+// never sees it), GOMAXPROCS raised by the worker count; park in the
+// netpoller only after 2 ms of nothing. CPU per request 15–22 µs against
+// 13–19 µs, and a p99 over 900 ms in 2 of 4 turns. Context switches per
+// request doubled (0.37–0.46 against 0.20–0.24): a thread that blocks in
+// the kernel at once switches at every wait, where the runtime, before it
+// blocks in the netpoller, spins briefly and often finds the next event
+// first.
 //
 // Not parking at all was measured too (2026-11-27, io_uring on): when a
 // harvest comes back empty, one sched_yield and one more harvest before
@@ -284,10 +310,13 @@ type worker struct {
 	log *zap.Logger
 
 	ep     int      // epoll
-	file   *os.File // ep, in Go's netpoller
+	file   *os.File // park, in Go's netpoller
 	rc     syscall.RawConn
 	pollFn func(uintptr) bool
-	evfd   int // eventfd: tasks are queued
+	evfd   int  // eventfd: tasks are queued
+	park   int  // the parking epoll, the one in the netpoller: reports ep once per arming
+	parked bool // park was armed when the worker last parked and is not read yet
+	parkEv [1]unix.EpollEvent
 
 	events []unix.EpollEvent
 	buf    []byte // small messages pass through here
@@ -346,10 +375,27 @@ func newWorker(e *loopEngine, id int) (*worker, error) {
 		unix.Close(evfd)
 		return nil, err
 	}
+	park, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err == nil {
+		if err = unix.SetNonblock(park, true); err == nil {
+			ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLONESHOT}
+			err = unix.EpollCtl(park, unix.EPOLL_CTL_ADD, ep, &ev)
+		}
+		if err != nil {
+			unix.Close(park)
+		}
+	}
+	if err != nil {
+		unix.Close(ep)
+		unix.Close(evfd)
+		return nil, fmt.Errorf("creating the parking epoll instance: %w", err)
+	}
+	w.park, w.parked = park, true
 	// The netpoller takes a non-blocking descriptor as pollable.
-	w.file = os.NewFile(uintptr(ep), fmt.Sprintf("epoll(worker %d)", id))
+	w.file = os.NewFile(uintptr(park), fmt.Sprintf("epoll(worker %d parking)", id))
 	if w.rc, err = w.file.SyscallConn(); err != nil {
 		w.file.Close()
+		unix.Close(ep)
 		unix.Close(evfd)
 		return nil, fmt.Errorf("waiting for epoll in the netpoller: %w", err)
 	}
@@ -396,6 +442,7 @@ func (w *worker) run() {
 		w.f.m.IOUringWorkers.Dec()
 	}
 	w.file.Close()
+	unix.Close(w.ep)
 	unix.Close(w.evfd)
 	w.mu.Lock()
 	w.dead = true
@@ -410,6 +457,7 @@ func (w *worker) run() {
 // poll is the RawConn.Read callback: harvest, handle, and report whether to
 // return (true) or park until the epoll fd is readable again (false).
 func (w *worker) poll(uintptr) bool {
+	w.unpark()
 	for {
 		n, err := sysEpollPoll(w.ep, w.events)
 		if err != nil && err != unix.EINTR {
@@ -443,14 +491,46 @@ func (w *worker) poll(uintptr) bool {
 			// scheduler (park, netpoll, wake).
 			continue
 		}
-		// Nothing is queued, and events that arrive from here on signal
-		// the epoll fd anew: parking loses none.
+		// Nothing is queued, and events that arrive from here on, or
+		// came since the last harvest, make the armed parking epoll
+		// report: parking loses none.
 		w.arm()
+		if err := w.rearm(); err != nil {
+			// Cannot happen (the descriptors are the worker's own); were
+			// it to, a worker that runs again is better than one that
+			// may never wake.
+			w.log.Error("event loop cannot park", zap.Error(err))
+			w.yield = true
+			return true
+		}
 		return false
 	}
 }
 
-// arm sets the epoll file's read deadline to the earliest timer.
+// rearm arms the parking epoll to report the worker's epoll once: at once
+// if it holds events already (EPOLL_CTL_MOD polls it), else at the next.
+func (w *worker) rearm() error {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLONESHOT}
+	if err := unix.EpollCtl(w.park, unix.EPOLL_CTL_MOD, w.ep, &ev); err != nil {
+		return fmt.Errorf("arming the parking epoll: %w", err)
+	}
+	w.parked = true
+	return nil
+}
+
+// unpark reads what the parking epoll reported since the worker parked.
+// Reading a report is what disarms a one-shot entry, and what takes it off
+// the parking epoll's ready list so that the next rearm reports anew. If
+// it had reported nothing (the worker woke for a timer or a task), it
+// stays armed and may wake the netpoller once for nothing.
+func (w *worker) unpark() {
+	if w.parked {
+		w.parked = false
+		_, _ = sysEpollPoll(w.park, w.parkEv[:])
+	}
+}
+
+// arm sets the parking epoll file's read deadline to the earliest timer.
 func (w *worker) arm() {
 	when, ok := w.timers.next()
 	if !ok {

@@ -1,0 +1,85 @@
+package forwarder
+
+import (
+	"encoding/binary"
+	"testing"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+)
+
+// TestParkingEpoll: the epoll in Go's netpoller (the parking epoll)
+// reports the worker's epoll only while the worker is parked. Events that
+// come while it runs wake no other thread (each such wakeup cost two
+// context switches on the CPU the worker's peers need: thousands a second
+// under a bulk stream), and arming it again with events already waiting
+// reports them at once, so no wakeup is lost. Read from the kernel with
+// poll(2) on the parking epoll, which reports whether the netpoller would
+// be woken.
+func TestParkingEpoll(t *testing.T) {
+	w, err := newWorker(&loopEngine{f: &Forwarder{log: zap.NewNop()}}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		w.file.Close()
+		unix.Close(w.ep)
+		unix.Close(w.evfd)
+	}()
+	reports := func() bool {
+		t.Helper()
+		fds := []unix.PollFd{{Fd: int32(w.park), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+	event := func() { // something for the worker's epoll: its eventfd
+		t.Helper()
+		if _, err := unix.Write(w.evfd, binary.NativeEndian.AppendUint64(nil, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	harvest := func() { // what the worker does once awake
+		t.Helper()
+		for {
+			n, err := sysEpollPoll(w.ep, w.events)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 {
+				break
+			}
+		}
+		var b [8]byte
+		_, _ = unix.Read(w.evfd, b[:])
+	}
+	steps := []struct {
+		name string
+		do   func()
+		want bool
+	}{
+		{"a new worker is parked, nothing has come", func() {}, false},
+		{"an event comes while parked", event, true},
+		{"the worker wakes, its epoll not yet harvested", w.unpark, false},
+		{"another event while it runs", event, false},
+		{"it parks with events still waiting", func() { mustRearm(t, w) }, true},
+		{"it wakes and harvests everything", func() { w.unpark(); harvest() }, false},
+		{"it parks with nothing waiting", func() { mustRearm(t, w) }, false},
+		{"an event comes while parked, again", event, true},
+	}
+	for _, s := range steps {
+		s.do()
+		if got := reports(); got != s.want {
+			t.Fatalf("%s: the parking epoll reports %v, want %v", s.name, got, s.want)
+		}
+	}
+}
+
+func mustRearm(t *testing.T, w *worker) {
+	t.Helper()
+	if err := w.rearm(); err != nil {
+		t.Fatal(err)
+	}
+}
