@@ -53,33 +53,45 @@ import (
 //
 // The file in the netpoller is not the worker's epoll but a second one, the
 // parking epoll, which holds the worker's epoll as a one-shot entry: armed
-// (EPOLL_CTL_MOD, which reports at once if events are already waiting) as
-// the worker parks, disarmed by reading its report as the worker wakes
-// (rearm, unpark). The worker's epoll in the netpoller directly woke the
-// netpoller at every event, parked or not: each time a socket of a busy
-// worker became ready, a thread blocked in the netpoller (on the other CPU,
-// which the client and backend need) woke, found the worker running, and
-// slept again. Under one bulk stream (svcproxy-vip, perf over 2 s) the
-// netpoller blocked and woke 3,400 times a second while the worker harvested
-// its epoll 1,060 times; with the parking epoll, 6.1k context switches in
-// 5 s against 16.7k (HAProxy: 2.8–4.7k), and half the epoll waits. In the
-// bench's bulk, 1 MiB and keep-alive tests (2026-11-28, svcproxy-vip against
-// HAProxy in the same turns, 5 turns of 4 s, medians of the ratios, before →
-// after): bulk on one stream 0.86× → 1.00× at 0.57–0.72 s of CPU per GB
-// against 0.76–0.89, four streams 0.95× → 1.04×, 1 MiB transfers 0.79× →
-// 0.93×, keep-alive requests 0.98× → 1.13× with the p99 1.79× → 1.10×
-// HAProxy's and CPU per request 0.73× → 0.65×; new connections unchanged
-// (1.12×, 1.11×). Two system calls per park (the MOD, the read of the
-// report), none while busy.
+// as the worker parks (rearm: EPOLL_CTL_MOD, which reports at once if events
+// are already waiting), disarmed as it wakes by reading the report (unpark;
+// after a wake with nothing reported, a timer's, by a MOD with an empty mask
+// and a second read). While the worker runs, its sockets' events wake
+// nobody. No wakeup is lost: an event that comes after the worker's last
+// harvest either finds the entry armed and wakes the netpoller, or comes
+// before the MOD, which reports it; and should the entry still be on the
+// parking epoll's ready list at the MOD (which then reports nothing new),
+// the event that put it there woke the netpoller, whose own poll of the
+// parking epoll then reports it or takes it off.
+//
+// The worker's epoll in the netpoller directly woke the netpoller at every
+// event, parked or not: each time a socket of a busy worker became ready, a
+// thread blocked in the netpoller (on the other CPU, which the client and
+// backend need) woke, found the worker running, and slept again. Under one
+// bulk stream (svcproxy-vip, perf over 2 s) the netpoller blocked and woke
+// 3,400 times a second while the worker harvested its epoll 1,060 times;
+// with the parking epoll, 6.1k context switches in 5 s against 16.7k
+// (HAProxy: 2.8–4.7k), and half the epoll waits. In the bench's bulk, 1 MiB
+// and keep-alive tests (2026-11-28, svcproxy-vip against HAProxy in the same
+// turns, 5 turns of 4 s, medians of the ratios, before → after): bulk on one
+// stream 0.86× → 1.00× at 0.57–0.72 s of CPU per GB against 0.76–0.89, four
+// streams 0.95× → 1.04×, 1 MiB transfers 0.79× → 0.93×, keep-alive requests
+// 0.98× → 1.13× with the p99 1.79× → 1.10× HAProxy's and CPU per request
+// 0.73× → 0.65×; new connections unchanged (1.12×, 1.11×). The full bench
+// that followed (2026-11-28 05:45, 5 rounds) met bulk and 1 MiB against
+// HAProxy on both footings for the first time since 2026-11-27
+// (svcproxy-local 1.22×, 1.10×, 1.02×). Two system calls per park (the MOD,
+// the read of the report), two more after a wake with nothing reported, none
+// while busy.
 //
 // The same was first built with EPOLL_CTL_ADD before parking and DEL on
 // waking, and measured with keep-alive only, where it changed nothing
 // (2026-11-26: context switches per request 0.21–0.25 either way). ADD is
 // also the wrong call for it: adding an epoll to an epoll that is itself
-// watched makes the kernel check for loops by walking every descriptor
-// the added one watches (ep_loop_check), under a global mutex, a cost per
-// park that grows with the worker's connections. MOD of an entry that is
-// there already takes only the parking epoll's own lock.
+// watched makes the kernel check for loops by walking every descriptor the
+// added one watches (ep_loop_check), under a global mutex, a cost per park
+// that grows with the worker's connections. MOD of an entry already there
+// takes no global lock and looks only at the worker's epoll's ready list.
 //
 // A further refinement was built into the engine and measured against it,
 // A/B in turns (wrk, 64 keep-alive connections, 1 KiB responses, client,
@@ -443,12 +455,12 @@ func (w *worker) run() {
 	}
 	w.file.Close()
 	unix.Close(w.ep)
-	unix.Close(w.evfd)
 	w.mu.Lock()
 	w.dead = true
 	tasks := w.tasks
 	w.tasks = nil
 	w.mu.Unlock()
+	unix.Close(w.evfd)        // no post writes to it now (see post)
 	for _, t := range tasks { // a waiter must not hang on a worker that is gone
 		t(w)
 	}
@@ -520,14 +532,23 @@ func (w *worker) rearm() error {
 
 // unpark reads what the parking epoll reported since the worker parked.
 // Reading a report is what disarms a one-shot entry, and what takes it off
-// the parking epoll's ready list so that the next rearm reports anew. If
-// it had reported nothing (the worker woke for a timer or a task), it
-// stays armed and may wake the netpoller once for nothing.
+// the parking epoll's ready list so that the next rearm reports anew.
 func (w *worker) unpark() {
-	if w.parked {
-		w.parked = false
-		_, _ = sysEpollPoll(w.park, w.parkEv[:])
+	if !w.parked {
+		return
 	}
+	w.parked = false
+	if n, _ := sysEpollPoll(w.park, w.parkEv[:]); n > 0 {
+		return
+	}
+	// Nothing was reported (the deadline woke the worker, for a timer): the
+	// entry is still armed, and every event would wake the netpoller while
+	// the worker runs. Disarm it (nothing in its mask), then read once more,
+	// which takes off the ready list a report that raced the disarm: left
+	// there, it would keep the next rearm from reporting.
+	ev := unix.EpollEvent{Events: unix.EPOLLONESHOT}
+	_ = unix.EpollCtl(w.park, unix.EPOLL_CTL_MOD, w.ep, &ev)
+	_, _ = sysEpollPoll(w.park, w.parkEv[:])
 }
 
 // arm sets the parking epoll file's read deadline to the earliest timer.
@@ -658,13 +679,14 @@ func (w *worker) post(fn func(*worker)) {
 		return
 	}
 	w.tasks = append(w.tasks, fn)
-	wake := !w.woken
-	w.woken = true
-	w.mu.Unlock()
-	if wake {
+	if !w.woken {
+		// Under mu: the worker closes evfd only once it is dead, and a
+		// write after the close could reach whatever took the number.
+		w.woken = true
 		one := [8]byte{1}
 		_, _ = unix.Write(w.evfd, one[:])
 	}
+	w.mu.Unlock()
 }
 
 func (w *worker) runTasks() {

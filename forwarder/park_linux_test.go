@@ -13,9 +13,10 @@ import (
 // come while it runs wake no other thread (each such wakeup cost two
 // context switches on the CPU the worker's peers need: thousands a second
 // under a bulk stream), and arming it again with events already waiting
-// reports them at once, so no wakeup is lost. Read from the kernel with
-// poll(2) on the parking epoll, which reports whether the netpoller would
-// be woken.
+// reports them at once, so no wakeup is lost; a wake with nothing
+// reported (a timer's) leaves it disarmed too. Read from the kernel with
+// poll(2) on the parking epoll, readable exactly when it has a report for
+// the netpoller.
 func TestParkingEpoll(t *testing.T) {
 	w, err := newWorker(&loopEngine{f: &Forwarder{log: zap.NewNop()}}, 0)
 	if err != nil {
@@ -67,6 +68,11 @@ func TestParkingEpoll(t *testing.T) {
 		{"it parks with events still waiting", func() { mustRearm(t, w) }, true},
 		{"it wakes and harvests everything", func() { w.unpark(); harvest() }, false},
 		{"it parks with nothing waiting", func() { mustRearm(t, w) }, false},
+		{"a timer wakes it, nothing reported", w.unpark, false},
+		{"an event while it runs after a timer's wake", event, false},
+		{"it parks with that event still waiting", func() { mustRearm(t, w) }, true},
+		{"it wakes and harvests everything, again", func() { w.unpark(); harvest() }, false},
+		{"it parks with nothing waiting, again", func() { mustRearm(t, w) }, false},
 		{"an event comes while parked, again", event, true},
 	}
 	for _, s := range steps {
