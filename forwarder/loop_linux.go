@@ -78,9 +78,10 @@ import (
 // streams 0.95× → 1.04×, 1 MiB transfers 0.79× → 0.93×, keep-alive requests
 // 0.98× → 1.13× with the p99 1.79× → 1.10× HAProxy's and CPU per request
 // 0.73× → 0.65×; new connections unchanged (1.12×, 1.11×). The full bench
-// that followed (2026-11-28 05:45, 5 rounds) met bulk and 1 MiB against
-// HAProxy on both footings for the first time since 2026-11-27
-// (svcproxy-local 1.22×, 1.10×, 1.02×). Two system calls per park (the MOD,
+// that followed (2026-11-28 05:45, 5 rounds) met bulk on one and four
+// streams and 1 MiB against HAProxy on both footings; no run since
+// 2026-11-27 had met all three, the three before it none (svcproxy-local
+// 1.22×, 1.10×, 1.02×). Two system calls per park (the MOD,
 // the read of the report), two more after a wake with nothing reported, none
 // while busy.
 //
