@@ -372,10 +372,6 @@ func newWorker(e *loopEngine, id int) (*worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating epoll instance: %w", err)
 	}
-	if err := unix.SetNonblock(ep, true); err != nil {
-		unix.Close(ep)
-		return nil, fmt.Errorf("making epoll instance non-blocking: %w", err)
-	}
 	evfd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 	if err != nil {
 		unix.Close(ep)

@@ -44,6 +44,25 @@ func (w *fakeWorker) signal(t *testing.T) os.Signal {
 	return nil
 }
 
+// retire checks that w is told to finish (SIGTERM) and lets it exit.
+func (w *fakeWorker) retire(t *testing.T, when string) {
+	t.Helper()
+	if s := w.signal(t); s != syscall.SIGTERM {
+		t.Errorf("%s: the worker got %v, want SIGTERM", when, s)
+	}
+	w.exit <- nil
+}
+
+// quiet checks that w gets no signal within 100 ms.
+func (w *fakeWorker) quiet(t *testing.T, when string) {
+	t.Helper()
+	select {
+	case s := <-w.sigs:
+		t.Errorf("%s: the worker got %v", when, s)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
 // restarts is the EnvRestarts the worker was started with.
 func (w *fakeWorker) restarts() string {
 	for _, e := range w.env {
@@ -156,12 +175,19 @@ func (r *rig) serve(t *testing.T, w *fakeWorker) {
 func (r *rig) stop(t *testing.T, w *fakeWorker) {
 	t.Helper()
 	r.signals <- syscall.SIGTERM
-	if s := w.signal(t); s != syscall.SIGTERM {
-		t.Errorf("worker got %v, want SIGTERM", s)
-	}
-	w.exit <- nil
+	w.retire(t, "the master stopping")
 	if err := r.result(t); err != nil {
 		t.Errorf("Run = %v, want nil", err)
+	}
+}
+
+// noStart checks that no worker starts within 100 ms.
+func (r *rig) noStart(t *testing.T, why string) {
+	t.Helper()
+	select {
+	case w := <-r.started:
+		t.Errorf("worker %d started %s", w.pid, why)
+	case <-time.After(100 * time.Millisecond):
 	}
 }
 
@@ -239,11 +265,7 @@ func TestRun(t *testing.T) {
 		r.serve(t, w)
 		r.signals <- syscall.SIGUSR2
 		r.next(t).exit <- crash
-		select {
-		case s := <-w.sigs:
-			t.Errorf("the running worker got %v", s)
-		case <-time.After(100 * time.Millisecond):
-		}
+		w.quiet(t, "its successor died before taking over")
 		w.exit <- crash // it is the current one again: its death is a crash
 		w3 := r.next(t)
 		if got := w3.restarts(); got != "1" {
@@ -265,15 +287,7 @@ func TestRun(t *testing.T) {
 			t.Errorf("the replacement started with %s=%q, want 1 (a death)", EnvRestarts, got)
 		}
 		r.serve(t, w3)
-		select {
-		case s := <-w.sigs:
-			if s != syscall.SIGTERM {
-				t.Errorf("the old worker got %v once the replacement served, want SIGTERM", s)
-			}
-		case <-time.After(5 * time.Second):
-			t.Error("the old worker, which had handed over, was not told to finish")
-		}
-		w.exit <- nil
+		w.retire(t, "the old worker, which had handed over, once the replacement served")
 		r.stop(t, w3)
 	})
 	t.Run("a worker made current again that was handing over to the dead successor all the same is replaced", func(t *testing.T) {
@@ -295,21 +309,14 @@ func TestRun(t *testing.T) {
 			t.Errorf("the replacement started with %s=%q, want 1", EnvRestarts, got)
 		}
 		r.serve(t, w3)
-		if s := w.signal(t); s != syscall.SIGTERM {
-			t.Errorf("the old worker got %v once the replacement served, want SIGTERM", s)
-		}
-		w.exit <- nil
+		w.retire(t, "the old worker once the replacement served")
 		r.stop(t, w3)
 	})
 	t.Run("SIGUSR2 before the running worker served is ignored", func(t *testing.T) {
 		r := newRig(t)
 		w := r.next(t)
 		r.signals <- syscall.SIGUSR2
-		select {
-		case w2 := <-r.started:
-			t.Errorf("SIGUSR2 started worker %d before the running one served", w2.pid)
-		case <-time.After(100 * time.Millisecond):
-		}
+		r.noStart(t, "on a SIGUSR2 before the running one served")
 		r.stop(t, w)
 	})
 	t.Run("SIGUSR2 while a successor has not served yet is ignored", func(t *testing.T) {
@@ -319,16 +326,9 @@ func TestRun(t *testing.T) {
 		r.signals <- syscall.SIGUSR2
 		w2 := r.next(t)
 		r.signals <- syscall.SIGUSR2
-		select {
-		case w3 := <-r.started:
-			t.Errorf("a second SIGUSR2 started worker %d before the first successor served", w3.pid)
-		case <-time.After(100 * time.Millisecond):
-		}
+		r.noStart(t, "on a second SIGUSR2 before the first successor served")
 		r.serve(t, w2)
-		if s := w.signal(t); s != syscall.SIGTERM {
-			t.Errorf("old worker got %v, want SIGTERM", s)
-		}
-		w.exit <- nil
+		w.retire(t, "the old worker once its successor served")
 		r.stop(t, w2)
 	})
 	t.Run("a replacement that dies before it served is one more death, not the end", func(t *testing.T) {
@@ -376,26 +376,14 @@ func TestRun(t *testing.T) {
 		// the successor starts: it must not be told to stop yet.
 		pid := w.Pid()
 		r.serve(t, w)
-		select {
-		case s := <-w.sigs:
-			t.Errorf("the old worker got %v before its successor served", s)
-		case <-time.After(100 * time.Millisecond):
-		}
+		w.quiet(t, "before its successor served")
 		w.mu.Lock()
 		w.pid = pid
 		w.mu.Unlock()
 		// The successor serves: the old one, which handed over and
 		// waits to be terminated (--successor-wait), is told to finish.
 		r.serve(t, w2)
-		select {
-		case s := <-w.sigs:
-			if s != syscall.SIGTERM {
-				t.Errorf("the old worker got %v once its successor served, want SIGTERM", s)
-			}
-		case <-time.After(5 * time.Second):
-			t.Error("the old worker was not told to finish once its successor served")
-		}
-		w.exit <- nil // it drained
+		w.retire(t, "the old worker, drained, once its successor served")
 		r.signals <- syscall.SIGINT
 		if s := w2.signal(t); s != syscall.SIGINT {
 			t.Errorf("successor got %v, want SIGINT", s)
