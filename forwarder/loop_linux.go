@@ -140,6 +140,27 @@ import (
 // the backend, not the proxy, hold the cores; and one loop caps the proxy
 // at one core on a node that has more. Not adopted: a loop per P stays.
 //
+// Where the rest of the keep-alive gap sits (2026-11-28, the bench's
+// keep-alive test, svcproxy-local, /proc/stat over 5 s, 4 samples): the
+// two cores are 9–12 % idle, where with nginx stream or HAProxy in its
+// place they are 0–1 % idle. perf's sched_switch events put the start of
+// nearly every idle period at a svcproxy thread blocking, the netpoller's
+// epoll_pwait (94 µs on average) or an idle M's futex, and its end at a
+// svcproxy thread waking. The netpoller wakes whichever thread waits in it,
+// so a worker has no CPU of its own: in one sample both workers' threads
+// shared one CPU (62 % of it) while the client and a backend held the
+// other, where nginx's processes each settle beside a client thread and a
+// backend worker. Pinning each worker to a CPU was built and measured
+// (LockOSThread, sched_setaffinity, a blocking epoll_wait on the worker's
+// own epoll; 4 turns, svcproxy-local against the same binary unpinned):
+// idle fell to 2 %, but requests/s fell to 23.6k against 33.2k and CPU
+// per request rose to 35 µs against 19.5 µs, as the runtime's monitor and
+// P hand-offs around each blocking wait kept two more threads switching
+// thousands of times a second. An extra P (GOMAXPROCS=3, two workers,
+// 5 turns) did no better either. Not adopted; that idle CPU, not the
+// loop's own cost, is the likeliest reason keep-alive stays at parity with
+// nginx stream rather than above it.
+//
 // Edge-triggered registration with EPOLLRDHUP is what saves the system
 // calls Go's poller cannot: a read shorter than the buffer means the
 // socket is empty (no read to see EAGAIN), and a FIN queued with the last
