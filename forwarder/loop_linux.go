@@ -352,15 +352,16 @@ type worker struct {
 	parked bool // park was armed when the worker last parked and is not read yet
 	parkEv [1]unix.EpollEvent
 
-	events []unix.EpollEvent
-	buf    []byte // small messages pass through here
-	fds    []fdEntry
-	seq    uint32
-	timers timers
-	now    int64 // monotime at the last harvest
-	armed  int64 // the read deadline set on file: 0 none, -1 passed
-	quit   bool
-	yield  bool // poll returned with work left, to let other goroutines run
+	events     []unix.EpollEvent
+	buf        []byte // small messages pass through here
+	fds        []fdEntry
+	seq        uint32
+	timers     timers
+	now        int64 // monotime at the last harvest
+	armed      int64 // the read deadline set on file: 0 none, -1 passed
+	quit       bool
+	yield      bool // poll returned with work left, to let other goroutines run
+	unparkable bool // the last rearm failed (and was logged)
 
 	relays []*relay        // open connections, dialling ones included
 	free   []*relay        // finished, for reuse
@@ -528,11 +529,15 @@ func (w *worker) poll(uintptr) bool {
 		if err := w.rearm(); err != nil {
 			// Cannot happen (the descriptors are the worker's own); were
 			// it to, a worker that runs again is better than one that
-			// may never wake.
-			w.log.Error("event loop cannot park", zap.Error(err))
+			// may never wake. Said once, not at every turn of the spin.
+			if !w.unparkable {
+				w.unparkable = true
+				w.log.Error("event loop cannot park; it polls without waiting until it can", zap.Error(err))
+			}
 			w.yield = true
 			return true
 		}
+		w.unparkable = false
 		return false
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	"golang.org/x/sys/unix"
 )
 
@@ -88,4 +89,49 @@ func mustRearm(t *testing.T, w *worker) {
 	if err := w.rearm(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestCannotParkLogsOnce: a worker whose parking epoll refuses to be armed
+// keeps polling rather than risk never waking, and says so once, not at
+// every turn of that spin; once it parks again, a new failure is said again.
+func TestCannotParkLogsOnce(t *testing.T) {
+	core, logs := observer.New(zap.ErrorLevel)
+	w, err := newWorker(&loopEngine{f: &Forwarder{log: zap.New(core)}}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		w.file.Close()
+		unix.Close(w.ep)
+		unix.Close(w.evfd)
+	}()
+	stray, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC) // does not hold w.ep: MOD fails
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(stray)
+	park := w.park
+	for _, step := range []struct {
+		name     string
+		park     int
+		parks    bool
+		wantLogs int
+	}{
+		{"refused", stray, false, 1},
+		{"refused again", stray, false, 1},
+		{"and again", stray, false, 1},
+		{"parks", park, true, 1},
+		{"refused after parking", stray, false, 2},
+		{"refused still", stray, false, 2},
+	} {
+		w.park = step.park
+		if parked := !w.poll(0); parked != step.parks {
+			t.Errorf("%s: parked %v, want %v", step.name, parked, step.parks)
+		}
+		if n := logs.FilterMessageSnippet("cannot park").Len(); n != step.wantLogs {
+			t.Errorf("%s: %d errors logged, want %d", step.name, n, step.wantLogs)
+		}
+		w.yield = false
+	}
+	w.park = park
 }
