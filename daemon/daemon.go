@@ -166,10 +166,12 @@ func Run(ctx context.Context, cfg Config) error {
 			f.Close()
 		}
 	}
+	// SIGUSR2 is handled before the PID is published: sent as soon as the
+	// file names this process, its default action would end it.
+	succ.RestartOnSignal(ctx)
 	if err := writePIDFile(cfg.PIDFile); err != nil {
 		return err
 	}
-	succ.RestartOnSignal(ctx)
 	var conns func() int64
 	if a, ok := mode.(interface{ Active() int64 }); ok {
 		conns = a.Active

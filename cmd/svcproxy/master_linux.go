@@ -57,14 +57,16 @@ func runMaster(o *options, log *zap.Logger) error {
 	if err != nil {
 		return fmt.Errorf("--master-worker: finding this binary: %w", err)
 	}
+	// Signals are the master's before its pid is published: a SIGUSR2
+	// (upgrade) sent as soon as the pid file appears would otherwise kill it.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR2)
+	defer signal.Stop(sigs)
 	if o.pidFile != "" {
 		if err := os.WriteFile(o.pidFile, []byte(fmt.Sprintf("%d\n", os.Getpid())), 0o644); err != nil {
 			return fmt.Errorf("--pid-file: %w", err)
 		}
 	}
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR2)
-	defer signal.Stop(sigs)
 	log = log.Named("master")
 	log.Info("master-worker: this process keeps the sockets; a worker serves", zap.String("keeper", keeper))
 	return master.Run(context.Background(), master.Config{
