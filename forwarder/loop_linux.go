@@ -81,7 +81,9 @@ import (
 // that followed (2026-11-28 05:45, 5 rounds) met bulk on one and four
 // streams and 1 MiB against HAProxy on both footings; no run since
 // 2026-11-27 had met all three, the three before it none (svcproxy-local
-// 1.22×, 1.10×, 1.02×). Two system calls per park (the MOD,
+// 1.22×, 1.10×, 1.02×); the next (07:49) met bulk on one stream on both
+// and missed 1 MiB on both (0.92×, 0.93×), within its rounds' spread
+// (0.68–1.10×). Two system calls per park (the MOD,
 // the read of the report), two more after a wake with nothing reported, none
 // while busy.
 //
