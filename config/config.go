@@ -237,6 +237,10 @@ type Svcproxy struct {
 	// batches through io_uring: auto (default, where the kernel allows
 	// it) or off.
 	IOUring string `yaml:"ioUring"`
+	// WorkerBalance hands a TCP connection the userspace mode accepted on
+	// one worker to a worker with clearly fewer connections: on (default)
+	// or off.
+	WorkerBalance string `yaml:"workerBalance"`
 	// MasterWorker runs a master process that keeps the sockets and
 	// restarts the serving process (the worker) when it dies; default off.
 	MasterWorker bool `yaml:"masterWorker"`
@@ -588,6 +592,9 @@ func (c *Config) problems() []error {
 	}
 	if s.IOUring != "" && s.IOUring != "auto" && s.IOUring != "off" {
 		bad("svcproxy.ioUring", "want auto or off, got %q", s.IOUring)
+	}
+	if s.WorkerBalance != "" && s.WorkerBalance != "on" && s.WorkerBalance != "off" {
+		bad("svcproxy.workerBalance", "want on or off, got %q", s.WorkerBalance)
 	}
 	if _, err := lb.ParseAlgorithm(s.Algorithm); err != nil {
 		bad("svcproxy.algorithm", "%v", err)

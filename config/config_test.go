@@ -231,6 +231,7 @@ func TestParseErrors(t *testing.T) {
 				`svcproxy.algorithm: unknown algorithm "best"`, "svcproxy.connLogSample: want 1 or more, got 0"}},
 		{"steering backend", header + "svcproxy: {steeringBackend: bpf}\n", []string{`svcproxy.steeringBackend: want auto, nftables or iptables, got "bpf"`}},
 		{"io_uring", header + "svcproxy: {ioUring: yes}\n", []string{`svcproxy.ioUring: want auto or off, got "yes"`}},
+		{"worker balance", header + "svcproxy: {workerBalance: least}\n", []string{`svcproxy.workerBalance: want on or off, got "least"`}},
 		{"dial timeout zero", header + "svcproxy: {dialTimeouts: [1s, 0s]}\n", []string{"svcproxy.dialTimeouts[1]: must be positive"}},
 		{"redirect without mark", header + "svcproxy: {mark: 0}\n", []string{"svcproxy.mark: steering redirect needs a mark"}},
 		{"alias", header + "iptables: &x {syncPeriod: 1s}\nipvs: *x\n", []string{"ipvs: YAML aliases are not supported"}},

@@ -24,6 +24,13 @@ type Config struct {
 	// address has one socket (see "Other systems" in the package comment).
 	Workers int
 
+	// Unbalanced leaves each TCP connection on the worker whose socket
+	// accepted it (SO_REUSEPORT's hash of its addresses). By default a
+	// worker that accepts a connection while another has clearly fewer
+	// (two, and a sixteenth of its own) hands it over, so that a few
+	// long-lived connections share the cores. Event loop only.
+	Unbalanced bool
+
 	// Engine chooses how TCP connections are moved: EngineEventLoop (per-core
 	// epoll loops; Linux only) or EngineGoroutines (a goroutine per
 	// connection through Go's poller). Empty: EngineEventLoop on Linux,

@@ -22,6 +22,7 @@ type Metrics struct {
 	Offloaded       *prometheus.CounterVec // TCP connections handed to the kernel offload, by result
 	IOUringMessages prometheus.Counter     // TCP messages read and written in io_uring batches
 	IOUringWorkers  prometheus.Gauge       // event-loop workers batching through io_uring
+	Rebalanced      prometheus.Counter     // TCP connections a worker accepted and handed to a less loaded one
 	Listeners       prometheus.Gauge
 	ListenErrors    prometheus.Counter
 	Draining        prometheus.Gauge
@@ -104,6 +105,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "TCP messages read and written in io_uring batches (--io-uring); the rest took a read and a write each, or a splice."}),
 		IOUringWorkers: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "io_uring_workers",
 			Help: "Event-loop workers moving small messages in io_uring batches; 0 with --io-uring=auto: the kernel or a sandbox refused io_uring (the log says why)."}),
+		Rebalanced: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "rebalanced_connections_total",
+			Help: "TCP connections an event-loop worker accepted and handed to a worker with clearly fewer connections (SO_REUSEPORT spreads them by address, not load)."}),
 		Listeners: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "listeners",
 			Help: "Listening sockets open."}),
 		ListenErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "listen_errors_total",
@@ -151,7 +154,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Connections, m.Active, m.DialAttempts, m.DialRetries, m.ConnectLatency, m.Bytes, m.Datagrams,
-			m.Closes, m.AcceptErrors, m.Offloaded, m.IOUringMessages, m.IOUringWorkers, m.Listeners, m.ListenErrors, m.Draining, m.SnapshotVersion, m.LastApply, dropsCollector{m})
+			m.Closes, m.AcceptErrors, m.Offloaded, m.IOUringMessages, m.IOUringWorkers, m.Rebalanced, m.Listeners, m.ListenErrors, m.Draining, m.SnapshotVersion, m.LastApply, dropsCollector{m})
 	}
 	return m
 }

@@ -133,7 +133,6 @@ type relay struct {
 	dialFrom int64 // monotime the current attempt started
 	spoke    bool  // the client had sent bytes when accepted (clientSpoke)
 	clientIP netip.Addr
-	ln       *loopListener // where it was accepted
 
 	reason   closeReason
 	draining bool
@@ -179,35 +178,45 @@ func (w *worker) newRelay() *relay {
 	}
 	r.idx = len(w.relays)
 	w.relays = append(w.relays, r)
+	w.conns.Add(1)
 	return r
 }
 
-// open takes a connection just accepted on ln: it finds the Service,
-// admits it and starts dialling.
+// open takes a connection just accepted on ln: it reads where the client
+// was going, then serves it here or hands it to a less loaded worker.
 func (w *worker) open(ln *loopListener, fd int) {
-	f := w.f
-	f.handlers.Add(1)
-	r := w.newRelay()
-	r.state = relayDialling
-	r.id = f.nextID.Add(1)
-	r.ln = ln
-	r.client = side{fd: fd, writable: true}
-	r.up = side{fd: -1}
-	start := time.Now()
-	r.rec = connlog.Record{Start: start, ID: r.id, Protocol: "TCP"}
-
 	client := rawAddrPort(&w.rsa)
 	dst := ln.local
-	var err error
 	switch {
 	case ln.redirect:
+		var err error
 		if dst, err = getOriginalDst(fd); err != nil {
 			dst, _ = sockName(fd)
 		}
 	case dst.Addr().IsUnspecified(): // a NodePort on every address
 		dst, _ = sockName(fd)
 	}
-	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
+	a := adoption{fd: fd, client: client, dst: netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())}
+	if o := w.e.lighter(w); o != nil && o.adopt(a) {
+		w.f.m.Rebalanced.Inc()
+		return
+	}
+	w.serve(a)
+}
+
+// serve finds the Service of a connection accepted by this worker or
+// handed to it, admits it and starts dialling.
+func (w *worker) serve(a adoption) {
+	f := w.f
+	f.handlers.Add(1)
+	r := w.newRelay()
+	r.state = relayDialling
+	r.id = f.nextID.Add(1)
+	fd, client, dst := a.fd, a.client, a.dst
+	r.client = side{fd: fd, writable: true}
+	r.up = side{fd: -1}
+	start := time.Now()
+	r.rec = connlog.Record{Start: start, ID: r.id, Protocol: "TCP"}
 	r.clientIP = client.Addr()
 	r.rec.Client, r.rec.Frontend = client, dst
 
@@ -867,6 +876,7 @@ func (r *relay) release() {
 	}
 	w.relays[last] = nil
 	w.relays = w.relays[:last]
+	w.conns.Add(-1)
 	w.timers.stop(&r.dialT)
 	*r = relay{w: w, dialT: r.dialT, idleT: r.idleT, drainT: r.drainT, keepT: r.keepT, firstT: r.firstT, offT: r.offT, idx: -1}
 	if len(w.free) < maxFreeRelays { // past a spike, the rest is garbage to return

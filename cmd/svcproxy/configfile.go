@@ -70,6 +70,7 @@ func applyConfigFile(fs *flag.FlagSet, path string) (*config.Config, error) {
 		"udp-receive-buffer":                strconv.Itoa(sp.UDPReceiveBuffer),
 		"offload":                           sp.Offload,
 		"io-uring":                          sp.IOUring,
+		"worker-balance":                    sp.WorkerBalance,
 		"master-worker":                     strconv.FormatBool(sp.MasterWorker),
 		"algorithm":                         sp.Algorithm,
 		"conn-log":                          sp.ConnLog,
@@ -159,7 +160,7 @@ func writeConfig(o *options, path string) error {
 	}
 	sp.MaxConns, sp.MaxConnsPerService = o.maxConns, o.maxConnsPerService
 	sp.UDPReceiveBuffer, sp.MasterWorker = o.udpReceiveBuffer, o.masterWorker
-	sp.Offload, sp.IOUring = string(o.offload), string(o.ioUring)
+	sp.Offload, sp.IOUring, sp.WorkerBalance = string(o.offload), string(o.ioUring), o.workerBalance
 	sp.Algorithm = o.algorithm.String()
 	sp.ConnLog, sp.ConnLogSample, sp.Zone, sp.HandoverSocket = o.connLog, o.connLogSample, o.zone, o.handoverSocket
 	sp.ProxyName = o.proxyName

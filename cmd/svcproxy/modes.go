@@ -139,6 +139,7 @@ func newUserspace(ctx context.Context, o *options, reg prometheus.Registerer, lo
 			IPv6:               o.ipv6,
 			Offload:            o.offload,
 			IOUring:            o.ioUring,
+			Unbalanced:         o.workerBalance == "off",
 			Logger:             log,
 			ConnLog:            clog,
 			UDPIdleTimeout:     o.udpIdleTimeout,

@@ -83,6 +83,7 @@ type options struct {
 	udpReceiveBuffer   int
 	offload            forwarder.Offload
 	ioUring            forwarder.IOUring
+	workerBalance      string // on, off
 	masterWorker       bool
 	algorithm          lb.Algorithm
 
@@ -277,7 +278,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 		iptSync, iptMinSync, ipvsSync, ipvsMinSync                                                                                           *time.Duration
 		version                                                                                                                              *bool
 		qps                                                                                                                                  *float64
-		loggingFormat, steeringBackend, offload, ioUring                                                                                     *string
+		loggingFormat, steeringBackend, offload, ioUring, workerBalance                                                                      *string
 		maxPerCore, ctMin                                                                                                                    *int
 	)
 	secs.section("Configuration", false, func() {
@@ -334,6 +335,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 		fs.Int64Var(&o.maxConnsPerService, "max-conns-per-service", 0, "cap on open connections per Service port; 0: none")
 		fs.BoolVar(&o.masterWorker, "master-worker", false, "run a master process that keeps the listening sockets and starts a new serving process (the worker) when it dies, so a crash queues new connections instead of refusing them (HAProxy's master-worker); needs --handover-socket; the master's PID goes to --pid-file, SIGUSR2 to it starts a new worker; a fourth death within 10 minutes ends the master with the worker's error")
 		offload = fs.String("offload", string(forwarder.OffloadNone), "userspace mode: move established TCP connections' bytes in the kernel: none, or sockmap (a BPF sockmap; needs CAP_BPF and CAP_NET_ADMIN, falls back to none with a warning where the kernel refuses it)")
+		workerBalance = fs.String("worker-balance", "on", "userspace mode: on, a worker that accepts a TCP connection while another has clearly fewer (two, and a sixteenth of its own) hands it over, so that a few long-lived connections share the cores (SO_REUSEPORT spreads them by a hash of their addresses, not by load; like HAProxy's accept queues or Envoy's exact_balance); off leaves each where the kernel put it")
 		ioUring = fs.String("io-uring", string(forwarder.IOUringAuto), "userspace mode: move small messages in batches through io_uring, two system calls per batch instead of two per message: auto (where the kernel allows it; refused, it logs why and goes on without) or off")
 		fs.IntVar(&o.udpReceiveBuffer, "udp-receive-buffer", 0, "userspace mode: SO_RCVBUF of UDP frontend and flow sockets in bytes (past net.core.rmem_max with CAP_NET_ADMIN); 0: the kernel's default")
 		algorithm = fs.String("algorithm", "round-robin", "default picker: round-robin, random, least-conn or maglev")
@@ -492,6 +494,11 @@ func parseFlags(args []string, env environment) (*options, error) {
 	case forwarder.IOUringAuto, forwarder.IOUringOff:
 	default:
 		return nil, fmt.Errorf("--io-uring: want %q or %q, got %q", forwarder.IOUringAuto, forwarder.IOUringOff, *ioUring)
+	}
+	switch o.workerBalance = *workerBalance; o.workerBalance {
+	case "on", "off":
+	default:
+		return nil, fmt.Errorf("--worker-balance: want on or off, got %q", *workerBalance)
 	}
 	if o.ipvsExcludeCIDRs, err = parsePrefixes(*ipvsExclude); err != nil {
 		return nil, fmt.Errorf("--ipvs-exclude-cidrs: want comma-separated CIDRs: %w", err)

@@ -178,6 +178,8 @@ func TestParseFlagsValues(t *testing.T) {
 		{"offload sockmap", []string{"--offload=sockmap"}, outsidePod, func(o *options) bool { return o.offload == forwarder.OffloadSockmap }},
 		{"io-uring default", nil, outsidePod, func(o *options) bool { return o.ioUring == forwarder.IOUringAuto }},
 		{"io-uring off", []string{"--io-uring=off"}, outsidePod, func(o *options) bool { return o.ioUring == forwarder.IOUringOff }},
+		{"worker-balance default", nil, outsidePod, func(o *options) bool { return o.workerBalance == "on" }},
+		{"worker-balance off", []string{"--worker-balance=off"}, outsidePod, func(o *options) bool { return o.workerBalance == "off" }},
 		{"proxy name", []string{"--proxy-name=svcproxy-b"}, outsidePod, func(o *options) bool { return o.proxyName == "svcproxy-b" }},
 		{"init only", []string{"--init-only"}, outsidePod, func(o *options) bool { return o.initOnly }},
 		{"in a pod: the in-cluster config", nil, environment{inPod: true}, func(o *options) bool { return o.inCluster }},
@@ -279,7 +281,7 @@ ipvs: {scheduler: mh, strictARP: true, tcpTimeout: 1m, tcpFinTimeout: 20s, udpTi
 conntrack: {udpTimeout: 45s, maxPerCore: 0, tcpCloseWaitTimeout: 2h, tcpBeLiberal: true, udpStreamTimeout: 5m}
 clientConnection: {kubeconfig: /k, qps: 30, burst: 60, contentType: application/json}
 configSyncPeriod: 1m
-svcproxy: {proxyName: svcproxy-b, steeringBackend: nftables, offload: sockmap, ioUring: "off"}
+svcproxy: {proxyName: svcproxy-b, steeringBackend: nftables, offload: sockmap, ioUring: "off", workerBalance: "off"}
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -310,6 +312,7 @@ svcproxy: {proxyName: svcproxy-b, steeringBackend: nftables, offload: sockmap, i
 		{"svcproxy.steeringBackend", o.steeringBackend == redirect.BackendNFTables},
 		{"svcproxy.offload", o.offload == forwarder.OffloadSockmap},
 		{"svcproxy.ioUring", o.ioUring == forwarder.IOUringOff},
+		{"svcproxy.workerBalance", o.workerBalance == "off"},
 		{"ipvs.strictARP", o.strictARP},
 		{"ipvs timeouts", o.ipvsTimeouts == ipvs.Timeouts{TimeoutTCP: time.Minute, TimeoutTCPFin: 20 * time.Second, TimeoutUDP: 2 * time.Minute}},
 		{"ipvs.excludeCIDRs", slices.Equal(o.ipvsExcludeCIDRs, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")})},
