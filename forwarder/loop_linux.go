@@ -278,6 +278,7 @@ func newLoopEngine(f *Forwarder) (*loopEngine, error) {
 	for i := 0; i < f.cfg.Workers; i++ {
 		w, err := newWorker(e, i)
 		if err != nil {
+			e.start() // the ones made, so that stop ends them
 			e.stop()
 			return nil, err
 		}
@@ -292,10 +293,18 @@ func newLoopEngine(f *Forwarder) (*loopEngine, error) {
 			}
 		}
 		e.workers = append(e.workers, w)
+	}
+	e.start()
+	return e, nil
+}
+
+// start runs the workers' goroutines, once all are made: each reads the
+// others' counts (lighter).
+func (e *loopEngine) start() {
+	for _, w := range e.workers {
 		e.wg.Add(1)
 		go w.run()
 	}
-	return e, nil
 }
 
 // stop ends the workers; connections still open are closed.
@@ -524,6 +533,7 @@ func (w *worker) run() {
 		linger0(a.fd)
 		sysClose(a.fd)
 		w.conns.Add(-1)
+		w.f.handlers.Done()
 	}
 	for _, t := range tasks { // a waiter must not hang on a worker that is gone
 		t(w)

@@ -185,6 +185,9 @@ func (w *worker) newRelay() *relay {
 // open takes a connection just accepted on ln: it reads where the client
 // was going, then serves it here or hands it to a less loaded worker.
 func (w *worker) open(ln *loopListener, fd int) {
+	// Counted from here, so that Shutdown also waits for a connection
+	// that is on its way to another worker.
+	w.f.handlers.Add(1)
 	client := rawAddrPort(&w.rsa)
 	dst := ln.local
 	switch {
@@ -205,10 +208,10 @@ func (w *worker) open(ln *loopListener, fd int) {
 }
 
 // serve finds the Service of a connection accepted by this worker or
-// handed to it, admits it and starts dialling.
+// handed to it (and counted in handlers by open), admits it and starts
+// dialling.
 func (w *worker) serve(a adoption) {
 	f := w.f
-	f.handlers.Add(1)
 	r := w.newRelay()
 	r.state = relayDialling
 	r.id = f.nextID.Add(1)
