@@ -373,8 +373,8 @@ type fdEntry struct {
 	ufl      *loopFlow // a UDP flow's backend socket
 }
 
-// worker is one event loop. Everything but mu, tasks and woken belongs to
-// its goroutine.
+// worker is one event loop. Everything but conns, closing and what mu
+// guards belongs to its goroutine.
 type worker struct {
 	e   *loopEngine
 	f   *Forwarder
@@ -423,6 +423,9 @@ type worker struct {
 	// conns counts the connections this worker serves or has been handed
 	// and not yet taken: what other workers read to balance (lighter).
 	conns atomic.Int32
+	// closing is set once the loop has ended: no connection is handed to
+	// it from then on.
+	closing atomic.Bool
 
 	mu       sync.Mutex
 	tasks    []func(*worker)
@@ -432,9 +435,12 @@ type worker struct {
 	dead     bool // the goroutine has ended: tasks run at once
 }
 
-// adoption is a connection one worker accepted and another serves.
+// adoption is a connection accepted and not yet served: by the worker that
+// accepted it, or by another it was handed to.
 type adoption struct {
 	fd          int
+	id          uint64    // the connection's, in accept order
+	start       time.Time // accepted
 	client, dst netip.AddrPort
 }
 
@@ -506,6 +512,17 @@ func (w *worker) run() {
 			w.quit = true
 		}
 	}
+	// No connection is handed to this worker from here on; those handed
+	// to it before go to a worker still running.
+	w.closing.Store(true)
+	w.mu.Lock()
+	adopts := w.adopts
+	w.adopts = nil
+	w.mu.Unlock()
+	for _, a := range adopts {
+		w.conns.Add(-1)
+		w.e.rehome(w, a)
+	}
 	for len(w.relays) > 0 {
 		w.relays[len(w.relays)-1].kill(reasonShutdown)
 	}
@@ -525,16 +542,10 @@ func (w *worker) run() {
 	unix.Close(w.ep)
 	w.mu.Lock()
 	w.dead = true
-	tasks, adopts := w.tasks, w.adopts
-	w.tasks, w.adopts = nil, nil
+	tasks := w.tasks
+	w.tasks = nil
 	w.mu.Unlock()
-	unix.Close(w.evfd)         // no post writes to it now (see wake)
-	for _, a := range adopts { // handed over as this worker ended: reset
-		linger0(a.fd)
-		sysClose(a.fd)
-		w.conns.Add(-1)
-		w.f.handlers.Done()
-	}
+	unix.Close(w.evfd)        // no post writes to it now (see wake)
 	for _, t := range tasks { // a waiter must not hang on a worker that is gone
 		t(w)
 	}
@@ -788,19 +799,37 @@ func (e *loopEngine) lighter(w *worker) *worker {
 	limit := mine - max(2, mine/16) // at most this many to be lighter
 	var best *worker
 	for _, o := range e.workers {
-		if n := o.conns.Load(); n <= limit && o != w {
+		if n := o.conns.Load(); n <= limit && o != w && !o.closing.Load() {
 			best, limit = o, n-1
 		}
 	}
 	return best
 }
 
+// rehome hands a connection queued to w, whose loop has ended, to the
+// lightest worker still running; with none (the engine is stopping, its
+// listeners closed), it resets the client.
+func (e *loopEngine) rehome(w *worker, a adoption) {
+	var best *worker
+	for _, o := range e.workers {
+		if o != w && !o.closing.Load() && (best == nil || o.conns.Load() < best.conns.Load()) {
+			best = o
+		}
+	}
+	if best != nil && best.adopt(a) {
+		return
+	}
+	linger0(a.fd)
+	sysClose(a.fd)
+	e.f.handlers.Done()
+}
+
 // adopt queues a connection another worker accepted for this one to
-// serve; false if this worker has ended.
+// serve; false if this worker's loop has ended.
 func (w *worker) adopt(a adoption) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.dead {
+	if w.dead || w.closing.Load() {
 		return false
 	}
 	w.conns.Add(1)

@@ -199,7 +199,7 @@ func (w *worker) open(ln *loopListener, fd int) {
 	case dst.Addr().IsUnspecified(): // a NodePort on every address
 		dst, _ = sockName(fd)
 	}
-	a := adoption{fd: fd, client: client, dst: netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())}
+	a := adoption{fd: fd, id: w.f.nextID.Add(1), start: time.Now(), client: client, dst: netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())}
 	if o := w.e.lighter(w); o != nil && o.adopt(a) {
 		w.f.m.Rebalanced.Inc()
 		return
@@ -214,11 +214,10 @@ func (w *worker) serve(a adoption) {
 	f := w.f
 	r := w.newRelay()
 	r.state = relayDialling
-	r.id = f.nextID.Add(1)
-	fd, client, dst := a.fd, a.client, a.dst
+	r.id = a.id
+	fd, client, dst, start := a.fd, a.client, a.dst, a.start
 	r.client = side{fd: fd, writable: true}
 	r.up = side{fd: -1}
-	start := time.Now()
 	r.rec = connlog.Record{Start: start, ID: r.id, Protocol: "TCP"}
 	r.clientIP = client.Addr()
 	r.rec.Client, r.rec.Frontend = client, dst
