@@ -242,7 +242,12 @@ import (
 // 1.16×, new connections 1.05× against 1.06×; svcproxy-vip (5 turns,
 // nginx stream in the turns too) keep-alive p99 1.09× against 1.25× both
 // peers', requests/s 0.95× against 0.97× nginx stream's. The p99 moved
-// both times; the rates stayed within the noise.
+// both times; the rates stayed within the noise. The full bench that
+// followed (2026-11-28 09:08, round by round against the better peer, in
+// brackets the two runs before it) did not settle it: svcproxy-vip's
+// keep-alive 1.04× (0.93×) with its p99 1.08× (1.20×), svcproxy-local's
+// 0.96× (1.05×) with 1.47× (1.11×); new connections, A/B alone (8
+// turns), 1.05× HAProxy's with the hand-over and 1.03× without.
 
 const (
 	loopEvents  = 256 // epoll events harvested per call
