@@ -805,27 +805,31 @@ func (e *loopEngine) lighter(w *worker) *worker {
 		return nil
 	}
 	mine := w.conns.Load()
-	limit := mine - max(2, mine/16) // at most this many to be lighter
-	var best *worker
+	if o, n := e.lightest(w); o != nil && n <= mine-max(2, mine/16) {
+		return o
+	}
+	return nil
+}
+
+// lightest returns the running worker other than w with the fewest
+// connections (the first of a tie) and its count; nil when none runs.
+func (e *loopEngine) lightest(w *worker) (best *worker, fewest int32) {
 	for _, o := range e.workers {
-		if n := o.conns.Load(); n <= limit && o != w && !o.closing.Load() {
-			best, limit = o, n-1
+		if o == w || o.closing.Load() {
+			continue
+		}
+		if n := o.conns.Load(); best == nil || n < fewest {
+			best, fewest = o, n
 		}
 	}
-	return best
+	return best, fewest
 }
 
 // rehome hands a connection queued to w, whose loop has ended, to the
 // lightest worker still running; with none (the engine is stopping, its
 // listeners closed), it resets the client.
 func (e *loopEngine) rehome(w *worker, a adoption) {
-	var best *worker
-	for _, o := range e.workers {
-		if o != w && !o.closing.Load() && (best == nil || o.conns.Load() < best.conns.Load()) {
-			best = o
-		}
-	}
-	if best != nil && best.adopt(a) {
+	if best, _ := e.lightest(w); best != nil && best.adopt(a) {
 		return
 	}
 	linger0(a.fd)

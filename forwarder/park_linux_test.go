@@ -19,15 +19,7 @@ import (
 // poll(2) on the parking epoll, readable exactly when it has a report for
 // the netpoller.
 func TestParkingEpoll(t *testing.T) {
-	w, err := newWorker(&loopEngine{f: &Forwarder{log: zap.NewNop()}}, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		w.file.Close()
-		unix.Close(w.ep)
-		unix.Close(w.evfd)
-	}()
+	w := newIdleWorker(t, zap.NewNop())
 	reports := func() bool {
 		t.Helper()
 		fds := []unix.PollFd{{Fd: int32(w.park), Events: unix.POLLIN}}
@@ -96,15 +88,7 @@ func mustRearm(t *testing.T, w *worker) {
 // every turn of that spin; once it parks again, a new failure is said again.
 func TestCannotParkLogsOnce(t *testing.T) {
 	core, logs := observer.New(zap.ErrorLevel)
-	w, err := newWorker(&loopEngine{f: &Forwarder{log: zap.New(core)}}, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		w.file.Close()
-		unix.Close(w.ep)
-		unix.Close(w.evfd)
-	}()
+	w := newIdleWorker(t, zap.New(core))
 	stray, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC) // does not hold w.ep: MOD fails
 	if err != nil {
 		t.Fatal(err)
@@ -134,4 +118,20 @@ func TestCannotParkLogsOnce(t *testing.T) {
 		w.yield = false
 	}
 	w.park = park
+}
+
+// newIdleWorker makes a worker whose goroutine never runs, for tests that
+// drive its parking by hand; its descriptors are closed at the test's end.
+func newIdleWorker(t *testing.T, log *zap.Logger) *worker {
+	t.Helper()
+	w, err := newWorker(&loopEngine{f: &Forwarder{log: log}}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		w.file.Close()
+		unix.Close(w.ep)
+		unix.Close(w.evfd)
+	})
+	return w
 }
