@@ -46,12 +46,14 @@ image-push:
 run-static: build
 	$(BIN)/svcproxy --conn-log=-
 
-# vet, then every test with the race detector. As root on Debian it first
+# vet, then every test with the race detector, then the allocation tests
+# without it (sync.Pool is not deterministic under -race). As root on Debian it first
 # installs what the namespace tests need (test-deps), so they run rather
 # than skip; as another user it says which tests will skip and why.
 test: test-deps
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 60m $(PKGS)
+	$(GO) test -count=1 -run 'Allocs' $(PKGS)
 	SVCPROXY_FORWARDER_ENGINE=goroutines $(GO) test -race -count=1 -timeout 10m ./forwarder/
 	SVCPROXY_FORWARDER_IO_URING=off $(GO) test -race -count=1 -timeout 10m ./forwarder/
 	$(MAKE) fuzz FUZZEXECS=10000

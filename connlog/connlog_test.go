@@ -778,7 +778,13 @@ func TestLogAllocs(t *testing.T) {
 
 // TestWriterAllocs guards the writer goroutine: encoding a record costs no
 // allocation beyond what an attempt's error allocates to format itself.
+// zap's encoder and buffers come from sync.Pools, which the race detector
+// empties at random (5 of 300 runs of this test failed under -race),
+// so it runs without -race: make test runs every *Allocs test that way too.
 func TestWriterAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts through sync.Pool are not exact under -race; make test runs this without it")
+	}
 	for _, tc := range []struct {
 		name string
 		rec  Record

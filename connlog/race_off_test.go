@@ -1,0 +1,5 @@
+//go:build !race
+
+package connlog
+
+const raceEnabled = false
