@@ -326,7 +326,8 @@ func (c *conn) connect(clientIP netip.Addr, now time.Time) (up *net.TCPConn, b *
 }
 
 // watchClient runs when a dial has taken clientWatchDelay: it waits for the
-// client to send data or leave, and cancels the dial if it left.
+// client to leave (peekGone) until the dial ends, and cancels the dial if
+// it did.
 func (c *conn) watchClient() {
 	if peekGone(c.client) {
 		c.dialCancel()

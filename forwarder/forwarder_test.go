@@ -445,20 +445,40 @@ func TestConnectionLogShowsEveryAttempt(t *testing.T) {
 	}
 }
 
+// TestClientLeavingCancelsDial: a client that leaves while its dial is
+// pending cancels it: one that closes having sent nothing, and one that
+// resets after sending bytes (which a peek alone would see, not the reset).
 func TestClientLeavingCancelsDial(t *testing.T) {
-	leakCheck(t)
-	fe := freeFrontend(t)
-	hole := blackholeAddr(t)
-	h := newHarness(t, Config{DialTimeouts: []time.Duration{5 * time.Second}}, service("hole", fe, hole))
-	c := dial(t, fe)
-	time.Sleep(50 * time.Millisecond)
-	c.Close()
-	deadline := time.Now().Add(2 * time.Second)
-	for testutil.ToFloat64(h.m.connClientGone) != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("the dial was not cancelled within 2s of the client leaving (dial timeout 5s)")
-		}
-		time.Sleep(10 * time.Millisecond)
+	for _, tc := range []struct {
+		name  string
+		sent  string
+		reset bool
+	}{
+		{"closes", "", false},
+		{"sends bytes, then resets", "hello", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			leakCheck(t)
+			fe := freeFrontend(t)
+			hole := blackholeAddr(t)
+			h := newHarness(t, Config{DialTimeouts: []time.Duration{5 * time.Second}}, service("hole", fe, hole))
+			c := dial(t, fe)
+			if _, err := c.Write([]byte(tc.sent)); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(50 * time.Millisecond)
+			if tc.reset {
+				_ = c.SetLinger(0)
+			}
+			c.Close()
+			deadline := time.Now().Add(2 * time.Second)
+			for testutil.ToFloat64(h.m.connClientGone) != 1 {
+				if time.Now().After(deadline) {
+					t.Fatal("the dial was not cancelled within 2s of the client leaving (dial timeout 5s)")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
 	}
 }
 

@@ -373,8 +373,15 @@ func (r *relay) event(upstream bool, ev uint32) {
 func (r *relay) dialEvent(upstream bool, ev uint32) {
 	if !upstream {
 		// The client may send before the backend answers; that waits. But
-		// a client that left cancels the dial.
-		if ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 && peerGone(r.client.fd) {
+		// a client that left cancels the dial: one that reset (EPOLLERR,
+		// EPOLLHUP: its bytes still in the socket would make a peek say
+		// otherwise), or sent its FIN with nothing before it. A FIN after
+		// bytes is a half-close, for the backend to see.
+		gone := ev&(unix.EPOLLHUP|unix.EPOLLERR) != 0
+		if !gone && ev&unix.EPOLLRDHUP != 0 {
+			gone = peerGone(r.client.fd)
+		}
+		if gone {
 			w, f := r.w, r.w.f
 			w.timers.stop(&r.dialT)
 			w.closeFD(r.up.fd)

@@ -9,9 +9,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// peekGone waits until c is readable and reports whether the client has gone
-// (EOF or an error) rather than sent data. It returns early, with gone false,
-// when c's read deadline passes.
+// peekGone waits until the client on c has gone (EOF with nothing before
+// it, or an error) and reports whether it did. It returns early, with gone
+// false, when c's read deadline passes. Bytes the client sent keep it
+// waiting: a FIN after them is a half-close, for the backend to see, but
+// a reset after them must still cancel the dial, and a peek would see the
+// bytes, not the reset, whose error waits in SO_ERROR until read.
 func peekGone(c *net.TCPConn) bool {
 	rc, err := c.SyscallConn()
 	if err != nil {
@@ -24,8 +27,15 @@ func peekGone(c *net.TCPConn) bool {
 		if err == unix.EAGAIN || err == unix.EINTR {
 			return false // not readable yet: wait
 		}
-		gone = n == 0 || err != nil
-		return true
+		if n == 0 || err != nil {
+			gone = true
+			return true
+		}
+		if e, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR); err == nil && e != 0 {
+			gone = true
+			return true
+		}
+		return false // bytes: wait for what comes after them
 	})
 	return gone
 }
