@@ -163,6 +163,20 @@ import (
 // loop's own cost, is the likeliest reason keep-alive stays at parity with
 // nginx stream rather than above it.
 //
+// One cause is in the runtime: a thread that wakes from the netpoller with
+// a worker to run takes an idle P and runs it without waking another
+// thread (findRunnable, Go 1.26), so while that worker runs, no thread
+// waits in the netpoller and the other worker's events wait until a
+// thread looks (this one, when its worker parks) while the other CPU may
+// idle. Waking a thread for the netpoller at each unpark was measured
+// (2026-11-28: a send to a goroutine blocked on a channel, whose readying
+// wakes an idle P's thread, which then waits in the netpoller; 6 turns,
+// svcproxy-vip against the same binary without, ratios to HAProxy in the
+// same turns, medians): 1.05× HAProxy's keep-alive requests against 1.20×,
+// at 21.6 µs of CPU per request against 20.2, the p99 1.06× against
+// 1.00×. The woken thread spins and switches on the CPU the client and
+// backend need. Not adopted.
+//
 // Edge-triggered registration with EPOLLRDHUP is what saves the system
 // calls Go's poller cannot: a read shorter than the buffer means the
 // socket is empty (no read to see EAGAIN), and a FIN queued with the last
