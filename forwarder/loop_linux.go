@@ -3,6 +3,7 @@ package forwarder
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"runtime"
@@ -795,6 +796,24 @@ func (w *worker) post(fn func(*worker)) {
 	w.mu.Unlock()
 }
 
+// dupOwned duplicates fd, a socket of w's, for a successor process. It
+// runs on w (or after w's loop ended, when w closed its sockets), where
+// closed, the socket's flag, is read safely: a socket w has closed is never
+// duplicated by its number, which may name another file by then.
+func (w *worker) dupOwned(fd int, closed *bool) (dup int, err error) {
+	done := make(chan struct{})
+	w.post(func(*worker) {
+		defer close(done)
+		if *closed {
+			err = net.ErrClosed
+			return
+		}
+		dup, err = unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	})
+	<-done
+	return dup, err
+}
+
 // wake makes the worker run its tasks and adoptions. Under mu: the worker
 // closes evfd only once it is dead, and a write after the close could
 // reach whatever took the number.
@@ -985,7 +1004,7 @@ func (ln *loopListener) closeNow() {
 func (g *loopListeners) files() ([]*os.File, error) {
 	var out []*os.File
 	for _, ln := range g.socks {
-		fd, err := unix.FcntlInt(uintptr(ln.fd), unix.F_DUPFD_CLOEXEC, 0)
+		fd, err := ln.w.dupOwned(ln.fd, &ln.closed)
 		if err != nil {
 			for _, f := range out {
 				f.Close()

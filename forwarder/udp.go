@@ -32,7 +32,9 @@ import (
 // first datagram picks a backend (affinity applies) and opens a connected
 // socket to it; later datagrams of the flow use that socket, and replies
 // read from it go back to the client from the address the client wrote to
-// (IP_PKTINFO), so connected client sockets such as resolvers accept them.
+// (IP_PKTINFO, where the socket's address is unspecified: see
+// answerFromDst), so connected client sockets such as resolvers accept
+// them.
 // Frontend reads are batched with recvmmsg; replies gathered from a flow's
 // socket go out with one sendmmsg. A flow ends after UDPIdleTimeout without
 // datagrams either way, or when its backend answers ICMP port unreachable,
@@ -112,6 +114,8 @@ type udpFrontend struct {
 	v6       bool
 	port     uint16
 
+	fromDst bool // replies go from each datagram's destination (answerFromDst)
+
 	mu    sync.Mutex // guards flows and writes to batch
 	flows map[netip.AddrPort]*udpFlow
 	done  chan struct{}
@@ -133,10 +137,15 @@ func (d *dropMeter) read(raw syscall.RawConn, c prometheus.Counter) {
 }
 
 // add adds to c what n, the socket's cumulative drop count, says is new.
+// Counts are read before the lock is taken, so two readers (a scrape and
+// the flow's end) may bring theirs in the wrong order: one older than the
+// last seen adds nothing, where taken as new it would add about 2^32.
 func (d *dropMeter) add(n uint32, c prometheus.Counter) {
 	d.mu.Lock()
-	delta := n - d.seen // wraps correctly past 2^32
-	d.seen = n
+	delta := int32(n - d.seen) // the difference wraps correctly past 2^32
+	if delta > 0 {
+		d.seen = n
+	}
 	d.mu.Unlock()
 	if delta > 0 {
 		c.Add(float64(delta))
@@ -273,6 +282,19 @@ func (f *Forwarder) reconcileUDP(snap *lb.Snapshot) []error {
 	return errs
 }
 
+// answerFromDst reports whether frontend k's socket is bound to an
+// unspecified address, so that its replies must name their source: the
+// address each datagram arrived at (IP_PKTINFO). A NodePort's socket is;
+// so is every socket with Redirect, bound to 0.0.0.0 or [::] and an
+// ephemeral port. There a datagram REDIRECT took from a client on this
+// node arrives at 127.0.0.1 (::1): conntrack turns the reply's source
+// back into the Service's address only if it comes from there, and a
+// source the kernel picks by route (the node's address) is dropped by a
+// connected client socket, a resolver's (redirect.Ports says the same).
+func (f *Forwarder) answerFromDst(k lb.Frontend) bool {
+	return k.Addr.Addr().IsUnspecified() || !f.cfg.BindFrontends
+}
+
 func (f *Forwarder) openUDP(k lb.Frontend) (udpSocket, error) {
 	bind := k.Addr
 	v6 := k.Addr.Addr().Is6()
@@ -316,7 +338,7 @@ func (f *Forwarder) openUDP(k lb.Frontend) (udpSocket, error) {
 		return s, nil
 	}
 	fe := &udpFrontend{f: f, frontend: k, conn: pc, v6: v6, flows: map[netip.AddrPort]*udpFlow{}, done: make(chan struct{}),
-		port: pc.LocalAddr().(*net.UDPAddr).AddrPort().Port()}
+		port: pc.LocalAddr().(*net.UDPAddr).AddrPort().Port(), fromDst: f.answerFromDst(k)}
 	if fe.batch, err = newBatchConn(pc, k, v6); err != nil {
 		pc.Close()
 		return nil, err
@@ -485,12 +507,41 @@ func (fe *udpFrontend) localAddr(oob []byte) netip.Addr {
 // client. Nil means the datagram is dropped (no Service, no endpoints, no
 // backend reachable, or the flow limit reached).
 func (fe *udpFrontend) flow(client netip.AddrPort, local netip.Addr, now time.Time) *udpFlow {
+	for range 2 { // again only when an Apply took the first one's backend away
+		fl, routed := fe.open(client, local, now)
+		if fl == nil {
+			return nil
+		}
+		// Apply swaps the snapshot, then drops the flows whose endpoint
+		// it removed. A flow routed by the snapshot before the swap and
+		// put in the table after the drop is caught here; were the swap
+		// later than this load, the drop finds it in the table.
+		if routed == nil || fe.f.snap.Load().HasEndpoint(routed.Service.Name, fl.backend.Addr) {
+			return fl
+		}
+		fe.mu.Lock()
+		if fe.flows[client] == fl {
+			delete(fe.flows, client)
+		}
+		fe.mu.Unlock()
+		fl.end(reasonDrain)
+	}
+	return nil
+}
+
+// testHookUDPRouted, set only by tests, runs when the goroutine engine has
+// routed a new UDP flow, before the flow joins its frontend's table.
+var testHookUDPRouted atomic.Pointer[func()]
+
+// open returns client's flow, opening it if it is new (then routed is its
+// pool, else nil).
+func (fe *udpFrontend) open(client netip.AddrPort, local netip.Addr, now time.Time) (fl *udpFlow, routed *lb.Pool) {
 	fe.mu.Lock()
-	fl := fe.flows[client]
+	fl = fe.flows[client]
 	n := len(fe.flows)
 	fe.mu.Unlock()
 	if fl != nil {
-		return fl
+		return fl, nil
 	}
 	var up *net.UDPConn
 	var raw syscall.RawConn
@@ -505,7 +556,10 @@ func (fe *udpFrontend) flow(client netip.AddrPort, local netip.Addr, now time.Ti
 		return err
 	})
 	if !ok {
-		return nil
+		return nil, nil
+	}
+	if hook := testHookUDPRouted.Load(); hook != nil {
+		(*hook)()
 	}
 	fl = &udpFlow{fe: fe, client: client, local: local, pool: pool, backend: b, upstream: up, raw: raw, start: now}
 	if b.Addr.Addr().Is4() || b.Addr.Addr().Is4In6() {
@@ -519,7 +573,7 @@ func (fe *udpFrontend) flow(client netip.AddrPort, local netip.Addr, now time.Ti
 	fe.mu.Unlock()
 	fe.f.handlers.Add(1)
 	go fl.replyLoop(rec)
-	return fl
+	return fl, pool
 }
 
 // openUDPFlow routes a new flow from client on frontend k (which holds
@@ -652,7 +706,7 @@ func (fl *udpFlow) replyLoop(rec connlog.Record) {
 func (fl *udpFlow) sendReplies(bufs []*[]byte, sizes []int) {
 	fe := fl.fe
 	var oob []byte
-	if fe.frontend.Addr.Addr().IsUnspecified() && fl.local.IsValid() {
+	if fe.fromDst && fl.local.IsValid() {
 		if fe.v6 {
 			oob = (&ipv6.ControlMessage{Src: fl.local.AsSlice()}).Marshal()
 		} else {

@@ -31,9 +31,9 @@ import (
 //   - Replies: a flow's socket is read with recvmmsg into the worker's
 //     reply batch, which gathers the replies of every flow of one frontend
 //     made ready by the same epoll harvest; one sendmmsg sends them all,
-//     each to its client (and, for a frontend on the unspecified address,
+//     each to its client (and, for a socket on the unspecified address,
 //     from the address the client wrote to: IP_PKTINFO, built once per
-//     flow).
+//     flow; see answerFromDst).
 //   - A flow ends after UDPIdleTimeout without datagrams either way (a
 //     timer in the worker's heap), when the backend answers ICMP port
 //     unreachable (the flow socket's pending error, read as ECONNREFUSED;
@@ -71,7 +71,7 @@ type loopUDP struct {
 	fd       int
 	port     uint16
 	v6       bool
-	pktinfo  bool // the frontend is an unspecified address: read and answer from each datagram's destination
+	pktinfo  bool // the socket's address is unspecified: read and answer from each datagram's destination (answerFromDst)
 
 	flows  map[netip.AddrPort]*loopFlow
 	drops  dropMeter
@@ -173,7 +173,7 @@ func (e *loopEngine) serveUDP(k lb.Frontend, pc *net.UDPConn, v6 bool) (udpSocke
 	if a, err := sockName(fd); err == nil {
 		port = a.Port()
 	}
-	fe := &loopUDP{f: e.f, frontend: k, fd: fd, port: port, v6: v6, pktinfo: k.Addr.Addr().IsUnspecified(),
+	fe := &loopUDP{f: e.f, frontend: k, fd: fd, port: port, v6: v6, pktinfo: e.f.answerFromDst(k),
 		flows: map[netip.AddrPort]*loopFlow{}}
 	if fe.pktinfo {
 		level, name := unix.IPPROTO_IP, unix.IP_PKTINFO
@@ -207,7 +207,7 @@ func (e *loopEngine) serveUDP(k lb.Frontend, pc *net.UDPConn, v6 bool) (udpSocke
 func (fe *loopUDP) localPort() uint16 { return fe.port }
 
 func (fe *loopUDP) file() (*os.File, error) {
-	fd, err := unix.FcntlInt(uintptr(fe.fd), unix.F_DUPFD_CLOEXEC, 0)
+	fd, err := fe.w.dupOwned(fe.fd, &fe.closed)
 	if err != nil {
 		return nil, fmt.Errorf("duplicating UDP socket: %w", err)
 	}
@@ -509,6 +509,9 @@ func (w *worker) udpEnd(fl *loopFlow, reason closeReason) {
 		return
 	}
 	fl.ended = true
+	if w.udpTxFE == fl.fe && w.udpTxN > 0 {
+		w.udpFlush() // replies read in this harvest, some maybe fl's: sent and counted before its record is
+	}
 	fl.readDrops()
 	w.timers.stop(&fl.idle)
 	w.closeFD(fl.fd)

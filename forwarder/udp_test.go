@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/svcproxy/svcproxy/lb"
@@ -311,6 +312,40 @@ func TestUDPFlowsToRemovedBackendEnd(t *testing.T) {
 	}
 }
 
+// TestUDPBackendRemovedWhileRouting: a snapshot that removes the backend
+// lands after a new flow was routed to it but before the flow joined its
+// frontend's table (so Apply's drop did not see it). The flow is dropped
+// all the same, and its datagram goes to the backend that is left.
+func TestUDPBackendRemovedWhileRouting(t *testing.T) {
+	if testEngine != EngineGoroutines {
+		t.Skip("the event loop routes flows and drops stale ones on one goroutine: nothing races")
+	}
+	leakCheck(t)
+	fe := freeUDPFrontend(t)
+	a, b := startUDPEcho(t, "a"), startUDPEcho(t, "b")
+	h := newHarness(t, Config{}, udpService("dns", fe, a.addr))
+	hook := func() {
+		testHookUDPRouted.Store(nil)
+		h.replace(udpService("dns", fe, b.addr))
+	}
+	testHookUDPRouted.Store(&hook)
+	defer testHookUDPRouted.Store(nil)
+	c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(fe))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i := range 3 {
+		reply, err := ask(c, []byte("x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name, _, _ := strings.Cut(string(reply), " "); name != "b" {
+			t.Fatalf("datagram %d answered by %q, want b (a left while its flow was being routed)", i, name)
+		}
+	}
+}
+
 // TestUDPBurstsKeepOrder: clients that send bursts without waiting (so a
 // frontend read holds several datagrams of one flow, written to the
 // backend together) get every datagram through, each flow in order, and
@@ -435,4 +470,31 @@ func startUDPGather(t testing.TB, n int) netip.AddrPort {
 	}()
 	t.Cleanup(func() { pc.Close(); wg.Wait() })
 	return pc.LocalAddr().(*net.UDPAddr).AddrPort()
+}
+
+// TestDropMeter: a socket's cumulative drop count becomes counter
+// increments; a count read before one already taken (two readers racing)
+// adds nothing, and the count wrapping past 2^32 adds what it moved.
+func TestDropMeter(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		start  uint32
+		counts []uint32
+		want   float64
+	}{
+		{"rising", 0, []uint32{0, 5, 6, 9}, 9},
+		{"an older count after a newer one", 0, []uint32{5, 6, 5, 7}, 7},
+		{"past 2^32", 0xfffffffe, []uint32{0xffffffff, 1}, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := prometheus.NewCounter(prometheus.CounterOpts{Name: "drops"})
+			d := dropMeter{seen: tc.start}
+			for _, n := range tc.counts {
+				d.add(n, c)
+			}
+			if got := testutil.ToFloat64(c); got != tc.want {
+				t.Errorf("counted %v, want %v", got, tc.want)
+			}
+		})
+	}
 }

@@ -66,3 +66,39 @@ func TestUDPPortsPreferred(t *testing.T) {
 		})
 	}
 }
+
+// TestUDPRedirectRepliesFromAddressUsed: with steering, a UDP frontend's
+// socket is bound to 0.0.0.0, and each reply leaves from the address its
+// client's datagram arrived at (after REDIRECT, 127.0.0.1 for a client on
+// the node), as conntrack needs to turn it back into the Service's: a
+// client connected to 127.0.0.3 takes only replies from 127.0.0.3, where
+// the kernel, left to choose, answers from 127.0.0.1.
+func TestUDPRedirectRepliesFromAddressUsed(t *testing.T) {
+	leakCheck(t)
+	e := startUDPEcho(t, "dns")
+	frontend := netip.MustParseAddrPort("198.18.255.1:53")
+	snap, err := lb.NewStore(lb.StoreOptions{}).Replace([]lb.Service{udpService("dns", frontend, e.addr)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := New(Config{Engine: testEngine, Redirect: []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:0")}, Mark: -1, Workers: 1, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shutdown(f)
+	if err := f.Apply(context.Background(), snap); err != nil {
+		t.Fatal(err)
+	}
+	port := f.UDPPorts()[lb.Frontend{Protocol: lb.UDP, Addr: frontend}]
+	if port == 0 {
+		t.Fatal("no socket for the frontend")
+	}
+	c, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.3"), port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if reply, err := ask(c, []byte("q")); err != nil || string(reply) != "dns q" {
+		t.Errorf("from 127.0.0.1 to 127.0.0.3: %q, %v; want %q from 127.0.0.3", reply, err, "dns q")
+	}
+}

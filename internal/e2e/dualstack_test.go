@@ -54,7 +54,7 @@ func dualStackServices(backends []*topology.Host) string {
 // TestPrivilegedDualStackUserspace: svcproxy finds IPv6 on the node and, in
 // userspace mode with REDIRECT steering and with local steering, serves a
 // dual-stack Service over IPv6 TCP and UDP (ClusterIP and NodePort, from a
-// pod, TCP also from the node itself) through the forwarder to backends'
+// pod, ClusterIPs also from the node itself) through the forwarder to backends'
 // IPv6 addresses, while its IPv4 ClusterIP, and the IPv4-only Services,
 // keep working.
 func TestPrivilegedDualStackUserspace(t *testing.T) {
@@ -138,16 +138,25 @@ func (c *cluster) checkDualStack(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) { c.spread(tc.from, tc.addr, 20) })
 	}
-	for _, tc := range []struct{ name, addr string }{
-		{"UDP to the IPv6 ClusterIP", v6(dualUDPVIP6, 5300)},
-		{"UDP to the IPv6 NodePort", v6(topology.NodeAddr6.String(), dualUDPNode)},
-		{"UDP to the IPv4 ClusterIP", dualUDPVIP4 + ":5300"},
+	// From the node, a connected client socket takes only replies from the
+	// ClusterIP it wrote to: with REDIRECT, only if the forwarder answers
+	// from the loopback address the datagram arrived at.
+	for _, tc := range []struct {
+		name string
+		from *topology.Host
+		addr string
+	}{
+		{"UDP to the IPv6 ClusterIP", client, v6(dualUDPVIP6, 5300)},
+		{"UDP to the IPv6 NodePort", client, v6(topology.NodeAddr6.String(), dualUDPNode)},
+		{"UDP to the IPv4 ClusterIP", client, dualUDPVIP4 + ":5300"},
+		{"UDP to the IPv4 ClusterIP from the node", c.topo.Node, dualUDPVIP4 + ":5300"},
+		{"UDP to the IPv6 ClusterIP from the node", c.topo.Node, v6(dualUDPVIP6, 5300)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			seen := map[string]bool{}
 			for i := range 20 { // a new client socket each: a new flow
 				msg := fmt.Appendf(nil, "query %d", i)
-				reply, err := udpQuery(client, tc.addr, msg)
+				reply, err := udpQuery(tc.from, tc.addr, msg)
 				if err != nil {
 					t.Fatalf("query %d to %s: %v", i, tc.addr, err)
 				}
