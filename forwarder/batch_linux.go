@@ -45,6 +45,7 @@ type batchOp struct {
 	src, dst *side
 	n        int  // bytes read into the slot
 	ran      bool // its operation completed
+	write    bool // its read took bytes to write (batchWrites queues them)
 }
 
 func newBatch() (*batch, error) {
@@ -140,6 +141,7 @@ func (w *worker) batchRound() {
 	b := w.batch
 	err := b.u.submit(w.batchRead)
 	if err == nil {
+		w.batchWrites()
 		if hook := testHookBatchWrites.Load(); hook != nil {
 			(*hook)(b.u)
 		}
@@ -162,8 +164,8 @@ func (w *worker) batchRound() {
 	b.round = b.round[:0]
 }
 
-// batchRead takes a read's result as readIn would, and queues the write of
-// what it read.
+// batchRead takes a read's result as readIn would, and notes the write of
+// what it read for batchWrites.
 func (w *worker) batchRead(tag uint64, res int32) {
 	b := w.batch
 	op := &b.ops[tag]
@@ -201,8 +203,29 @@ func (w *worker) batchRead(tag uint64, res int32) {
 	}
 	op.n = n
 	op.ran = false
-	b.sent++
-	b.u.queue(uringOpSend, op.dst.fd, b.slot(int(tag))[:n], tag)
+	op.write = true
+}
+
+// batchWrites queues the writes of what the round's reads took, once every
+// read's result is in, for the relays still open. A relay whose second
+// half's read failed was finished after its first half's read, and its
+// descriptors closed: a write queued by number then would go to whatever
+// socket or pipe another thread has opened under that number since.
+func (w *worker) batchWrites() {
+	b := w.batch
+	for i := range b.nops {
+		op := &b.ops[i]
+		if !op.write {
+			continue
+		}
+		op.write = false
+		if op.r.state != relayOpen {
+			op.ran = true // nothing to write, and nothing to hold
+			continue
+		}
+		b.sent++
+		b.u.queue(uringOpSend, op.dst.fd, b.slot(i)[:op.n], uint64(i))
+	}
 }
 
 // batchWritten takes a write's result as readIn would: what the socket

@@ -211,3 +211,101 @@ func TestBatchBackPressure(t *testing.T) {
 		t.Error("no message went through io_uring")
 	}
 }
+
+// TestBatchNoWriteAfterRelayEnds: in one round, a relay's client half reads
+// a message and its backend half reads a reset, which ends the relay and
+// closes both its sockets before the round's writes. The message is not
+// written by the old socket's number: here another socket is given that
+// number in between (as another thread's accept could), and nothing may
+// arrive on it.
+func TestBatchNoWriteAfterRelayEnds(t *testing.T) {
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	h, fe := batchHarness(t, service("resetter", freeFrontend(t), ln.Addr().(*net.TCPAddr).AddrPort()))
+	w := h.fwd.tcp.(*loopEngine).workers[0]
+	c, err := net.DialTimeout("tcp", fe, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	bc, err := ln.AcceptTCP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bc.Close()
+	// One exchange, so the relay is open and both halves are batchable.
+	if _, err := io.WriteString(c, "ping"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(bc, make([]byte, 4)); err != nil {
+		t.Fatal(err)
+	}
+	up := make(chan int, 1)
+	w.post(func(w *worker) { up <- w.relays[0].up.fd })
+	upFD := <-up
+
+	// Hold the worker while the client's message and the backend's reset
+	// arrive, so that one harvest, one round, takes both.
+	release, held := make(chan struct{}), make(chan struct{})
+	w.post(func(*worker) { close(held); <-release })
+	<-held
+	if _, err := io.WriteString(c, "for a relay that ends"); err != nil {
+		t.Fatal(err)
+	}
+	_ = bc.SetLinger(0)
+	bc.Close()
+	time.Sleep(20 * time.Millisecond)
+
+	pair := [2]int{-1, -1}
+	var ended bool
+	hook := func(*uring) {
+		testHookBatchWrites.Store(nil)
+		if _, err := unix.FcntlInt(uintptr(upFD), unix.F_GETFD, 0); err != unix.EBADF {
+			return // the relay did not end in the reads: nothing to test
+		}
+		ended = true
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return
+		}
+		// One end to a number clear of the relay's, the other to the
+		// relay's backend socket's (socketpair may have taken either).
+		peer, err := unix.FcntlInt(uintptr(fds[1]), unix.F_DUPFD_CLOEXEC, 1000)
+		unix.Close(fds[1])
+		if err != nil {
+			unix.Close(fds[0])
+			return
+		}
+		if fds[0] != upFD {
+			_ = unix.Dup3(fds[0], upFD, unix.O_CLOEXEC)
+			unix.Close(fds[0])
+		}
+		pair = [2]int{upFD, peer}
+	}
+	testHookBatchWrites.Store(&hook)
+	t.Cleanup(func() { testHookBatchWrites.Store(nil) })
+	close(release)
+
+	if _, err := io.ReadAll(c); err == nil {
+		t.Fatal("the client's connection ended cleanly; want the backend's reset passed on")
+	}
+	done := make(chan struct{})
+	w.post(func(*worker) { close(done) }) // the round is over
+	<-done
+	if !ended {
+		t.Fatal("the round's reads did not end the relay (the reset and the message came in different rounds)")
+	}
+	if pair[1] < 0 {
+		t.Fatal("no socket could take the ended relay's number")
+	}
+	defer unix.Close(pair[0])
+	defer unix.Close(pair[1])
+	buf := make([]byte, 64)
+	if n, _, err := unix.Recvfrom(pair[1], buf, unix.MSG_DONTWAIT); err != unix.EAGAIN {
+		t.Fatalf("the ended relay's message was written to the socket that took its number: %q, %v", buf[:max(n, 0)], err)
+	}
+}
