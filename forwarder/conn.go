@@ -16,7 +16,9 @@ import (
 	"github.com/svcproxy/svcproxy/lb"
 )
 
-// closeReason says why a forwarded connection ended; the first event wins.
+// closeReason says why a forwarded connection ended: the first event that
+// ends it, except that one direction's end (client_eof, backend_eof) gives
+// way to what then ends the other abnormally (see replaces).
 type closeReason uint32
 
 const (
@@ -30,6 +32,20 @@ const (
 	reasonShutdown
 	reasonFirstByte // the backend sent nothing within the Service's FirstByteTimeout
 )
+
+// final reports whether r ends the connection for good: anything but none
+// or one direction's end, after which the other direction still runs.
+func (r closeReason) final() bool {
+	return r != reasonNone && r != reasonClientEOF && r != reasonBackendEOF
+}
+
+// replaces reports whether r is recorded over cur: over none, and over one
+// direction's end when r is final. A reset of the direction still running
+// is then passed on as a reset, not left to look like a clean end, and an
+// idle timeout or drain of a half-closed connection is named as such.
+func (r closeReason) replaces(cur closeReason) bool {
+	return cur == reasonNone || (!cur.final() && r.final())
+}
 
 // closeReasons are the connection-log and metric names of the reasons.
 var closeReasons = [...]string{"", "client_eof", "backend_eof", "client_reset", "backend_reset", "idle_timeout", "drain", "shutdown", "first_byte_timeout"}
@@ -404,7 +420,7 @@ func (c *conn) copy(s *splicer, dst, src *net.TCPConn, self, other *atomic.Int64
 			return endEOF
 		case err == nil:
 			continue
-		case (idle > 0 || firstByte > 0) && errors.Is(err, os.ErrDeadlineExceeded) && c.reason.Load() == uint32(reasonNone):
+		case (idle > 0 || firstByte > 0) && errors.Is(err, os.ErrDeadlineExceeded) && !closeReason(c.reason.Load()).final():
 			now := time.Now()
 			var until time.Time
 			if first := c.firstIn.Load(); fromBackend && firstByte > 0 && *total == 0 && first != 0 {
@@ -470,10 +486,18 @@ func (c *conn) ended(ev copyEnd, fromClient bool) {
 	}
 }
 
-// setReason records why the pair ends, if nothing has yet; it reports
-// whether r was the first.
+// setReason records why the pair ends (see closeReason.replaces); it
+// reports whether r is now the one.
 func (c *conn) setReason(r closeReason) bool {
-	return c.reason.CompareAndSwap(uint32(reasonNone), uint32(r))
+	for {
+		cur := c.reason.Load()
+		if !r.replaces(closeReason(cur)) {
+			return false
+		}
+		if c.reason.CompareAndSwap(cur, uint32(r)) {
+			return true
+		}
+	}
 }
 
 // kill ends the connection of generation gen for reason (drain, shutdown).

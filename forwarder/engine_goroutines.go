@@ -211,7 +211,16 @@ func (e *goEngine) drainConn(c *conn) {
 	c.drainTimer = time.AfterFunc(f.cfg.DrainTimeout, func() {
 		if !f.snap.Load().HasEndpoint(name, addr) {
 			c.kill(reasonDrain, gen)
+			return
 		}
+		// The endpoint came back: c no longer drains, and a later removal
+		// drains it anew (copied, under mu too, counts out a c that
+		// finishes still draining).
+		c.mu.Lock()
+		if c.gen == gen && !c.finished && c.draining.CompareAndSwap(true, false) {
+			f.m.Draining.Dec()
+		}
+		c.mu.Unlock()
 	})
 	c.mu.Unlock()
 }

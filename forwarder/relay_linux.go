@@ -464,12 +464,12 @@ func (r *relay) pump() {
 	if !r.flow(&r.out, &r.up, &r.client) {
 		return
 	}
+	if !r.answered && r.pool.Service.FirstByteTimeout > 0 {
+		r.firstByte() // before a finish: an answer that came with the end counts
+	}
 	if r.in.done && r.out.done {
 		r.finish()
 		return
-	}
-	if !r.answered && r.pool.Service.FirstByteTimeout > 0 {
-		r.firstByte()
 	}
 	if !r.offDone && r.w.e.off != nil {
 		r.maybeOffload()
@@ -750,10 +750,10 @@ func (r *relay) hold(h *half, p []byte) {
 	h.buf, h.off = bp, 0
 }
 
-// setReason records why the relay ends, if nothing has yet; it reports
-// whether r was the first.
+// setReason records why the relay ends (see closeReason.replaces); it
+// reports whether reason is now the one.
 func (r *relay) setReason(reason closeReason) bool {
-	if r.reason != reasonNone {
+	if !reason.replaces(r.reason) {
 		return false
 	}
 	r.reason = reason
@@ -820,7 +820,12 @@ func (r *relay) startDrain() {
 func (r *relay) drainCheck() {
 	if !r.w.f.snap.Load().HasEndpoint(r.pool.Service.Name, r.backend.Addr) {
 		r.kill(reasonDrain)
+		return
 	}
+	// The endpoint came back: the relay no longer drains, and a later
+	// removal drains it anew.
+	r.draining = false
+	r.w.f.m.Draining.Dec()
 }
 
 // finish closes an open relay and accounts for it.

@@ -188,3 +188,95 @@ func TestIPv6(t *testing.T) {
 		t.Fatalf("echo over IPv6: %q, %v", got, err)
 	}
 }
+
+// TestResetAfterHalfClosePassedOn: the client sends its request and its
+// FIN; the backend answers part of the response and then resets. The
+// client sees the reset, not a clean end after a truncated response, and
+// the connection counts as ended by the backend's reset.
+func TestResetAfterHalfClosePassedOn(t *testing.T) {
+	leakCheck(t)
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.AcceptTCP()
+		if err != nil {
+			return
+		}
+		_, _ = io.ReadAll(c) // the request, to the client's FIN
+		_, _ = io.WriteString(c, "part of the ans")
+		time.Sleep(50 * time.Millisecond) // the part reaches the client first
+		_ = c.SetLinger(0)
+		c.Close()
+	}()
+	fe := freeFrontend(t)
+	h := newHarness(t, Config{}, service("resetter", fe, ln.Addr().(*net.TCPAddr).AddrPort()))
+	c := dial(t, fe)
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, "request"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(c)
+	if err == nil {
+		t.Fatalf("read %q and then a clean EOF; want the backend's reset passed on", got)
+	}
+	h.settle()
+	if got := testutil.ToFloat64(h.m.closes[reasonBackendReset]); got != 1 {
+		t.Errorf("backend_reset closes = %v, want 1 (client_eof: %v)", got, testutil.ToFloat64(h.m.closes[reasonClientEOF]))
+	}
+}
+
+// TestDrainAfterEndpointFlaps: a connection's endpoint leaves, comes back
+// within the drain timeout (the connection stays, no longer draining),
+// then leaves again: the connection drains anew and is closed.
+func TestDrainAfterEndpointFlaps(t *testing.T) {
+	leakCheck(t)
+	fe := freeFrontend(t)
+	a, b := startBackend(t, "a", modeNameThenSink), startBackend(t, "b", modeName)
+	const drain = 200 * time.Millisecond
+	h := newHarness(t, Config{DrainTimeout: drain}, service("flap", fe, a.addr))
+	c := dial(t, fe)
+	defer c.Close()
+	r := bufio.NewReader(c)
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if name, err := r.ReadString('\n'); err != nil || name != "a\n" {
+		t.Fatalf("reading the backend's name: %q, %v", name, err)
+	}
+	draining := func(want float64) {
+		t.Helper()
+		deadline := time.Now().Add(2 * time.Second)
+		for testutil.ToFloat64(h.m.Draining) != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("draining connections = %v, want %v", testutil.ToFloat64(h.m.Draining), want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	h.replace(service("flap", fe, b.addr))
+	draining(1)
+	h.replace(service("flap", fe, a.addr, b.addr))
+	time.Sleep(2 * drain) // the drain deadline passes with a listed again
+	draining(0)
+	if _, err := c.Write([]byte("still here")); err != nil {
+		t.Fatalf("the connection after its endpoint came back: %v", err)
+	}
+	h.replace(service("flap", fe, b.addr))
+	draining(1)
+	_ = c.SetReadDeadline(time.Now().Add(10 * drain))
+	if _, err := r.ReadString('\n'); err == nil {
+		t.Fatal("read more from a backend that left twice")
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatalf("not closed within %v of its endpoint's second removal (drain timeout %v)", 10*drain, drain)
+	}
+	h.settle()
+	draining(0)
+	if got := testutil.ToFloat64(h.m.closes[reasonDrain]); got != 1 {
+		t.Errorf("drain closes = %v, want 1", got)
+	}
+}
