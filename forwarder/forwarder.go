@@ -80,7 +80,7 @@ type tcpListeners interface {
 	count() int
 	start()                     // accept from now on
 	close(wait bool)            // stop accepting and close; wait: until no accept runs
-	files() ([]*os.File, error) // duplicates, for a successor
+	files() ([]*os.File, error) // duplicates, for a successor (nil: that socket has none to give)
 }
 
 // New validates cfg and opens the redirect listeners; they accept from the
@@ -317,7 +317,9 @@ func (f *Forwarder) Sockets() (map[string]*os.File, error) {
 			continue
 		}
 		for i, file := range files {
-			out[k.socketName(i)] = file
+			if file != nil { // nil: socket i has nothing to hand over
+				out[k.socketName(i)] = file
+			}
 		}
 	}
 	for k, fe := range f.udp {

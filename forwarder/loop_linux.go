@@ -799,16 +799,21 @@ func (w *worker) post(fn func(*worker)) {
 // dupOwned duplicates fd, a socket of w's, for a successor process. It
 // runs on w (or after w's loop ended, when w closed its sockets), where
 // closed, the socket's flag, is read safely: a socket w has closed is never
-// duplicated by its number, which may name another file by then.
-func (w *worker) dupOwned(fd int, closed *bool) (dup int, err error) {
+// duplicated by its number, which may name another file by then. With
+// skip (a flag of the socket's too) set, there is nothing to hand over:
+// dup is -1 and err nil.
+func (w *worker) dupOwned(fd int, closed, skip *bool) (dup int, err error) {
 	done := make(chan struct{})
 	w.post(func(*worker) {
 		defer close(done)
-		if *closed {
+		switch {
+		case *closed:
 			err = net.ErrClosed
-			return
+		case skip != nil && *skip:
+			dup = -1
+		default:
+			dup, err = unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 		}
-		dup, err = unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	})
 	<-done
 	return dup, err
@@ -910,6 +915,7 @@ type loopListener struct {
 	redirect bool
 	local    netip.AddrPort // bound address; unspecified: read each connection's
 	paused   bool           // out of descriptors: waiting for retry
+	pending  bool           // bound; listens when accepting starts (see listen)
 	backoff  time.Duration
 	lastLog  int64
 	retry    timer
@@ -928,13 +934,40 @@ func (e *loopEngine) listen(k listenKey, inherited func(i int) *os.File) (tcpLis
 	g := &loopListeners{e: e}
 	addr := k.addr
 	v6only := e.f.v6only(addr)
+	files := make([]*os.File, len(e.workers))
+	handed := -1 // a socket handed over, if any: the address's port is its
+	for i := range files {
+		if files[i] = inherited(i); files[i] != nil && handed < 0 {
+			handed = i
+		}
+	}
+	if handed >= 0 && addr.Port() == 0 {
+		if fd, err := adoptSocket(files[handed]); err == nil {
+			if bound, err := sockName(fd); err == nil {
+				addr = netip.AddrPortFrom(addr.Addr(), bound.Port())
+			}
+			unix.Close(fd)
+		}
+	}
 	for i, w := range e.workers {
 		var fd int
 		var err error
-		if file := inherited(i); file != nil {
-			fd, err = adoptSocket(file)
-			file.Close()
-		} else {
+		pending := false
+		switch {
+		case files[i] != nil:
+			fd, err = adoptSocket(files[i])
+			files[i].Close()
+			files[i] = nil
+		case handed >= 0:
+			// The predecessor still accepts on the sockets it handed
+			// over, until this process starts accepting (its first
+			// Apply). A socket made here listens only then: listening
+			// now, it would take its share of the connections, which
+			// nobody would accept meanwhile (with more workers than the
+			// predecessor had).
+			fd, err = bindSocket(addr, v6only, e.f.cfg.KeepAlive)
+			pending = true
+		default:
 			fd, err = listenSocket(addr, v6only, e.f.cfg.KeepAlive)
 		}
 		if err == nil && addr.Port() == 0 {
@@ -949,9 +982,14 @@ func (e *loopEngine) listen(k listenKey, inherited func(i int) *os.File) (tcpLis
 			for _, s := range g.socks {
 				unix.Close(s.fd)
 			}
+			for _, file := range files {
+				if file != nil {
+					file.Close()
+				}
+			}
 			return nil, fmt.Errorf("listening on %v: %w", k.addr, err)
 		}
-		ln := &loopListener{w: w, fd: fd, redirect: k.redirect, local: addr}
+		ln := &loopListener{w: w, fd: fd, redirect: k.redirect, local: addr, pending: pending}
 		ln.retry = timer{idx: -1, kind: timerAccept, ln: ln}
 		g.socks = append(g.socks, ln)
 	}
@@ -970,6 +1008,13 @@ func (g *loopListeners) start() {
 		ln.w.post(func(w *worker) {
 			if ln.closed {
 				return
+			}
+			if ln.pending {
+				if err := unix.Listen(ln.fd, listenBacklog()); err != nil {
+					w.log.Error("cannot listen", zap.Stringer("listener", ln.local), zap.Error(err))
+					return
+				}
+				ln.pending = false
 			}
 			if err := w.register(ln.fd, fdEntry{ln: ln}, unix.EPOLLIN|unix.EPOLLET); err != nil {
 				w.log.Error("cannot accept", zap.Stringer("listener", ln.local), zap.Error(err))
@@ -1004,14 +1049,22 @@ func (ln *loopListener) closeNow() {
 func (g *loopListeners) files() ([]*os.File, error) {
 	var out []*os.File
 	for _, ln := range g.socks {
-		fd, err := ln.w.dupOwned(ln.fd, &ln.closed)
+		// A socket not listening yet (pending) is not handed over: the
+		// successor makes its own.
+		fd, err := ln.w.dupOwned(ln.fd, &ln.closed, &ln.pending)
 		if err != nil {
 			for _, f := range out {
-				f.Close()
+				if f != nil {
+					f.Close()
+				}
 			}
 			return nil, err
 		}
-		out = append(out, os.NewFile(uintptr(fd), "listener"))
+		var file *os.File
+		if fd >= 0 {
+			file = os.NewFile(uintptr(fd), "listener")
+		}
+		out = append(out, file)
 	}
 	return out, nil
 }

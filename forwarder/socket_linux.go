@@ -24,6 +24,21 @@ import (
 // copies them from the listener to every connection it accepts:
 // TCP_NODELAY and the keepalive settings (keepalive < 0: off).
 func listenSocket(addr netip.AddrPort, v6only bool, keepalive time.Duration) (int, error) {
+	fd, err := bindSocket(addr, v6only, keepalive)
+	if err != nil {
+		return -1, err
+	}
+	if err := unix.Listen(fd, listenBacklog()); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("listening: %w", err)
+	}
+	return fd, nil
+}
+
+// bindSocket is listenSocket up to the listen: a socket bound with
+// SO_REUSEPORT does not join its port's group, and takes no connection,
+// until it listens.
+func bindSocket(addr netip.AddrPort, v6only bool, keepalive time.Duration) (int, error) {
 	fd, err := newSocket(addr.Addr(), unix.SOCK_STREAM, 0)
 	if err != nil {
 		return -1, fmt.Errorf("creating socket: %w", err)
@@ -47,10 +62,6 @@ func listenSocket(addr netip.AddrPort, v6only bool, keepalive time.Duration) (in
 	if err := unix.Bind(fd, sockaddr(addr)); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("binding: %w", err)
-	}
-	if err := unix.Listen(fd, listenBacklog()); err != nil {
-		unix.Close(fd)
-		return -1, fmt.Errorf("listening: %w", err)
 	}
 	return fd, nil
 }

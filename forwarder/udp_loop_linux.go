@@ -207,7 +207,7 @@ func (e *loopEngine) serveUDP(k lb.Frontend, pc *net.UDPConn, v6 bool) (udpSocke
 func (fe *loopUDP) localPort() uint16 { return fe.port }
 
 func (fe *loopUDP) file() (*os.File, error) {
-	fd, err := fe.w.dupOwned(fe.fd, &fe.closed)
+	fd, err := fe.w.dupOwned(fe.fd, &fe.closed, nil)
 	if err != nil {
 		return nil, fmt.Errorf("duplicating UDP socket: %w", err)
 	}
