@@ -72,29 +72,28 @@ func TestHandoverToMoreWorkers(t *testing.T) {
 		}
 	}
 	prompt("before the successor accepts")
-	if bs, err := b.Sockets(); err != nil {
-		t.Fatal(err)
-	} else {
-		for _, f := range bs {
-			f.Close()
-		}
-		if len(bs) != 1 {
-			t.Errorf("before it accepts, the successor hands over %d sockets, want 1 (the one it was handed)", len(bs))
-		}
+	if n := handsOver(t, b); n != 1 {
+		t.Errorf("before it accepts, the successor hands over %d sockets, want 1 (the one it was handed)", n)
 	}
 	if err := b.Apply(context.Background(), snap); err != nil {
 		t.Fatal(err)
 	}
 	shutdown(a)
 	prompt("after the predecessor left")
-	if bs, err := b.Sockets(); err != nil {
-		t.Fatal(err)
-	} else {
-		for _, f := range bs {
-			f.Close()
-		}
-		if len(bs) != 4 {
-			t.Errorf("accepting, the successor hands over %d sockets, want 4", len(bs))
-		}
+	if n := handsOver(t, b); n != 4 {
+		t.Errorf("accepting, the successor hands over %d sockets, want 4", n)
 	}
+}
+
+// handsOver is how many sockets f would hand to a successor now.
+func handsOver(t *testing.T, f *Forwarder) int {
+	t.Helper()
+	files, err := f.Sockets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, file := range files {
+		file.Close()
+	}
+	return len(files)
 }
