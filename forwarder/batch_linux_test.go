@@ -219,40 +219,18 @@ func TestBatchBackPressure(t *testing.T) {
 // number in between (as another thread's accept could), and nothing may
 // arrive on it.
 func TestBatchNoWriteAfterRelayEnds(t *testing.T) {
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := loopbackListener(t)
 	h, fe := batchHarness(t, service("resetter", freeFrontend(t), ln.Addr().(*net.TCPAddr).AddrPort()))
 	w := h.fwd.tcp.(*loopEngine).workers[0]
-	c, err := net.DialTimeout("tcp", fe, 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	bc, err := ln.AcceptTCP()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bc.Close()
-	// One exchange, so the relay is open and both halves are batchable.
-	if _, err := io.WriteString(c, "ping"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.ReadFull(bc, make([]byte, 4)); err != nil {
-		t.Fatal(err)
-	}
+	// One message across, so the relay is open and both halves batchable.
+	c, bc := openThrough(t, netip.MustParseAddrPort(fe), ln)
 	up := make(chan int, 1)
 	w.post(func(w *worker) { up <- w.relays[0].up.fd })
 	upFD := <-up
 
 	// Hold the worker while the client's message and the backend's reset
 	// arrive, so that one harvest, one round, takes both.
-	release, held := make(chan struct{}), make(chan struct{})
-	w.post(func(*worker) { close(held); <-release })
-	<-held
+	release := stallWorkers(t, h)
 	if _, err := io.WriteString(c, "for a relay that ends"); err != nil {
 		t.Fatal(err)
 	}
@@ -288,7 +266,7 @@ func TestBatchNoWriteAfterRelayEnds(t *testing.T) {
 	}
 	testHookBatchWrites.Store(&hook)
 	t.Cleanup(func() { testHookBatchWrites.Store(nil) })
-	close(release)
+	release()
 
 	if _, err := io.ReadAll(c); err == nil {
 		t.Fatal("the client's connection ended cleanly; want the backend's reset passed on")

@@ -132,40 +132,15 @@ func TestFirstByteAnswerWithEnd(t *testing.T) {
 	if testEngine == EngineGoroutines {
 		t.Skip("holds a worker of the event loop")
 	}
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := loopbackListener(t)
 	fe := freeFrontend(t)
 	svc := service("answers", fe, ln.Addr().(*net.TCPAddr).AddrPort())
 	svc.FirstByteTimeout = 5 * time.Second
 	h := newHarness(t, Config{Workers: 1}, svc)
 	b := h.fwd.snap.Load().Route(lb.TCP, fe).Backends()[0]
 	b.ReportFailure(time.Now().Add(-time.Hour)) // a failure long ago: counted, no cool-down now
-	c := dial(t, fe)
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	bc, err := ln.AcceptTCP()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bc.Close()
-	w := h.fwd.tcp.(*loopEngine).workers[0]
-	opened := make(chan bool, 1)
-	for deadline := time.Now().Add(5 * time.Second); ; {
-		w.post(func(w *worker) { opened <- len(w.relays) == 1 && w.relays[0].state == relayOpen })
-		if <-opened {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the relay did not open")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	release, held := make(chan struct{}), make(chan struct{})
-	w.post(func(*worker) { close(held); <-release })
-	<-held
+	c, bc := openThrough(t, fe, ln)
+	release := stallWorkers(t, h)
 	if _, err := io.WriteString(c, "question"); err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +150,7 @@ func TestFirstByteAnswerWithEnd(t *testing.T) {
 	}
 	bc.Close()
 	time.Sleep(20 * time.Millisecond)
-	close(release)
+	release()
 	if got, err := io.ReadAll(c); err != nil || string(got) != "answer" {
 		t.Fatalf("the client read %q, %v; want the answer, then EOF", got, err)
 	}

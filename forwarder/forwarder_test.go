@@ -596,11 +596,7 @@ func TestSmallMessagesNeverStall(t *testing.T) {
 // HAProxy can: they see EPOLLRDHUP) would wait here until the idle timeout.
 func TestReplyThenCloseReachesClient(t *testing.T) {
 	leakCheck(t)
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := loopbackListener(t)
 	go func() {
 		for {
 			c, err := ln.AcceptTCP()

@@ -210,6 +210,50 @@ func service(name string, frontend netip.AddrPort, addrs ...netip.AddrPort) lb.S
 	return svc
 }
 
+// loopbackListener is a TCP listener on 127.0.0.1 that the test drives
+// itself (accepts, answers, resets), closed with t.
+func loopbackListener(t testing.TB) *net.TCPListener {
+	t.Helper()
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// openThrough connects to fe, takes the forwarder's connection to the
+// backend from ln and sends one message across, so that the connection is
+// open when it returns. Both ends close with t; c has a 5 s deadline.
+func openThrough(t testing.TB, fe netip.AddrPort, ln *net.TCPListener) (c, bc *net.TCPConn) {
+	t.Helper()
+	c = dial(t, fe)
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	bc, err := ln.AcceptTCP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bc.Close() })
+	if _, err := io.WriteString(c, "ping"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(bc, make([]byte, 4)); err != nil {
+		t.Fatal(err)
+	}
+	return c, bc
+}
+
+// proxiedBackend starts a forwarder (harness) with one Service whose one
+// backend is a listener on loopback, and returns them with the frontend.
+func proxiedBackend(t *testing.T, name string) (*net.TCPListener, netip.AddrPort, *harness) {
+	t.Helper()
+	ln := loopbackListener(t)
+	fe := freeFrontend(t)
+	h := newHarness(t, Config{}, service(name, fe, ln.Addr().(*net.TCPAddr).AddrPort()))
+	return ln, fe, h
+}
+
 // harness is a forwarder with frontend listeners over a Store.
 type harness struct {
 	t     testing.TB

@@ -934,60 +934,63 @@ func (e *loopEngine) listen(k listenKey, inherited func(i int) *os.File) (tcpLis
 	g := &loopListeners{e: e}
 	addr := k.addr
 	v6only := e.f.v6only(addr)
-	files := make([]*os.File, len(e.workers))
-	handed := -1 // a socket handed over, if any: the address's port is its
-	for i := range files {
-		if files[i] = inherited(i); files[i] != nil && handed < 0 {
-			handed = i
-		}
-	}
-	if handed >= 0 && addr.Port() == 0 {
-		if fd, err := adoptSocket(files[handed]); err == nil {
-			if bound, err := sockName(fd); err == nil {
-				addr = netip.AddrPortFrom(addr.Addr(), bound.Port())
-			}
-			unix.Close(fd)
-		}
-	}
-	for i, w := range e.workers {
-		var fd int
-		var err error
-		pending := false
-		switch {
-		case files[i] != nil:
-			fd, err = adoptSocket(files[i])
-			files[i].Close()
-			files[i] = nil
-		case handed >= 0:
-			// The predecessor still accepts on the sockets it handed
-			// over, until this process starts accepting (its first
-			// Apply). A socket made here listens only then: listening
-			// now, it would take its share of the connections, which
-			// nobody would accept meanwhile (with more workers than the
-			// predecessor had).
-			fd, err = bindSocket(addr, v6only, e.f.cfg.KeepAlive)
-			pending = true
-		default:
-			fd, err = listenSocket(addr, v6only, e.f.cfg.KeepAlive)
-		}
-		if err == nil && addr.Port() == 0 {
-			var bound netip.AddrPort
-			if bound, err = sockName(fd); err == nil {
-				addr = netip.AddrPortFrom(addr.Addr(), bound.Port())
-			} else {
+	fds := make([]int, len(e.workers)) // -1: not handed over, made below
+	handed := false
+	fail := func(err error) (tcpListeners, error) {
+		for _, fd := range fds {
+			if fd >= 0 {
 				unix.Close(fd)
 			}
 		}
+		return nil, fmt.Errorf("listening on %v: %w", k.addr, err)
+	}
+	for i := range fds {
+		fds[i] = -1
+		file := inherited(i)
+		if file == nil {
+			continue
+		}
+		fd, err := adoptSocket(file)
+		file.Close()
 		if err != nil {
-			for _, s := range g.socks {
-				unix.Close(s.fd)
+			return fail(err)
+		}
+		fds[i], handed = fd, true
+		if addr.Port() == 0 { // the port is the handed-over socket's
+			bound, err := sockName(fd)
+			if err != nil {
+				return fail(err)
 			}
-			for _, file := range files {
-				if file != nil {
-					file.Close()
+			addr = netip.AddrPortFrom(addr.Addr(), bound.Port())
+		}
+	}
+	for i, w := range e.workers {
+		fd, pending := fds[i], false
+		if fd < 0 {
+			var err error
+			if handed {
+				// The predecessor still accepts on the sockets it handed
+				// over, until this process starts accepting (its first
+				// Apply). A socket made here listens only then: listening
+				// now, it would take its share of the connections, which
+				// nobody would accept meanwhile (with more workers than
+				// the predecessor had).
+				fd, err = bindSocket(addr, v6only, e.f.cfg.KeepAlive)
+				pending = true
+			} else {
+				fd, err = listenSocket(addr, v6only, e.f.cfg.KeepAlive)
+			}
+			if err != nil {
+				return fail(err)
+			}
+			fds[i] = fd
+			if addr.Port() == 0 { // the kernel chose it for the first socket
+				bound, err := sockName(fd)
+				if err != nil {
+					return fail(err)
 				}
+				addr = netip.AddrPortFrom(addr.Addr(), bound.Port())
 			}
-			return nil, fmt.Errorf("listening on %v: %w", k.addr, err)
 		}
 		ln := &loopListener{w: w, fd: fd, redirect: k.redirect, local: addr, pending: pending}
 		ln.retry = timer{idx: -1, kind: timerAccept, ln: ln}

@@ -153,11 +153,7 @@ func TestPrivilegedOffloadHalfClose(t *testing.T) {
 			leakCheck(t)
 			const size = 8 << 20
 			payload := bytes.Repeat([]byte("0123456789abcdef"), size/16)
-			ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
+			ln := loopbackListener(t)
 			beErr := make(chan error, 1)
 			go func() { // the backend: the mirror of the client below
 				c, err := ln.AcceptTCP()
@@ -231,11 +227,7 @@ func halfCloseSide(c *net.TCPConn, payload []byte, first bool) error {
 // of an offloaded connection as a reset.
 func TestPrivilegedOffloadBackendReset(t *testing.T) {
 	leakCheck(t)
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := loopbackListener(t)
 	go func() {
 		c, err := ln.AcceptTCP()
 		if err != nil {
@@ -254,7 +246,7 @@ func TestPrivilegedOffloadBackendReset(t *testing.T) {
 	if _, err := c.Write([]byte("more")); err != nil {
 		t.Fatal(err)
 	}
-	_, err = c.Read(make([]byte, 1))
+	_, err := c.Read(make([]byte, 1))
 	if !isReset(err) {
 		t.Fatalf("client read: %v, want a reset", err)
 	}

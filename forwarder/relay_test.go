@@ -21,11 +21,7 @@ import (
 // client and keeps the other direction open until the client ends too.
 func TestHalfCloseBackendFirst(t *testing.T) {
 	leakCheck(t)
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := loopbackListener(t)
 	received := make(chan []byte, 1)
 	go func() {
 		c, err := ln.AcceptTCP()
@@ -77,11 +73,7 @@ func TestBackPressureSlowReader(t *testing.T) {
 	// Loopback sockets here autotune up to 32 MiB of receive buffer, so
 	// the sockets on the way may hold tens of MiB: send far more.
 	const total = 256 << 20
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln := loopbackListener(t)
 	var sent atomic.Int64
 	go func() {
 		c, err := ln.AcceptTCP()
@@ -195,11 +187,7 @@ func TestIPv6(t *testing.T) {
 // the connection counts as ended by the backend's reset.
 func TestResetAfterHalfClosePassedOn(t *testing.T) {
 	leakCheck(t)
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ln, fe, h := proxiedBackend(t, "resetter")
 	go func() {
 		c, err := ln.AcceptTCP()
 		if err != nil {
@@ -211,8 +199,6 @@ func TestResetAfterHalfClosePassedOn(t *testing.T) {
 		_ = c.SetLinger(0)
 		c.Close()
 	}()
-	fe := freeFrontend(t)
-	h := newHarness(t, Config{}, service("resetter", fe, ln.Addr().(*net.TCPAddr).AddrPort()))
 	c := dial(t, fe)
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/netip"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -40,20 +39,6 @@ func segmentsIn(c *net.TCPConn) (segs, data uint32, err error) {
 		return 0, 0, err
 	}
 	return info.Segs_in, info.Data_segs_in, nil
-}
-
-// proxiedBackend starts a forwarder (harness) with one Service whose one
-// backend is a listener on loopback, and returns them with the frontend.
-func proxiedBackend(t *testing.T, name string) (*net.TCPListener, netip.AddrPort, *harness) {
-	t.Helper()
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	fe := freeFrontend(t)
-	h := newHarness(t, Config{}, service(name, fe, ln.Addr().(*net.TCPAddr).AddrPort()))
-	return ln, fe, h
 }
 
 // lastWrite sends msg and then the FIN, both in one segment.
