@@ -114,8 +114,6 @@ type udpFrontend struct {
 	v6       bool
 	port     uint16
 
-	fromDst bool // replies go from each datagram's destination (answerFromDst)
-
 	mu    sync.Mutex // guards flows and writes to batch
 	flows map[netip.AddrPort]*udpFlow
 	done  chan struct{}
@@ -338,7 +336,7 @@ func (f *Forwarder) openUDP(k lb.Frontend) (udpSocket, error) {
 		return s, nil
 	}
 	fe := &udpFrontend{f: f, frontend: k, conn: pc, v6: v6, flows: map[netip.AddrPort]*udpFlow{}, done: make(chan struct{}),
-		port: pc.LocalAddr().(*net.UDPAddr).AddrPort().Port(), fromDst: f.answerFromDst(k)}
+		port: pc.LocalAddr().(*net.UDPAddr).AddrPort().Port()}
 	if fe.batch, err = newBatchConn(pc, k, v6); err != nil {
 		pc.Close()
 		return nil, err
@@ -706,7 +704,7 @@ func (fl *udpFlow) replyLoop(rec connlog.Record) {
 func (fl *udpFlow) sendReplies(bufs []*[]byte, sizes []int) {
 	fe := fl.fe
 	var oob []byte
-	if fe.fromDst && fl.local.IsValid() {
+	if fl.local.IsValid() && fe.f.answerFromDst(fe.frontend) {
 		if fe.v6 {
 			oob = (&ipv6.ControlMessage{Src: fl.local.AsSlice()}).Marshal()
 		} else {
