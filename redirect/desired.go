@@ -202,12 +202,21 @@ func unspecified(f netfilter.Family) netip.Addr {
 	return netip.IPv4Unspecified()
 }
 
+// steerTo is the target that steers to forwarder port port in fam: a DNAT
+// to the family's node address (Config.NodeIPs), else REDIRECT.
+func (r *Redirector) steerTo(fam netfilter.Family, port uint16) string {
+	if a := r.to[fam]; a.IsValid() {
+		return "DNAT --to-destination " + netip.AddrPortFrom(a, port).String()
+	}
+	return "REDIRECT --to-ports " + strconv.Itoa(int(port))
+}
+
 // chainRules renders the rules of each chain for one family, in
 // iptables-save's canonical form.
 func (r *Redirector) chainRules(fam netfilter.Family, tcpPort uint16, udp, npUDP []udpRedirect) map[chainKey][]string {
 	mark := fmt.Sprintf("-m mark --mark %#x/%#x -j RETURN", r.cfg.Mark, r.cfg.Mark)
 	svc, reject := setDefs[svcSet(fam)].Name, setDefs[rejectSet(fam)].Name
-	to := strconv.Itoa(int(tcpPort))
+	to := r.steerTo(fam, tcpPort)
 	local := "-m addrtype --dst-type LOCAL"
 	if r.npRestricted[fam] {
 		local += " -m set --match-set " + setDefs[npAddrsSet(fam)].Name + " dst"
@@ -219,13 +228,13 @@ func (r *Redirector) chainRules(fam netfilter.Family, tcpPort uint16, udp, npUDP
 	rules := map[chainKey][]string{
 		netfilter.Nat(chainServices): {
 			mark,
-			"-p tcp -m set --match-set " + svc + " dst,dst -j REDIRECT --to-ports " + to,
+			"-p tcp -m set --match-set " + svc + " dst,dst -j " + to,
 			"-p udp -m set --match-set " + svc + " dst,dst -j " + chainUDP,
 			"-m set --match-set " + reject + " dst,dst -j RETURN",
 			local + " -j " + chainNodePorts,
 		},
 		netfilter.Nat(chainNodePorts): {
-			"-p tcp -m set --match-set " + setDefs[setNPTCP].Name + " dst -j REDIRECT --to-ports " + to,
+			"-p tcp -m set --match-set " + setDefs[setNPTCP].Name + " dst -j " + to,
 			"-p udp -m set --match-set " + setDefs[setNPUDP].Name + " dst -j " + chainNPUDP,
 		},
 		netfilter.Filter(chainReject): {
@@ -259,13 +268,13 @@ func (r *Redirector) chainRules(fam netfilter.Family, tcpPort uint16, udp, npUDP
 	}
 	var u []string
 	for _, x := range sortUDP(udp) {
-		u = append(u, fmt.Sprintf("-d %v -p udp -m udp --dport %d -j REDIRECT --to-ports %d",
-			netip.PrefixFrom(x.dst, x.dst.BitLen()), x.port, x.to))
+		u = append(u, fmt.Sprintf("-d %v -p udp -m udp --dport %d -j %s",
+			netip.PrefixFrom(x.dst, x.dst.BitLen()), x.port, r.steerTo(fam, x.to)))
 	}
 	rules[netfilter.Nat(chainUDP)] = u
 	var n []string
 	for _, x := range sortUDP(npUDP) {
-		n = append(n, fmt.Sprintf("-p udp -m udp --dport %d -j REDIRECT --to-ports %d", x.port, x.to))
+		n = append(n, fmt.Sprintf("-p udp -m udp --dport %d -j %s", x.port, r.steerTo(fam, x.to)))
 	}
 	rules[netfilter.Nat(chainNPUDP)] = n
 	// Canonicalise through the parser, so what we compare with

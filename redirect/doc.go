@@ -18,6 +18,18 @@
 // backends never steers twice. The behavioural tests (TestSteering,
 // TestNodePortAddresses, FuzzApply, TestPrivilegedTraffic) run both.
 //
+// # REDIRECT or DNAT
+//
+// Both backends steer with REDIRECT (`redirect`), shown below, unless
+// Config.NodeIPs gives the family a node address: then with a DNAT to it
+// and the same port. REDIRECT from PREROUTING goes to the first address
+// of the interface the packet arrived on and is dropped when there is
+// none, as on Calico's and Cilium's unnumbered pod veths
+// (TestPrivilegedUnnumbered builds one); a DNAT to a local address does
+// not care where the packet came in. From the node itself (OUTPUT)
+// REDIRECT goes to loopback and the DNAT to the node address; both are
+// local, SO_ORIGINAL_DST reads the same, and conntrack undoes either.
+//
 // Measured with TestPrivilegedScale -v (2026-11-26, this 2-core VM), 10,000
 // Services × (1 ClusterIP, 10 endpoints): nftables from scratch 47 ms, one
 // Service added or removed 0.4 ms median, 4.8 ms p99 (at 1,000: 28 ms and

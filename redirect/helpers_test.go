@@ -202,10 +202,11 @@ var (
 )
 
 // checkTrace fails when f sends p anywhere but want (the Rule is ignored).
+// A DNAT's destination counts; an unchanged one (Dst zero) as well.
 func checkTrace(t *testing.T, f tracer, p netfiltertest.Packet, want netfiltertest.Verdict) {
 	t.Helper()
 	got := f.Trace(p)
-	if got.Action != want.Action || got.Port != want.Port {
+	if got.Action != want.Action || got.Port != want.Port || got.Dst != want.Dst {
 		t.Errorf("Trace(%v %v via %v, mark %#x) = %v (rule %q), want %v\n%s",
 			p.Proto, p.Dst, hookName(p.Hook), p.Mark, got, got.Rule, want, f.Dump())
 	}

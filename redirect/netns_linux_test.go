@@ -40,30 +40,32 @@ var privileged = kerneltest.Gate{
 }
 
 // topology is a node namespace and a client ("pod") namespace joined by a
-// veth pair (this kernel has no dummy interfaces), with no default route:
+// veth pair (this kernel has no dummy interfaces), with no default route.
+// Numbered (newTopology):
 //
 //	client eth0 198.18.0.2/24 fd00:18::2/64  <->  node eth0 198.18.0.1/24 fd00:18::1/64
+//
+// Unnumbered (newUnnumberedTopology), as Calico wires a pod: the node's
+// end has no address but a link-local fe80::1, the node's addresses are
+// 198.18.1.1 and fd00:19::1 on lo, and the client reaches everything
+// through a link-local gateway (169.254.1.1, which the node's end answers
+// for with its MAC; fe80::1):
+//
+//	client eth0 198.18.0.2/32 fd00:18::2/128  <->  node eth0 (fe80::1)   node lo 198.18.1.1 fd00:19::1
 //
 // Both route the service ranges 198.18.10.0/24 and fd00:10::/64: the node
 // out of eth0 (a locally sent packet needs a route before nat OUTPUT sees
 // it), the client via the node, which forwards.
 type topology struct {
 	node, client string
+	// nodeAddrs are the node's addresses the client reaches (IPv4, IPv6).
+	nodeAddrs [2]netip.Addr
 }
-
-var (
-	nodeAddr4   = netip.MustParseAddr("198.18.0.1")
-	clientAddr4 = netip.MustParseAddr("198.18.0.2")
-	nodeAddr6   = netip.MustParseAddr("fd00:18::1")
-)
 
 func newTopology(t testing.TB) topology {
 	t.Helper()
-	top := topology{node: privileged.NewNS(t), client: privileged.NewNS(t)}
-	veth := "sp" + kerneltest.RandHex(3)
-	kerneltest.Run(t, "ip", "-n", top.node, "link", "add", "eth0", "type", "veth", "peer", "name", veth)
-	kerneltest.Run(t, "ip", "-n", top.node, "link", "set", veth, "netns", top.client)
-	kerneltest.Run(t, "ip", "-n", top.client, "link", "set", veth, "name", "eth0")
+	top := newVethPair(t)
+	top.nodeAddrs = [2]netip.Addr{netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("fd00:18::1")}
 	for _, c := range [][]string{
 		{top.node, "addr", "add", "198.18.0.1/24", "dev", "eth0"},
 		{top.node, "addr", "add", "fd00:18::1/64", "dev", "eth0", "nodad"},
@@ -79,6 +81,50 @@ func newTopology(t testing.TB) topology {
 		kerneltest.Run(t, "ip", append([]string{"-n"}, c...)...)
 	}
 	kerneltest.Run(t, "ip", "netns", "exec", top.node, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
+	return top
+}
+
+func newUnnumberedTopology(t testing.TB) topology {
+	t.Helper()
+	top := newVethPair(t)
+	top.nodeAddrs = [2]netip.Addr{netip.MustParseAddr("198.18.1.1"), netip.MustParseAddr("fd00:19::1")}
+	const mac = "ee:ee:ee:ee:ee:ee" // Calico's host-side MAC
+	for _, c := range [][]string{
+		{top.node, "link", "set", "eth0", "address", mac},
+		{top.node, "addr", "add", "fe80::1/64", "dev", "eth0", "nodad"},
+		{top.node, "addr", "add", "198.18.1.1/32", "dev", "lo"},
+		{top.node, "addr", "add", "fd00:19::1/128", "dev", "lo"},
+		{top.node, "link", "set", "eth0", "up"},
+		{top.node, "route", "add", "198.18.0.2/32", "dev", "eth0"},
+		{top.node, "route", "add", "fd00:18::2/128", "dev", "eth0"},
+		{top.node, "route", "add", "198.18.10.0/24", "dev", "eth0"},
+		{top.node, "route", "add", "fd00:10::/64", "dev", "eth0"},
+		{top.client, "addr", "add", "198.18.0.2/32", "dev", "eth0"},
+		{top.client, "addr", "add", "fd00:18::2/128", "dev", "eth0", "nodad"},
+		{top.client, "link", "set", "eth0", "up"},
+		{top.client, "route", "add", "169.254.1.1/32", "dev", "eth0", "scope", "link"},
+		{top.client, "neigh", "add", "169.254.1.1", "lladdr", mac, "dev", "eth0", "nud", "permanent"},
+	} {
+		kerneltest.Run(t, "ip", append([]string{"-n"}, c...)...)
+	}
+	for _, dst := range []string{"198.18.10.0/24", "198.18.1.1/32"} {
+		kerneltest.Run(t, "ip", "-n", top.client, "route", "add", dst, "via", "169.254.1.1", "dev", "eth0")
+	}
+	for _, dst := range []string{"fd00:10::/64", "fd00:19::1/128"} {
+		kerneltest.Run(t, "ip", "-n", top.client, "-6", "route", "add", dst, "via", "fe80::1", "dev", "eth0")
+	}
+	kerneltest.Run(t, "ip", "netns", "exec", top.node, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
+	return top
+}
+
+// newVethPair makes the two namespaces and their veth pair, eth0 in each,
+// down and without addresses.
+func newVethPair(t testing.TB) topology {
+	top := topology{node: privileged.NewNS(t), client: privileged.NewNS(t)}
+	veth := "sp" + kerneltest.RandHex(3)
+	kerneltest.Run(t, "ip", "-n", top.node, "link", "add", "eth0", "type", "veth", "peer", "name", veth)
+	kerneltest.Run(t, "ip", "-n", top.node, "link", "set", veth, "netns", top.client)
+	kerneltest.Run(t, "ip", "-n", top.client, "link", "set", veth, "name", "eth0")
 	return top
 }
 

@@ -25,7 +25,7 @@ type elemKey struct{ set, key string }
 
 // layout is fam's steering table beyond its elements.
 func (r *Redirector) layout(fam netfilter.Family) steertable.Layout {
-	l := steertable.Layout{Family: fam, Mark: r.cfg.Mark, NodePorts: true}
+	l := steertable.Layout{Family: fam, Mark: r.cfg.Mark, NodePorts: true, To: r.to[fam]}
 	if r.npRestricted[fam] {
 		l.NodePortPrefixes = r.npAddrs[fam]
 		l.NodePorts = len(l.NodePortPrefixes) > 0

@@ -123,15 +123,71 @@ func TestPrivilegedApplyCleanup(t *testing.T) {
 func TestPrivilegedTraffic(t *testing.T) {
 	privileged.Require(t)
 	for _, variant := range kerneltest.Variants() {
-		t.Run(kerneltest.VariantName(variant), func(t *testing.T) { testTraffic(t, BackendIPTables, variant) })
+		t.Run(kerneltest.VariantName(variant), func(t *testing.T) { testTraffic(t, BackendIPTables, variant, newTopology(t), false) })
 	}
-	t.Run("nftables", func(t *testing.T) { testTraffic(t, BackendNFTables, "") })
+	t.Run("nftables", func(t *testing.T) { testTraffic(t, BackendNFTables, "", newTopology(t), false) })
 }
 
-func testTraffic(t *testing.T, backend Backend, variant string) {
+// TestPrivilegedUnnumbered: a pod whose veth has no address on the node's
+// end (Calico's wiring). REDIRECT drops its IPv4 packets (the kernel
+// redirects to the incoming interface's first IPv4 address, and there is
+// none; in IPv6 it takes the link-local one, which this kernel serves); a
+// DNAT to the node's address (Config.NodeIPs) serves it, and everything
+// TestPrivilegedTraffic checks holds.
+func TestPrivilegedUnnumbered(t *testing.T) {
+	privileged.Require(t)
+	for _, backend := range []Backend{BackendIPTables, BackendNFTables} {
+		t.Run(string(backend)+"/redirect drops the pod's packets", func(t *testing.T) {
+			top := newUnnumberedTopology(t)
+			var ln4, ln6 net.Listener
+			kerneltest.Do(t, top.node, func() {
+				var err error
+				if ln4, err = net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", testTCPPort)); err != nil {
+					t.Fatal(err)
+				}
+				if ln6, err = net.Listen("tcp6", fmt.Sprintf("[::]:%d", testTCPPort)); err != nil {
+					t.Fatal(err)
+				}
+			})
+			defer ln4.Close()
+			defer ln6.Close()
+			accepted := acceptRedirected(t, ln4, ln6)
+			r, err := New(Config{Backend: backend, NetNS: top.node, Mark: testMark, IPv6: true, Exec: &netfilter.Exec{NetNS: top.node}, Logger: zaptest.NewLogger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { r.Cleanup(context.Background()) })
+			svc := lb.Service{Name: svcName("web"), Port: 80, Endpoints: eps(1, ""), ClusterIPs: []netip.Addr{ip("198.18.10.1"), ip("fd00:10::1")}}
+			mustApply(t, r, store(t, svc).Snapshot(), Ports{TCP: testTCPPort}, true)
+			// The node itself is served (nat OUTPUT redirects to loopback),
+			// which shows the rules are in place.
+			c, err := kerneltest.Dial(t, top.node, "tcp", "198.18.10.1:80", 2*time.Second, 0)
+			if err != nil {
+				t.Fatalf("from the node: %v", err)
+			}
+			c.Close()
+			<-accepted
+			if c, err := kerneltest.Dial(t, top.client, "tcp", "198.18.10.1:80", 500*time.Millisecond, 0); err == nil {
+				c.Close()
+				t.Error("the pod reached 198.18.10.1:80 through REDIRECT: this rig no longer shows the drop the DNAT avoids")
+			}
+		})
+		t.Run(string(backend)+"/dnat to the node's address", func(t *testing.T) {
+			testTraffic(t, backend, "", newUnnumberedTopology(t), true)
+		})
+	}
+}
+
+// testTraffic runs the traffic cases on top; dnat steers to the node's
+// addresses (Config.NodeIPs) rather than REDIRECT.
+func testTraffic(t *testing.T, backend Backend, variant string, top topology, dnat bool) {
 	ctx := context.Background()
-	top := newTopology(t)
 	const udpPort = 40053
+	node4, node6 := top.nodeAddrs[0].String(), "["+top.nodeAddrs[1].String()+"]"
+	var nodeIPs []netip.Addr
+	if dnat {
+		nodeIPs = top.nodeAddrs[:]
+	}
 
 	// The forwarder's sockets: the TCP redirect port per family, and the
 	// UDP frontend's own socket.
@@ -162,7 +218,7 @@ func testTraffic(t *testing.T, backend Backend, variant string) {
 			ClusterIPs: []netip.Addr{ip("198.18.10.53")}},
 	}
 	ports := Ports{TCP: testTCPPort, UDP: map[lb.Frontend]uint16{{Protocol: lb.UDP, Addr: ap("198.18.10.53:53")}: udpPort}}
-	r, err := New(Config{Backend: backend, NetNS: top.node, Mark: testMark, IPv6: true, Exec: &netfilter.Exec{NetNS: top.node, Variant: variant}, Logger: zaptest.NewLogger(t)})
+	r, err := New(Config{Backend: backend, NetNS: top.node, Mark: testMark, IPv6: true, NodeIPs: nodeIPs, Exec: &netfilter.Exec{NetNS: top.node, Variant: variant}, Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,10 +241,10 @@ func testTraffic(t *testing.T, backend Backend, variant string) {
 		{"client", "198.18.10.1:80", "198.18.10.1:80"},
 		{"node", "[fd00:10::1]:80", "[fd00:10::1]:80"},
 		{"client", "[fd00:10::1]:80", "[fd00:10::1]:80"},
-		{"client", "198.18.0.1:30080", "198.18.0.1:30080"},
-		{"node", "198.18.0.1:30080", "198.18.0.1:30080"},
+		{"client", node4 + ":30080", node4 + ":30080"},
+		{"node", node4 + ":30080", node4 + ":30080"},
 		{"node", "127.0.0.1:30080", "127.0.0.1:30080"},
-		{"client", "[fd00:18::1]:30080", "[fd00:18::1]:30080"},
+		{"client", node6 + ":30080", node6 + ":30080"},
 	}
 	for _, tc := range tcpCases {
 		t.Run("TCP from "+tc.from+" to "+tc.dst, func(t *testing.T) {
@@ -214,7 +270,7 @@ func testTraffic(t *testing.T, backend Backend, variant string) {
 	for _, tc := range []struct{ from, dst string }{
 		{"node", "198.18.10.2:80"}, {"client", "198.18.10.2:80"},
 		{"node", "[fd00:10::2]:80"}, {"client", "[fd00:10::2]:80"},
-		{"client", "198.18.0.1:30082"}, {"node", "127.0.0.1:30082"},
+		{"client", node4 + ":30082"}, {"node", "127.0.0.1:30082"},
 	} {
 		t.Run("no endpoints: TCP from "+tc.from+" to "+tc.dst+" refused at once", func(t *testing.T) {
 			start := time.Now()
@@ -266,7 +322,7 @@ func testTraffic(t *testing.T, backend Backend, variant string) {
 	// datagram REDIRECT'ed from another host arrives at the incoming
 	// interface's address), but only steered datagrams reach it.
 	for _, tc := range []struct{ from, dst string }{
-		{"client", "198.18.0.1:40053"}, {"node", "198.18.0.1:40053"}, {"node", "127.0.0.1:40053"},
+		{"client", node4 + ":40053"}, {"node", node4 + ":40053"}, {"node", "127.0.0.1:40053"},
 	} {
 		t.Run("UDP from "+tc.from+" straight to the frontend's socket at "+tc.dst+" gets nothing", func(t *testing.T) {
 			if reply, err := udpAsk(t, from[tc.from], nil, ap(tc.dst), "direct"); err == nil {

@@ -87,6 +87,18 @@ type Config struct {
 	NodePortAddresses []netip.Prefix
 	// netfilter.IPv6 also programs ip6tables and the -v6 sets.
 	IPv6 bool
+	// NodeIPs are addresses of the node, at most one per family, that
+	// steered traffic is sent to: a family with one DNATs to it (and the
+	// forwarder's port), a family without one REDIRECTs. REDIRECT sends a
+	// packet that arrives from another host or a pod to the first address
+	// of the interface it came in on, and drops it when that interface has
+	// none of the family (the kernel's nf_nat_redirect): pods' veths on
+	// Calico and Cilium are unnumbered (a link-local gateway with proxy
+	// ARP), so every pod's Service traffic would be lost. The forwarder
+	// listens on every address, so any address of the node will do; the
+	// caller makes sure each is one (a DNAT to an address that is not
+	// local would send Service traffic out of the node).
+	NodeIPs []netip.Addr
 	// Exec runs the kernel tools: iptables and ipset for the iptables
 	// backend; the nftables backend only to remove what that one left.
 	// Nil: netfilter.NewExec(NetNS) (the real tools).
@@ -114,6 +126,9 @@ type Redirector struct {
 	families     []netfilter.Family
 	npRestricted [2]bool
 	npAddrs      [2][]netip.Prefix
+	// to is, per family, the node address steering DNATs to; invalid:
+	// REDIRECT (Config.NodeIPs).
+	to [2]netip.Addr
 
 	rec *netfilter.Reconciler // the iptables backend
 
@@ -182,6 +197,9 @@ func New(cfg Config) (*Redirector, error) {
 	if r.npRestricted, r.npAddrs, err = netfilter.NodePortPrefixes(cfg.NodePortAddresses); err != nil {
 		return nil, fmt.Errorf("creating redirector: %w", err)
 	}
+	if r.to, err = steerAddrs(cfg.NodeIPs); err != nil {
+		return nil, fmt.Errorf("creating redirector: node IPs: %w", err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var nftErr error
@@ -217,6 +235,27 @@ func New(cfg Config) (*Redirector, error) {
 		r.log.Info("iptables backend detected", zap.String("backend", r.backend), zap.String("version", v))
 	}
 	return r, nil
+}
+
+// steerAddrs reads Config.NodeIPs into one address per family.
+func steerAddrs(ips []netip.Addr) (to [2]netip.Addr, err error) {
+	for _, a := range ips {
+		a = a.Unmap()
+		switch {
+		case !a.IsValid(), a.IsUnspecified(), a.IsMulticast(), a.IsLinkLocalUnicast(), a.Zone() != "":
+			return to, fmt.Errorf("%v: not a node address to steer to", a)
+		case a.IsLoopback():
+			// Traffic from other hosts DNATed to loopback is dropped as
+			// martian (without route_localnet).
+			return to, fmt.Errorf("%v: a loopback address cannot receive traffic from other hosts", a)
+		}
+		fam := familyOf(a)
+		if to[fam].IsValid() && to[fam] != a {
+			return to, fmt.Errorf("%v and %v: one address per family", to[fam], a)
+		}
+		to[fam] = a
+	}
+	return to, nil
 }
 
 // probeNFT writes and deletes a throwaway steering table in each family.
@@ -442,8 +481,9 @@ func (r *Redirector) readSteered(ctx context.Context) (map[lb.Frontend]uint16, e
 	return out, nil
 }
 
-// parseSteered reads the REDIRECT rules of SVCPROXY-UDP and SVCPROXY-NP-UDP
-// in iptables-save output; other lines are skipped.
+// parseSteered reads the REDIRECT and DNAT rules of SVCPROXY-UDP and
+// SVCPROXY-NP-UDP in iptables-save output (a DNAT's address is the node's,
+// only its port matters); other lines are skipped.
 func parseSteered(fam netfilter.Family, save []byte) map[lb.Frontend]uint16 {
 	out := map[lb.Frontend]uint16{}
 	for line := range strings.Lines(string(save)) {
@@ -466,8 +506,13 @@ func parseSteered(fam netfilter.Family, save []byte) map[lb.Frontend]uint16 {
 				port, err = strconv.ParseUint(f[i+1], 10, 16)
 			case "--to-ports":
 				to, err = strconv.ParseUint(f[i+1], 10, 16)
+			case "--to-destination":
+				var ap netip.AddrPort
+				if ap, err = netip.ParseAddrPort(f[i+1]); err == nil {
+					to = uint64(ap.Port())
+				}
 			case "-j":
-				redirect = f[i+1] == "REDIRECT"
+				redirect = f[i+1] == "REDIRECT" || f[i+1] == "DNAT"
 			default:
 				continue
 			}

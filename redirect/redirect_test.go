@@ -16,12 +16,36 @@ import (
 
 func TestSteering(t *testing.T) {
 	for _, b := range fakeBackends {
-		t.Run(b.name, func(t *testing.T) { testSteering(t, b.new) })
+		for _, v := range []struct {
+			name    string
+			nodeIPs []netip.Addr
+		}{
+			{"redirect", nil},
+			{"dnat to the node's addresses", []netip.Addr{nodeIP, nodeIP6}},
+			{"dnat in IPv4, redirect in IPv6", []netip.Addr{nodeIP}},
+		} {
+			t.Run(b.name+"/"+v.name, func(t *testing.T) { testSteering(t, b.new, v.nodeIPs) })
+		}
 	}
 }
 
-func testSteering(t *testing.T, newRedirector func(testing.TB, Config) (*Redirector, tracer)) {
-	r, f := newRedirector(t, Config{IPv6: true})
+// steeredVia is want with Config.NodeIPs nodeIPs: a redirect to a port is
+// a DNAT to the node address of p's family and that port, where there is
+// one.
+func steeredVia(nodeIPs []netip.Addr, p netfiltertest.Packet, want netfiltertest.Verdict) netfiltertest.Verdict {
+	if want.Action != netfiltertest.Redirect {
+		return want
+	}
+	for _, a := range nodeIPs {
+		if a.Is6() == p.Dst.Addr().Is6() {
+			return netfiltertest.Verdict{Action: netfiltertest.DNAT, Dst: netip.AddrPortFrom(a, want.Port)}
+		}
+	}
+	return want
+}
+
+func testSteering(t *testing.T, newRedirector func(testing.TB, Config) (*Redirector, tracer), nodeIPs []netip.Addr) {
+	r, f := newRedirector(t, Config{IPv6: true, NodeIPs: nodeIPs})
 	snap := store(t, testServices()...).Snapshot()
 	mustApply(t, r, snap, testPorts(), true)
 
@@ -78,10 +102,14 @@ func testSteering(t *testing.T, newRedirector func(testing.TB, Config) (*Redirec
 		{"unrelated netfilter.IPv6", pkt(lb.UDP, "[2001:4860::8888]:53", netfiltertest.Output), accepted},
 		{"unrelated local port", pkt(lb.TCP, "192.0.2.10:22", netfiltertest.Prerouting), accepted},
 	} {
-		t.Run(tc.name, func(t *testing.T) { checkTrace(t, f, tc.p, tc.want) })
+		t.Run(tc.name, func(t *testing.T) { checkTrace(t, f, tc.p, steeredVia(nodeIPs, tc.p, tc.want)) })
 	}
-	if got := f.Trace(pkt(lb.TCP, "10.96.0.10:80", netfiltertest.Prerouting)).Rule; !strings.Contains(strings.ToUpper(got), "REDIRECT") {
-		t.Errorf("Verdict.Rule = %q, want the REDIRECT rule", got)
+	target := "REDIRECT"
+	if len(nodeIPs) > 0 {
+		target = "DNAT"
+	}
+	if got := f.Trace(pkt(lb.TCP, "10.96.0.10:80", netfiltertest.Prerouting)).Rule; !strings.Contains(strings.ToUpper(got), target) {
+		t.Errorf("Verdict.Rule = %q, want the %s rule", got, target)
 	}
 }
 
@@ -430,6 +458,13 @@ func TestBadInput(t *testing.T) {
 	for _, cfg := range []Config{
 		{},
 		{Mark: 1, NodePortAddresses: []netip.Prefix{{}}},
+		{Mark: 1, NodeIPs: []netip.Addr{{}}},
+		{Mark: 1, NodeIPs: []netip.Addr{ip("0.0.0.0")}},
+		{Mark: 1, NodeIPs: []netip.Addr{ip("127.0.0.1")}},
+		{Mark: 1, NodeIPs: []netip.Addr{ip("::1")}},
+		{Mark: 1, NodeIPs: []netip.Addr{ip("fe80::1")}},
+		{Mark: 1, NodeIPs: []netip.Addr{ip("224.0.0.1")}},
+		{Mark: 1, NodeIPs: []netip.Addr{nodeIP, nodeIP2}},
 	} {
 		cfg.Exec, cfg.NFT = netfiltertest.NewFake(), steertabletest.NewFake()
 		if _, err := New(cfg); err == nil {

@@ -155,6 +155,16 @@ func TestParseSteered(t *testing.T) {
 				{Protocol: lb.UDP, Addr: ap("[fd00::53]:53")}: 40058,
 				{Protocol: lb.UDP, Addr: ap("[::]:30053")}:    40055,
 			}},
+		{"DNAT to a node address", netfilter.IPv4,
+			"-A SVCPROXY-UDP -d 10.96.0.53/32 -p udp -m udp --dport 53 -j DNAT --to-destination 192.0.2.10:40053\n" +
+				"-A SVCPROXY-NP-UDP -p udp -m udp --dport 30053 -j DNAT --to-destination 192.0.2.10:40054\n",
+			map[lb.Frontend]uint16{
+				{Protocol: lb.UDP, Addr: ap("10.96.0.53:53")}: 40053,
+				{Protocol: lb.UDP, Addr: ap("0.0.0.0:30053")}: 40054,
+			}},
+		{"DNAT to a node address, IPv6", netfilter.IPv6,
+			"-A SVCPROXY-UDP -d fd00::53/128 -p udp -m udp --dport 53 -j DNAT --to-destination [2001:db8::10]:40058\n",
+			map[lb.Frontend]uint16{{Protocol: lb.UDP, Addr: ap("[fd00::53]:53")}: 40058}},
 		{"skipped: other chains, other targets, a network, bad numbers, the wrong family", netfilter.IPv4,
 			"-A SVCPROXY-SERVICES -p udp -m udp --dport 53 -j REDIRECT --to-ports 1\n" +
 				"-A SVCPROXY-UDP -d 10.96.0.1/32 -p udp -m udp --dport 53 -j RETURN\n" +
@@ -163,7 +173,10 @@ func TestParseSteered(t *testing.T) {
 				"-A SVCPROXY-UDP -d 10.96.0.3/32 -p udp -m udp --dport 53 -j REDIRECT --to-ports x -j REDIRECT --to-ports 4\n" +
 				"-A SVCPROXY-UDP -d fd00::1/128 -p udp -m udp --dport 53 -j REDIRECT --to-ports 5\n" +
 				"-A SVCPROXY-UDP -p udp -m udp --dport 53 -j REDIRECT --to-ports 6\n" +
-				"-A SVCPROXY-UDP -d 10.96.0.4/32 -p udp -m udp --dport 53 -j REDIRECT --to-ports 0\n",
+				"-A SVCPROXY-UDP -d 10.96.0.4/32 -p udp -m udp --dport 53 -j REDIRECT --to-ports 0\n" +
+				"-A SVCPROXY-UDP -d 10.96.0.5/32 -p udp -m udp --dport 53 -j DNAT --to-destination 192.0.2.10\n" +
+				"-A SVCPROXY-UDP -d 10.96.0.6/32 -p udp -m udp --dport 53 -j DNAT --to-destination 192.0.2.10:0\n" +
+				"-A SVCPROXY-UDP -d 10.96.0.7/32 -p udp -m udp --dport 53 -j MASQUERADE --to-ports 8\n",
 			map[lb.Frontend]uint16{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -198,20 +211,24 @@ func FuzzParseSteered(f *testing.F) {
 		if dst.IsUnspecified() {
 			u.dst = netip.Addr{}
 		}
-		var r Redirector
-		rules := r.chainRules(fam, 1, []udpRedirect{u}, nil)
-		if !u.dst.IsValid() {
-			rules = r.chainRules(fam, 1, nil, []udpRedirect{u})
-		}
-		var save string
-		for _, c := range []string{chainUDP, chainNPUDP} {
-			for _, rule := range rules[netfilter.Nat(c)] {
-				save += "-A " + c + " " + rule + "\n"
+		// Rules that REDIRECT, and rules that DNAT to a node address.
+		var redirects, dnats Redirector
+		dnats.to = [2]netip.Addr{nodeIP, nodeIP6}
+		for _, r := range []*Redirector{&redirects, &dnats} {
+			rules := r.chainRules(fam, 1, []udpRedirect{u}, nil)
+			if !u.dst.IsValid() {
+				rules = r.chainRules(fam, 1, nil, []udpRedirect{u})
 			}
-		}
-		got := parseSteered(fam, []byte(noise+"\n"+save))
-		if got[u.frontend(fam)] != to {
-			t.Fatalf("rules %q read back as %v, want %v -> %d", save, got, u.frontend(fam), to)
+			var save string
+			for _, c := range []string{chainUDP, chainNPUDP} {
+				for _, rule := range rules[netfilter.Nat(c)] {
+					save += "-A " + c + " " + rule + "\n"
+				}
+			}
+			got := parseSteered(fam, []byte(noise+"\n"+save))
+			if got[u.frontend(fam)] != to {
+				t.Fatalf("rules %q read back as %v, want %v -> %d", save, got, u.frontend(fam), to)
+			}
 		}
 	})
 }

@@ -143,7 +143,10 @@ func run(svcproxyBin, backendBin, steeringMode, steeringBackend string) error {
 	defer logFile.Close()
 	args := []string{"--services", servicesFile, "--steering=" + steeringMode,
 		"--hostname-override", "sandbox-node", "--conn-log", connLog,
-		"--metrics-bind-address", "127.0.0.1:10249", "--healthz-bind-address", "127.0.0.1:10256"}
+		"--metrics-bind-address", "127.0.0.1:10249", "--healthz-bind-address", "127.0.0.1:10256",
+		// The node's primary IP, as a DaemonSet's svcproxy reads it from
+		// the Node's InternalIP: REDIRECT steering DNATs to it.
+		"--bind-address", topology.NodeAddr.String()}
 	if steeringBackend != "" && !local {
 		args = append(args, "--steering-backend="+steeringBackend)
 	}

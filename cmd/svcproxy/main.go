@@ -8,6 +8,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"os/signal"
 	"syscall"
@@ -122,6 +124,9 @@ func run(o *options) error {
 	if w := o.resolvePrimary(node); w != "" {
 		log.Warn(w)
 	}
+	if w := o.resolveSteerTo(node, hostAddrs(log)); w != "" {
+		log.Warn(w)
+	}
 	store := lb.NewStore(lb.StoreOptions{
 		Node:             lb.Node{Name: o.hostname, Zone: zone},
 		DefaultAlgorithm: o.algorithm,
@@ -181,6 +186,23 @@ func run(o *options) error {
 			return watchRules(ctx, mode, o, changed)
 		},
 	})
+}
+
+// hostAddrs lists this host's addresses, on every interface (a node's
+// primary IP may sit on lo); nil, logged, when they cannot be read.
+func hostAddrs(log *zap.Logger) []netip.Addr {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		log.Warn("cannot list this host's addresses", zap.Error(err))
+		return nil
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			out = append(out, p.Addr().Unmap())
+		}
+	}
+	return out
 }
 
 // ignoreHangup logs SIGHUP instead of dying of it, until the returned

@@ -241,7 +241,7 @@ func steeringConfig(o *options, log *zap.Logger) *redirect.Config {
 }
 
 func redirectConfig(o *options, log *zap.Logger) redirect.Config {
-	return redirect.Config{Backend: o.steeringBackend, Mark: uint32(o.mark), NodePortAddresses: o.nodePortAddresses, IPv6: o.ipv6, Logger: log}
+	return redirect.Config{Backend: o.steeringBackend, Mark: uint32(o.mark), NodePortAddresses: o.nodePortAddresses, IPv6: o.ipv6, NodeIPs: o.steerTo, Logger: log}
 }
 
 func iptablesConfig(o *options, log *zap.Logger) iptables.Config {

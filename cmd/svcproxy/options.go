@@ -53,6 +53,7 @@ type options struct {
 	nodePortPrimary   bool             // --nodeport-addresses=primary: the node's primary IPs, resolved once the Node is known
 	ipv6              bool             // the node serves IPv6 too: set by detectIPv6, not a flag
 	steeredBy         redirect.Backend // the userspace mode's resolved steering backend: set when it is built, not a flag
+	steerTo           []netip.Addr     // the node addresses REDIRECT steering DNATs to: set by resolveSteerTo, not a flag
 	cleanup           bool
 	force             bool   // --cleanup even while a running svcproxy owns the rules
 	check             bool   // --check: validate the files and exit
@@ -311,7 +312,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 		ipvsSync = fs.Duration("ipvs-sync-period", 0, "kube-proxy's name for --sync-period (ipvs mode)")
 		ipvsMinSync = fs.Duration("ipvs-min-sync-period", 0, "kube-proxy's name for --min-sync-period (ipvs mode)")
 		nodePortAddresses = fs.String("nodeport-addresses", "", "comma-separated CIDRs: NodePorts only on the node's addresses inside them; 'primary': only on the node's primary IPs (from the Node object); empty: all of them")
-		bindAddress = fs.String("bind-address", "0.0.0.0", "this node's primary IP of its family, overriding the Node object's (as kube-proxy; used by --nodeport-addresses=primary)")
+		bindAddress = fs.String("bind-address", "0.0.0.0", "this node's primary IP of its family, overriding the Node object's (as kube-proxy; used by --nodeport-addresses=primary, and the address --steering=redirect DNATs its family to)")
 		clusterCIDRs = fs.String("cluster-cidr", "", "iptables and nftables modes: comma-separated pod CIDRs (one per family); ClusterIP traffic from outside them is masqueraded")
 		fs.BoolVar(&o.masqueradeAll, "masquerade-all", false, "iptables, ipvs and nftables modes: masquerade all Service traffic")
 		masqBit = fs.Int("iptables-masquerade-bit", 14, "iptables, ipvs and nftables modes: the bit of the packet mark that asks for masquerade, 0-31")
@@ -664,6 +665,37 @@ func newLogger(level zapcore.Level, format string) (*zap.Logger, error) {
 		return nil, fmt.Errorf("building logger: %w", err)
 	}
 	return log, nil
+}
+
+// resolveSteerTo picks the addresses --steering=redirect sends traffic to
+// (redirect.Config.NodeIPs): the node's primary IPs (the Node's, or
+// --bind-address), each only if it is one of local, this host's
+// addresses. A family without one is REDIRECTed, which drops pod traffic
+// arriving on an interface with no address of that family (Calico's and
+// Cilium's pod veths); the returned warning names those families among
+// the ones this host has a global address of.
+func (o *options) resolveSteerTo(node *corev1.Node, local []netip.Addr) (warning string) {
+	o.steerTo = nil
+	if o.steering != "redirect" {
+		return ""
+	}
+	primary := kube.PrimaryIPs(node, o.bindAddress)
+	var missing []string
+	for _, fam := range []struct {
+		name string
+		is4  bool
+	}{{"IPv4", true}, {"IPv6", false}} {
+		global := func(ip netip.Addr) bool { return ip.Is4() == fam.is4 && ip.IsGlobalUnicast() }
+		if i := slices.IndexFunc(primary, func(ip netip.Addr) bool { return global(ip) && slices.Contains(local, ip) }); i >= 0 {
+			o.steerTo = append(o.steerTo, primary[i])
+		} else if slices.ContainsFunc(local, global) {
+			missing = append(missing, fam.name)
+		}
+	}
+	if len(missing) == 0 {
+		return ""
+	}
+	return "--steering=redirect uses REDIRECT for " + strings.Join(missing, " and ") + ": no primary IP of this node of that family (the Node's InternalIP or ExternalIP, or --bind-address) is one of its addresses, and REDIRECT drops pod traffic that arrives on an interface without an address of the family, as Calico's and Cilium's pod interfaces are"
 }
 
 // resolvePrimary turns --nodeport-addresses=primary into the node's primary

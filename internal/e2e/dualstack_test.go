@@ -56,16 +56,29 @@ func dualStackServices(backends []*topology.Host) string {
 // dual-stack Service over IPv6 TCP and UDP (ClusterIP and NodePort, from a
 // pod, ClusterIPs also from the node itself) through the forwarder to backends'
 // IPv6 addresses, while its IPv4 ClusterIP, and the IPv4-only Services,
-// keep working.
+// keep working. With a primary IP known (--bind-address here, the Node's
+// InternalIP in a cluster), REDIRECT steering DNATs that family to it
+// instead.
 func TestPrivilegedDualStackUserspace(t *testing.T) {
 	proctest.NeedTools(t, "ip6tables", "ip6tables-save")
-	for _, steering := range []string{"redirect", "local"} {
-		t.Run(steering, func(t *testing.T) { testDualStackUserspace(t, steering) })
+	for _, tc := range []struct {
+		name string
+		args []string
+		dnat bool // IPv4 is DNATed to the node's address
+	}{
+		{"redirect", []string{"--steering=redirect"}, false},
+		{"redirect, IPv4 DNATed to the primary IP", []string{"--steering=redirect", "--bind-address=" + topology.NodeAddr.String()}, true},
+		{"local", []string{"--steering=local"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testDualStackUserspace(t, tc.args, tc.dnat) })
 	}
 }
 
-func testDualStackUserspace(t *testing.T, steering string) {
-	c := newCluster(t, 2, "", "--steering="+steering)
+func testDualStackUserspace(t *testing.T, args []string, dnat bool) {
+	c := newCluster(t, 2, "", args...)
+	if rules := c.nodeRules(); strings.Contains(rules, "DNAT --to-destination "+topology.NodeAddr.String()+":") != dnat {
+		t.Fatalf("DNAT to the node's address in the rules: %v, want %v:\n%s", !dnat, dnat, rules)
+	}
 	c.checkDualStack(t)
 
 	t.Run("the forwarder carried IPv6 end to end", func(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 
 	nft "github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
 
 	"github.com/svcproxy/svcproxy/netfilter"
 	"github.com/svcproxy/svcproxy/netfilter/nftable"
@@ -64,9 +65,26 @@ func chains() []*nft.Chain {
 	}
 }
 
-// redirect redirects to the port a map lookup left in Reg1.
-func redirect() expr.Any {
-	return &expr.Redir{RegisterProtoMin: nftable.Reg1, RegisterProtoMax: nftable.Reg1}
+// regTo holds the address a DNAT to Layout.To goes to: NFT_REG_2, loaded
+// after the map lookup (whose key may have spanned it) left the port in
+// Reg1.
+const regTo = 2
+
+// steer sends a packet to the forwarder port a map lookup left in Reg1: a
+// redirect, or with l.To a DNAT to that node address.
+func steer(l Layout) []expr.Any {
+	if !l.To.IsValid() {
+		return []expr.Any{&expr.Redir{RegisterProtoMin: nftable.Reg1, RegisterProtoMax: nftable.Reg1}}
+	}
+	family := uint32(unix.NFPROTO_IPV4)
+	if l.Family == netfilter.IPv6 {
+		family = unix.NFPROTO_IPV6
+	}
+	return []expr.Any{
+		&expr.Immediate{Register: regTo, Data: l.To.AsSlice()},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: family, RegAddrMin: regTo, RegAddrMax: regTo,
+			RegProtoMin: nftable.Reg1, RegProtoMax: nftable.Reg1, Specified: true},
+	}
 }
 
 // rules are the rules of each chain for l (see the package doc).
@@ -82,13 +100,13 @@ func rules(l Layout) map[string][][]expr.Any {
 	r := map[string][][]expr.Any{}
 	r[chainSteer] = [][]expr.Any{
 		cat(nftable.Marked(l.Mark, true), ret),
-		cat(fe, []expr.Any{nftable.MapTo(SetFrontends), redirect()}),
+		cat(fe, []expr.Any{nftable.MapTo(SetFrontends)}, steer(l)),
 		cat(fe, []expr.Any{lookup(SetNoEndpoints)}, ret),
 	}
 	for _, m := range local {
 		r[chainSteer] = append(r[chainSteer], cat(m, []expr.Any{nftable.Verdict(expr.VerdictJump, chainNodePorts)}))
 	}
-	r[chainNodePorts] = [][]expr.Any{cat(np, []expr.Any{nftable.MapTo(SetNodePorts), redirect()})}
+	r[chainNodePorts] = [][]expr.Any{cat(np, []expr.Any{nftable.MapTo(SetNodePorts)}, steer(l))}
 	jump := func(chain string) [][]expr.Any { return [][]expr.Any{{nftable.Verdict(expr.VerdictJump, chain)}} }
 	r[chainPrerouting] = jump(chainSteer)
 	r[chainOutput] = jump(chainSteer)

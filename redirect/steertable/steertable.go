@@ -10,7 +10,7 @@
 //
 //	chain steer { type nat hook prerouting, and one hooked at output, priority dstnat
 //	  meta mark & M == M return
-//	  redirect to : ip daddr . meta l4proto . th dport map @frontends
+//	  redirect to : ip daddr . meta l4proto . th dport map @frontends      (or dnat to To : …)
 //	  ip daddr . meta l4proto . th dport @no-endpoints return    (a dead VIP is never a NodePort)
 //	  fib daddr type local [ip daddr <NodePort prefix>] jump nodeports
 //	}
@@ -30,8 +30,9 @@
 // socket per family). udp-sockets holds those UDP sockets' ports: they
 // listen on every node address, and a datagram sent to one directly is
 // dropped, so a ClusterIP-only Service is not reachable at the node.
-// NodePorts are served on loopback too (redirect, unlike DNAT, needs no
-// route_localnet).
+// NodePorts are served on loopback too (neither redirect nor a DNAT to a
+// node address needs route_localnet). With Layout.To set, both redirect
+// statements are `dnat to To : …` instead.
 package steertable
 
 import (
@@ -80,6 +81,11 @@ type Layout struct {
 	// inside these prefixes.
 	NodePorts        bool
 	NodePortPrefixes []netip.Prefix
+	// To, when valid, is the node address of Family that steered packets
+	// are DNATed to (with the forwarder port the map gives) instead of
+	// redirected: redirect drops a packet whose incoming interface has no
+	// address of the family, as pods' veths on Calico and Cilium have none.
+	To netip.Addr
 }
 
 // Kernel is what redirect needs of nf_tables, one family's table at a time.

@@ -226,6 +226,9 @@ func (f *Fake) Trace(p netfiltertest.Packet) netfiltertest.Verdict {
 	np := nftable.NodePortKey(p.Proto, p.Dst.Port())
 	redirected := func(set, v string) netfiltertest.Verdict {
 		port, _ := nftable.DecodePort(v)
+		if l.To.IsValid() {
+			return netfiltertest.Verdict{Action: netfiltertest.DNAT, Dst: netip.AddrPortFrom(l.To, port), Rule: "steer: dnat to " + l.To.String() + " : map @" + set}
+		}
 		return netfiltertest.Verdict{Action: netfiltertest.Redirect, Port: port, Rule: "steer: redirect to : map @" + set}
 	}
 	// steer
