@@ -111,7 +111,7 @@ func DestroySet(ctx context.Context, e interface {
 func Cleanup(ctx context.Context, e Tools, chainPrefix, setPrefix string, ipv6 bool) error {
 	var errs []error
 	for _, fam := range []Family{IPv4, IPv6} {
-		if err := removeOwned(ctx, e, fam, chainPrefix); err != nil && (fam == IPv4 || ipv6) {
+		if err := RemoveOwned(ctx, e, fam, chainPrefix); err != nil && (fam == IPv4 || ipv6) {
 			errs = append(errs, err)
 		}
 	}
@@ -150,9 +150,10 @@ func ReadOwnedTables(ctx context.Context, e interface {
 	return owned, nil
 }
 
-// removeOwned removes family's chains starting with prefix, and the jumps
-// into them, from OwnedTables.
-func removeOwned(ctx context.Context, e Tools, family Family, prefix string) error {
+// RemoveOwned removes family's chains starting with prefix, and the jumps
+// into them, from OwnedTables: Cleanup for one family, sets left alone
+// (the other family's rules may use them).
+func RemoveOwned(ctx context.Context, e Tools, family Family, prefix string) error {
 	owned, err := ReadOwnedTables(ctx, e, family, prefix)
 	if err != nil {
 		return err

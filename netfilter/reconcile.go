@@ -465,7 +465,7 @@ func (r *Reconciler) full(ctx context.Context, want *Ruleset) error {
 	}
 	if len(incompatible) > 0 {
 		for _, f := range want.Families {
-			if err := removeOwned(ctx, r.cfg.Tools, f, r.cfg.ChainPrefix); err != nil {
+			if err := RemoveOwned(ctx, r.cfg.Tools, f, r.cfg.ChainPrefix); err != nil {
 				return err
 			}
 		}

@@ -151,8 +151,11 @@ type Redirector struct {
 	ncur *nftState
 	// othersGone: the other backend's leftovers were removed.
 	othersGone bool
-	ct         *conntrack.Counting // cfg.Conntrack, counted
-	served     conntrack.Served
+	// unservedGone: this backend's rules in a family it does not serve
+	// were removed (removeUnserved).
+	unservedGone bool
+	ct           *conntrack.Counting // cfg.Conntrack, counted
+	served       conntrack.Served
 	// servedPorts are the forwarder ports served was last brought up to
 	// date with.
 	servedPorts Ports
@@ -365,6 +368,7 @@ func (r *Redirector) Apply(ctx context.Context, snap *lb.Snapshot, ports Ports, 
 		}
 		r.steered = steered
 	}
+	r.removeUnserved(ctx)
 	if r.kind == BackendNFTables {
 		return r.applyNFT(ctx, snap, ports, full)
 	}
@@ -407,6 +411,37 @@ func (r *Redirector) Apply(ctx context.Context, snap *lb.Snapshot, ports Ports, 
 	r.log.Log(level, "applied", zap.Bool("full", full), zap.Uint64("version", snap.Version),
 		zap.Int("members", len(want.members)), zap.Duration("duration", time.Since(start)), zap.Error(err))
 	return errors.Join(append(errs, err)...)
+}
+
+// removeUnserved removes, at the first Apply, what this backend wrote in
+// IPv6 when IPv6 is not served now (switched off since a previous process
+// wrote it): frozen, those rules would go on steering IPv6 Service traffic
+// to ports nobody serves, or dropping datagrams to old UDP socket ports,
+// until a --cleanup. The other backend's leftovers go in both families
+// anyway (removeIPTables, removeNFT). A failure is logged and not retried:
+// a node without ip6tables has nothing there.
+func (r *Redirector) removeUnserved(ctx context.Context) {
+	if r.cfg.IPv6 || r.unservedGone {
+		return
+	}
+	r.unservedGone = true
+	if r.kind == BackendNFTables {
+		if err := r.nk.Delete(ctx, netfilter.IPv6); err != nil {
+			r.log.Debug("removing the IPv6 steering table of an earlier run (IPv6 is not served now)", zap.Error(err))
+		}
+		return
+	}
+	if err := netfilter.RemoveOwned(ctx, r.exec, netfilter.IPv6, chainPrefix); err != nil {
+		r.log.Debug("removing IPv6 steering rules of an earlier run (IPv6 is not served now)", zap.Error(err))
+		return
+	}
+	for _, d := range setDefs {
+		if d.Type != typePort && d.Family == netfilter.IPv6 {
+			if err := netfilter.DestroySet(ctx, r.exec, d.Name); err != nil {
+				r.log.Warn("removing an IPv6 steering set of an earlier run (IPv6 is not served now)", zap.String("set", d.Name), zap.Error(err))
+			}
+		}
+	}
 }
 
 // ruleset is want as the Reconciler takes it.

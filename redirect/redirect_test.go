@@ -150,10 +150,63 @@ func TestIPv6Off(t *testing.T) {
 	checkTrace(t, f, pkt(lb.TCP, "10.96.0.10:80", netfiltertest.Prerouting), redirected(testTCPPort))
 	checkTrace(t, f, pkt(lb.TCP, "[fd00::10]:80", netfiltertest.Prerouting), accepted)
 	checkTrace(t, f, pkt(lb.TCP, "[2001:db8::10]:30080", netfiltertest.Prerouting), accepted)
+	// The first Apply looks for IPv6 rules an earlier run left (there are
+	// none) and writes nothing there.
 	for _, c := range f.Calls() {
-		if c.Family == netfilter.IPv6 && strings.HasPrefix(c.Op, "iptables-") && c.Op != "iptables-version" {
+		if c.Family == netfilter.IPv6 && strings.HasPrefix(c.Op, "iptables-") && c.Op != "iptables-version" && c.Op != "iptables-save" {
 			t.Errorf("netfilter.IPv6 off, but called %s for netfilter.IPv6", c.Op)
 		}
+	}
+	f.ResetCalls()
+	mustApply(t, r, store(t, testServices()...).Snapshot(), testPorts(), true)
+	for _, c := range f.Calls() {
+		if c.Family == netfilter.IPv6 && c.Op != "iptables-version" {
+			t.Errorf("netfilter.IPv6 off, but a second Apply called %s for it", c.Op)
+		}
+	}
+}
+
+// TestIPv6SwitchedOff: a process that does not serve IPv6 removes the IPv6
+// steering an earlier one wrote, in either backend; left, it would go on
+// steering IPv6 Services to ports nobody serves.
+func TestIPv6SwitchedOff(t *testing.T) {
+	for _, backend := range []Backend{BackendIPTables, BackendNFTables} {
+		t.Run(string(backend), func(t *testing.T) {
+			f, k := netfiltertest.NewFake(), steertabletest.NewFake()
+			var tr tracer = f
+			if backend == BackendNFTables {
+				tr = k
+			}
+			snap := store(t, testServices()...).Snapshot()
+			before := newRedirector(t, Config{Backend: backend, Exec: f, NFT: k, IPv6: true})
+			mustApply(t, before, snap, testPorts(), true)
+			checkTrace(t, tr, pkt(lb.TCP, "[fd00::10]:80", netfiltertest.Prerouting), redirected(testTCPPort))
+
+			after := newRedirector(t, Config{Backend: backend, Exec: f, NFT: k})
+			mustApply(t, after, snap, testPorts(), true)
+			checkTrace(t, tr, pkt(lb.TCP, "10.96.0.10:80", netfiltertest.Prerouting), redirected(testTCPPort))
+			for _, p := range []netfiltertest.Packet{
+				pkt(lb.TCP, "[fd00::10]:80", netfiltertest.Prerouting),
+				pkt(lb.TCP, "[fd00::10]:80", netfiltertest.Output),
+				pkt(lb.TCP, "[2001:db8::10]:30080", netfiltertest.Prerouting),
+				pkt(lb.UDP, "[2001:db8::10]:40055", netfiltertest.Prerouting),
+			} {
+				checkTrace(t, tr, p, accepted)
+			}
+			if k.Has(netfilter.IPv6) {
+				t.Error("the IPv6 steering table is still there")
+			}
+			names, _ := f.IPSetNames(context.Background())
+			for _, n := range names {
+				if strings.HasSuffix(n, "-v6") {
+					t.Errorf("IPv6 set %s is still there", n)
+				}
+			}
+			save, _ := f.IPTablesSave(context.Background(), netfilter.IPv6, "nat")
+			if strings.Contains(string(save), chainPrefix) {
+				t.Errorf("IPv6 chains still there:\n%s", save)
+			}
+		})
 	}
 }
 
@@ -421,7 +474,7 @@ func TestFaults(t *testing.T) {
 		}
 	})
 	t.Run("reading fails", func(t *testing.T) {
-		r, f := newFakeRedirector(t, Config{})
+		r, f := newFakeRedirector(t, Config{IPv6: true})
 		f.FailNext("iptables-save", boom)
 		if err := r.Apply(ctx, st.Snapshot(), testPorts(), true); !errors.Is(err, boom) {
 			t.Fatalf("Apply = %v, want boom", err)
