@@ -500,11 +500,34 @@ func (r *Redirector) SteeredUDP(ctx context.Context) (map[lb.Frontend]uint16, er
 	return out, err
 }
 
-// readSteered is SteeredUDP's read. Called with r.mu held.
+// readSteered is SteeredUDP's read. Until the other backend's leftovers
+// are removed (a node switching backends), what they steer counts too
+// where this backend's rules say nothing: the forwarder then binds the
+// same ports, and the conntrack entries of steady UDP flows, which keep
+// sending them there, stay served (or, if the ports change after all,
+// forgetMoved deletes them). Called with r.mu held.
 func (r *Redirector) readSteered(ctx context.Context) (map[lb.Frontend]uint16, error) {
+	read, other := r.readSteeredIPTables, r.readSteeredNFT
 	if r.kind == BackendNFTables {
-		return r.readSteeredNFT(ctx)
+		read, other = other, read
 	}
+	out, err := read(ctx)
+	if !r.othersGone {
+		left, lerr := other(ctx)
+		if lerr != nil {
+			r.log.Debug("cannot read what the other steering backend steers UDP frontends to", zap.Error(lerr))
+		}
+		for fe, to := range left {
+			if _, ok := out[fe]; !ok {
+				out[fe] = to
+			}
+		}
+	}
+	return out, err
+}
+
+// readSteeredIPTables is readSteered for the iptables backend.
+func (r *Redirector) readSteeredIPTables(ctx context.Context) (map[lb.Frontend]uint16, error) {
 	out := map[lb.Frontend]uint16{}
 	for _, fam := range r.families {
 		save, err := r.exec.IPTablesSaveChains(ctx, fam, "nat", []string{chainUDP, chainNPUDP})

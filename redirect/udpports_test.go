@@ -11,6 +11,7 @@ import (
 	"github.com/svcproxy/svcproxy/conntrack/conntracktest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter"
+	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
 	"github.com/svcproxy/svcproxy/redirect/steertable/steertabletest"
 )
 
@@ -231,4 +232,45 @@ func FuzzParseSteered(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestBackendSwitchKeepsUDPPorts: a process steering with the other
+// backend than the one before it reads the ports the old rules steer UDP
+// frontends to (the forwarder binds them again, so steady flows that
+// conntrack keeps sending there are still answered), and one it moves
+// anyway loses its conntrack entries.
+func TestBackendSwitchKeepsUDPPorts(t *testing.T) {
+	ctx := context.Background()
+	snap := store(t, testServices()...).Snapshot()
+	dns := lb.Frontend{Protocol: lb.UDP, Addr: ap("10.96.0.53:53")}
+	for _, tc := range []struct{ from, to Backend }{
+		{BackendIPTables, BackendNFTables},
+		{BackendNFTables, BackendIPTables},
+	} {
+		t.Run(string(tc.from)+" to "+string(tc.to), func(t *testing.T) {
+			ct, flows := steeredFlows()
+			f, k := netfiltertest.NewFake(), steertabletest.NewFake()
+			mustApply(t, newRedirector(t, Config{Backend: tc.from, Exec: f, NFT: k, IPv6: true, Conntrack: ct}), snap, testPorts(), true)
+
+			next := newRedirector(t, Config{Backend: tc.to, Exec: f, NFT: k, IPv6: true, Conntrack: ct})
+			// Its own backend has nothing to read (the nftables table does
+			// not exist yet: an error the userspace mode only logs).
+			got, _ := next.SteeredUDP(ctx)
+			for fe, to := range map[lb.Frontend]uint16{
+				dns: 40053,
+				{Protocol: lb.UDP, Addr: ap("0.0.0.0:30053")}: 40054,
+				{Protocol: lb.UDP, Addr: ap("[::]:30053")}:    40055,
+			} {
+				if got[fe] != to {
+					t.Errorf("SteeredUDP[%v] = %d, want %d (what the %s rules steer it to); got %v", fe, got[fe], to, tc.from, got)
+				}
+			}
+			moved := testPorts()
+			moved.UDP[dns] = 40099
+			mustApply(t, next, snap, moved, true)
+			if got, want := deletedFlows(ct, flows), []string{"10.96.0.53:53"}; !slices.Equal(got, want) {
+				t.Errorf("conntrack entries deleted: to %q, want to %q", got, want)
+			}
+		})
+	}
 }
