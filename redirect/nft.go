@@ -272,9 +272,6 @@ func (r *Redirector) nftIncremental(ctx context.Context, cur *nftState, snap *lb
 // writes the difference. It counts a repair when the kernel held other
 // than what the last successful Apply (old) wrote.
 func (r *Redirector) nftFull(ctx context.Context, old, want *nftState) error {
-	if old == nil && !r.othersGone {
-		r.removeIPTables(ctx)
-	}
 	var diffs []string
 	for _, fam := range r.families {
 		intact, err := r.nk.Setup(ctx, r.layout(fam))
@@ -304,6 +301,11 @@ func (r *Redirector) nftFull(ctx context.Context, old, want *nftState) error {
 			return fmt.Errorf("updating the %v steering table: %w", fam, err)
 		}
 	}
+	if !r.othersGone {
+		// Only now that this table steers: removing the iptables
+		// backend's rules first would leave a moment with neither.
+		r.removeIPTables(ctx)
+	}
 	if old != nil && len(diffs) > 0 {
 		r.nftRepairs.Add(1)
 		r.served.Reset() // meanwhile packets met no rule: every frontend's entries are suspect
@@ -313,9 +315,10 @@ func (r *Redirector) nftFull(ctx context.Context, old, want *nftState) error {
 }
 
 // removeIPTables removes the iptables backend's steering a previous
-// process may have left (an upgrade, or a node that switched backends):
-// two sets of REDIRECT rules would both act. Without iptables tools there
-// is nothing to remove.
+// process may have left (an upgrade, or a node that switched backends),
+// once this backend's table is written: both would act, and the rejects
+// and drops of the old rules would stay. Without iptables tools there is
+// nothing to remove; a failure is retried at the next full sync.
 func (r *Redirector) removeIPTables(ctx context.Context) {
 	if r.backend == "" {
 		r.othersGone = true
@@ -329,14 +332,28 @@ func (r *Redirector) removeIPTables(ctx context.Context) {
 }
 
 // removeNFT removes the nftables backend's tables a previous process may
-// have left, for the iptables backend. Without nf_tables netlink there is
+// have left, for the iptables backend, once its rules are written. A
+// failure is retried at the next full sync, unless nf_tables cannot write
+// that family's table here at all (the probe fails): then there is
 // nothing to remove.
 func (r *Redirector) removeNFT(ctx context.Context) {
+	var errs []error
 	for _, fam := range []netfilter.Family{netfilter.IPv4, netfilter.IPv6} {
-		if err := r.nk.Delete(ctx, fam); err != nil {
-			r.log.Debug("removing the nftables steering table", zap.Stringer("family", fam), zap.Error(err))
+		err := r.nk.Delete(ctx, fam)
+		if err == nil {
+			continue
 		}
+		if perr := r.nk.Probe(ctx, fam); perr != nil {
+			r.log.Debug("not removing an nftables steering table: nftables is not usable here", zap.Stringer("family", fam), zap.Error(err))
+			continue
+		}
+		errs = append(errs, fmt.Errorf("%v: %w", fam, err))
 	}
+	if err := errors.Join(errs...); err != nil {
+		r.log.Warn("removing the steering table left by the nftables backend; retried at the next full sync", zap.Error(err))
+		return
+	}
+	r.othersGone = true
 }
 
 // readSteeredNFT is readSteered for the nftables backend.

@@ -284,3 +284,77 @@ func TestBackendSwitch(t *testing.T) {
 		t.Errorf("Cleanup left:\n%s\n%s", k.Dump(), f.Dump())
 	}
 }
+
+// TestBackendSwitchOrder: a node switching steering backends is never
+// without steering: the other backend's rules go only once this one's
+// are written, and a removal that fails is retried at the next full sync.
+func TestBackendSwitchOrder(t *testing.T) {
+	snap := store(t, testServices()...).Snapshot()
+	vip := pkt(lb.TCP, "10.96.0.10:80", netfiltertest.Prerouting)
+	steers := func(tr tracer) bool { return tr.Trace(vip).Action == netfiltertest.Redirect }
+
+	t.Run("iptables to nftables", func(t *testing.T) {
+		f, k := netfiltertest.NewFake(), steertabletest.NewFake()
+		mustApply(t, newRedirector(t, Config{Backend: BackendIPTables, Exec: f, NFT: k, IPv6: true}), snap, testPorts(), true)
+		removals := 0
+		// The nftables backend runs iptables-restore only to remove.
+		exec := checkedExec{Executor: f, restore: func() {
+			removals++
+			if !steers(k) {
+				t.Error("the iptables rules were removed before the nftables table steered")
+			}
+		}}
+		mustApply(t, newRedirector(t, Config{Backend: BackendNFTables, Exec: exec, NFT: k, IPv6: true}), snap, testPorts(), true)
+		if removals == 0 || steers(f) {
+			t.Errorf("the iptables rules were not removed (%d removals)", removals)
+		}
+	})
+
+	t.Run("nftables to iptables, a failed removal retried", func(t *testing.T) {
+		f, k := netfiltertest.NewFake(), steertabletest.NewFake()
+		mustApply(t, newRedirector(t, Config{Backend: BackendNFTables, Exec: f, NFT: k, IPv6: true}), snap, testPorts(), true)
+		boom := errors.New("boom")
+		checked := checkedKernel{Kernel: k, delete: func() {
+			if !steers(f) {
+				t.Error("the nftables table was removed before the iptables rules steered")
+			}
+		}}
+		k.Fail("delete", boom)
+		r := newRedirector(t, Config{Backend: BackendIPTables, Exec: f, NFT: checked, IPv6: true})
+		mustApply(t, r, snap, testPorts(), true)
+		if !k.Has(netfilter.IPv4) {
+			t.Fatal("the table went although its removal failed")
+		}
+		k.Fail("delete", nil)
+		mustApply(t, r, snap, testPorts(), false)
+		if !k.Has(netfilter.IPv4) {
+			t.Error("an incremental sync removed the table (only full syncs retry)")
+		}
+		mustApply(t, r, snap, testPorts(), true)
+		if k.Has(netfilter.IPv4) || k.Has(netfilter.IPv6) {
+			t.Error("the next full sync did not retry removing the nftables table")
+		}
+	})
+}
+
+// checkedExec calls restore before each iptables-restore.
+type checkedExec struct {
+	netfilter.Executor
+	restore func()
+}
+
+func (c checkedExec) IPTablesRestore(ctx context.Context, family netfilter.Family, data []byte) error {
+	c.restore()
+	return c.Executor.IPTablesRestore(ctx, family, data)
+}
+
+// checkedKernel calls delete before each table deletion.
+type checkedKernel struct {
+	steertable.Kernel
+	delete func()
+}
+
+func (c checkedKernel) Delete(ctx context.Context, fam netfilter.Family) error {
+	c.delete()
+	return c.Kernel.Delete(ctx, fam)
+}

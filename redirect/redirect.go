@@ -372,10 +372,6 @@ func (r *Redirector) Apply(ctx context.Context, snap *lb.Snapshot, ports Ports, 
 	if r.kind == BackendNFTables {
 		return r.applyNFT(ctx, snap, ports, full)
 	}
-	if r.cur == nil && !r.othersGone {
-		r.removeNFT(ctx)
-		r.othersGone = true
-	}
 	want, errs := r.compute(snap, ports, r.spare)
 	r.spare = nil
 	rs := r.ruleset(want)
@@ -393,6 +389,11 @@ func (r *Redirector) Apply(ctx context.Context, snap *lb.Snapshot, ports Ports, 
 	} else {
 		r.cur = want
 		r.sets.Written(rs)
+		if full && !r.othersGone {
+			// Only now that these rules steer: removing the other
+			// backend's first would leave a moment with neither.
+			r.removeNFT(ctx)
+		}
 		r.forgetMoved(ctx, want.udp)
 		r.clearUnsteered(ctx, snap, ports)
 	}
