@@ -11,7 +11,8 @@
 // accepts spread over cores without a shared lock):
 //
 //   - Redirect listeners (Config.Redirect): one port per address family that
-//     iptables REDIRECT sends every steered Service connection to. The
+//     steering (package redirect: a REDIRECT, or a DNAT to a node address)
+//     sends every steered Service connection to. The
 //     Service is found from the connection's original destination, read with
 //     getsockopt(SO_ORIGINAL_DST) from conntrack. 10,000 Services cost
 //     Workers sockets, not 10,000 × Workers, and adding a Service opens

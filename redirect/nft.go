@@ -343,7 +343,7 @@ func (r *Redirector) removeNFT(ctx context.Context) {
 		if err == nil {
 			continue
 		}
-		if perr := r.nk.Probe(ctx, fam); perr != nil {
+		if perr := r.nk.Probe(ctx, r.layout(fam)); perr != nil {
 			r.log.Debug("not removing an nftables steering table: nftables is not usable here", zap.Stringer("family", fam), zap.Error(err))
 			continue
 		}

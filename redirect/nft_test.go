@@ -358,3 +358,33 @@ func (c checkedKernel) Delete(ctx context.Context, fam netfilter.Family) error {
 	c.delete()
 	return c.Kernel.Delete(ctx, fam)
 }
+
+// TestAutoProbesTheDNAT: auto's nftables probe writes the table as it
+// will be, a DNAT to the node address included: a kernel that redirects
+// but cannot DNAT in nf_tables gets the iptables backend, not a table
+// whose every write fails.
+func TestAutoProbesTheDNAT(t *testing.T) {
+	k := noDNATKernel{steertabletest.NewFake()}
+	for _, tc := range []struct {
+		nodeIPs []netip.Addr
+		want    Backend
+	}{
+		{nil, BackendNFTables},
+		{[]netip.Addr{nodeIP}, BackendIPTables},
+	} {
+		r := newRedirector(t, Config{Backend: BackendAuto, Exec: netfiltertest.NewFake(), NFT: k, NodeIPs: tc.nodeIPs})
+		if r.Backend() != tc.want {
+			t.Errorf("node IPs %v: backend %v, want %v", tc.nodeIPs, r.Backend(), tc.want)
+		}
+	}
+}
+
+// noDNATKernel cannot write a table that DNATs.
+type noDNATKernel struct{ steertable.Kernel }
+
+func (k noDNATKernel) Probe(ctx context.Context, l steertable.Layout) error {
+	if l.To.IsValid() {
+		return errors.New("nat expression not supported")
+	}
+	return k.Kernel.Probe(ctx, l)
+}

@@ -33,9 +33,10 @@ type Ports struct {
 	// is rejected either way.
 	//
 	// The socket must answer each datagram from the address it arrived at
-	// after REDIRECT (read with IP_PKTINFO / IPV6_RECVPKTINFO, sent with
-	// it): 127.0.0.1 (::1) for clients on the node, the incoming
-	// interface's address for the others. Only then does conntrack match
+	// after steering (read with IP_PKTINFO / IPV6_RECVPKTINFO, sent with
+	// it): the node address of Config.NodeIPs, or after REDIRECT 127.0.0.1
+	// (::1) for clients on the node and the incoming interface's address
+	// for the others. Only then does conntrack match
 	// the reply and rewrite its source to the VIP:port the client sent to;
 	// a socket bound to 0.0.0.0 that lets the kernel pick the source
 	// answers node-local clients from the node's address, and a connected
@@ -151,11 +152,10 @@ type Redirector struct {
 	ncur *nftState
 	// othersGone: the other backend's leftovers were removed.
 	othersGone bool
-	// unservedGone: this backend's rules in a family it does not serve
-	// were removed (removeUnserved).
-	unservedGone bool
-	ct           *conntrack.Counting // cfg.Conntrack, counted
-	served       conntrack.Served
+	// started: the first Apply began (removeUnserved ran).
+	started bool
+	ct      *conntrack.Counting // cfg.Conntrack, counted
+	served  conntrack.Served
 	// servedPorts are the forwarder ports served was last brought up to
 	// date with.
 	servedPorts Ports
@@ -264,7 +264,7 @@ func steerAddrs(ips []netip.Addr) (to [2]netip.Addr, err error) {
 // probeNFT writes and deletes a throwaway steering table in each family.
 func (r *Redirector) probeNFT(ctx context.Context) error {
 	for _, fam := range r.families {
-		if err := r.nk.Probe(ctx, fam); err != nil {
+		if err := r.nk.Probe(ctx, r.layout(fam)); err != nil {
 			return err
 		}
 	}
@@ -368,7 +368,15 @@ func (r *Redirector) Apply(ctx context.Context, snap *lb.Snapshot, ports Ports, 
 		}
 		r.steered = steered
 	}
-	r.removeUnserved(ctx)
+	if !r.started {
+		r.started = true
+		r.removeUnserved(ctx)
+		for _, fam := range r.families {
+			if !r.to[fam].IsValid() {
+				r.log.Warn("steering with REDIRECT: no node address to DNAT to in this family (Config.NodeIPs), and REDIRECT drops pod traffic arriving on an interface without an address of the family, as Calico's and Cilium's pod veths are", zap.Stringer("family", fam))
+			}
+		}
+	}
 	if r.kind == BackendNFTables {
 		return r.applyNFT(ctx, snap, ports, full)
 	}
@@ -414,18 +422,17 @@ func (r *Redirector) Apply(ctx context.Context, snap *lb.Snapshot, ports Ports, 
 	return errors.Join(append(errs, err)...)
 }
 
-// removeUnserved removes, at the first Apply, what this backend wrote in
+// removeUnserved removes what this backend wrote in
 // IPv6 when IPv6 is not served now (switched off since a previous process
 // wrote it): frozen, those rules would go on steering IPv6 Service traffic
 // to ports nobody serves, or dropping datagrams to old UDP socket ports,
 // until a --cleanup. The other backend's leftovers go in both families
-// anyway (removeIPTables, removeNFT). A failure is logged and not retried:
-// a node without ip6tables has nothing there.
+// anyway (removeIPTables, removeNFT). The first Apply calls it; a failure
+// is logged and not retried: a node without ip6tables has nothing there.
 func (r *Redirector) removeUnserved(ctx context.Context) {
-	if r.cfg.IPv6 || r.unservedGone {
+	if r.cfg.IPv6 {
 		return
 	}
-	r.unservedGone = true
 	if r.kind == BackendNFTables {
 		if err := r.nk.Delete(ctx, netfilter.IPv6); err != nil {
 			r.log.Debug("removing the IPv6 steering table of an earlier run (IPv6 is not served now)", zap.Error(err))

@@ -124,9 +124,7 @@ func run(o *options) error {
 	if w := o.resolvePrimary(node); w != "" {
 		log.Warn(w)
 	}
-	if w := o.resolveSteerTo(node, hostAddrs(log)); w != "" {
-		log.Warn(w)
-	}
+	o.resolveSteerTo(node, hostAddrs(log))
 	store := lb.NewStore(lb.StoreOptions{
 		Node:             lb.Node{Name: o.hostname, Zone: zone},
 		DefaultAlgorithm: o.algorithm,

@@ -672,30 +672,21 @@ func newLogger(level zapcore.Level, format string) (*zap.Logger, error) {
 // --bind-address), each only if it is one of local, this host's
 // addresses. A family without one is REDIRECTed, which drops pod traffic
 // arriving on an interface with no address of that family (Calico's and
-// Cilium's pod veths); the returned warning names those families among
-// the ones this host has a global address of.
-func (o *options) resolveSteerTo(node *corev1.Node, local []netip.Addr) (warning string) {
+// Cilium's pod veths); the redirector warns about each such family it
+// serves (which is not known yet here).
+func (o *options) resolveSteerTo(node *corev1.Node, local []netip.Addr) {
 	o.steerTo = nil
 	if o.steering != "redirect" {
-		return ""
+		return
 	}
 	primary := kube.PrimaryIPs(node, o.bindAddress)
-	var missing []string
-	for _, fam := range []struct {
-		name string
-		is4  bool
-	}{{"IPv4", true}, {"IPv6", false}} {
-		global := func(ip netip.Addr) bool { return ip.Is4() == fam.is4 && ip.IsGlobalUnicast() }
-		if i := slices.IndexFunc(primary, func(ip netip.Addr) bool { return global(ip) && slices.Contains(local, ip) }); i >= 0 {
+	for _, is4 := range []bool{true, false} {
+		if i := slices.IndexFunc(primary, func(ip netip.Addr) bool {
+			return ip.Is4() == is4 && ip.IsGlobalUnicast() && slices.Contains(local, ip)
+		}); i >= 0 {
 			o.steerTo = append(o.steerTo, primary[i])
-		} else if slices.ContainsFunc(local, global) {
-			missing = append(missing, fam.name)
 		}
 	}
-	if len(missing) == 0 {
-		return ""
-	}
-	return "--steering=redirect uses REDIRECT for " + strings.Join(missing, " and ") + ": no primary IP of this node of that family (the Node's InternalIP or ExternalIP, or --bind-address) is one of its addresses, and REDIRECT drops pod traffic that arrives on an interface without an address of the family, as Calico's and Cilium's pod interfaces are"
 }
 
 // resolvePrimary turns --nodeport-addresses=primary into the node's primary

@@ -168,6 +168,6 @@ func (k *netlinkKernel) Delete(ctx context.Context, fam netfilter.Family) error 
 // Close closes the netlink socket (the next call opens another).
 func (k *netlinkKernel) Close() error { return k.c.Close() }
 
-func (k *netlinkKernel) Probe(ctx context.Context, fam netfilter.Family) error {
-	return k.c.Probe(ctx, table(Layout{Family: fam, Mark: 0x80000, NodePorts: true}))
+func (k *netlinkKernel) Probe(ctx context.Context, l Layout) error {
+	return k.c.Probe(ctx, table(l))
 }

@@ -25,4 +25,4 @@ func (netlinkKernel) Update(context.Context, netfilter.Family, []nftable.Element
 	return errNotLinux
 }
 func (netlinkKernel) Delete(context.Context, netfilter.Family) error { return nil }
-func (netlinkKernel) Probe(context.Context, netfilter.Family) error  { return errNotLinux }
+func (netlinkKernel) Probe(context.Context, Layout) error            { return errNotLinux }

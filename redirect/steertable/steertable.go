@@ -102,8 +102,9 @@ type Kernel interface {
 	Update(ctx context.Context, fam netfilter.Family, del, add []nftable.Element) error
 	// Delete removes fam's table; a table that is not there is no error.
 	Delete(ctx context.Context, fam netfilter.Family) error
-	// Probe reports why fam's table cannot be written, or nil.
-	Probe(ctx context.Context, fam netfilter.Family) error
+	// Probe reports why a throwaway copy of l's table (its rules: a DNAT
+	// needs more of the kernel than a redirect) cannot be written, or nil.
+	Probe(ctx context.Context, l Layout) error
 }
 
 // Netlink is the Kernel over nf_tables netlink in the named network

@@ -151,7 +151,7 @@ func (f *Fake) Delete(ctx context.Context, fam netfilter.Family) error {
 	return nil
 }
 
-func (f *Fake) Probe(ctx context.Context, fam netfilter.Family) error {
+func (f *Fake) Probe(ctx context.Context, l steertable.Layout) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.call("probe")
