@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -34,6 +35,9 @@ type OS struct {
 	StartProcess func(path string, args []string) (pid int, wait func() error, err error)
 	// Deposit gives a keeper copies of the sockets (Deposit).
 	Deposit func(ctx context.Context, path string, files map[string]*os.File) error
+	// AskMaster asks this worker's master for a new worker that takes
+	// over (SIGUSR2 to the parent process).
+	AskMaster func() error
 }
 
 func (o OS) withDefaults() OS {
@@ -48,6 +52,9 @@ func (o OS) withDefaults() OS {
 	}
 	if o.Deposit == nil {
 		o.Deposit = Deposit
+	}
+	if o.AskMaster == nil {
+		o.AskMaster = askMaster
 	}
 	if o.NotifyRestart == nil {
 		o.NotifyRestart = notifyRestart
@@ -99,6 +106,10 @@ type Succession struct {
 	depositMu    sync.Mutex
 	depositedGen uint64
 	deposited    bool
+
+	// restart asks RestartOnSignal's loop for a successor, as SIGUSR2
+	// does; nil until that loop runs.
+	restart atomic.Pointer[chan struct{}]
 }
 
 // WithKeeper makes s a worker of a master whose Keeper listens at path:
@@ -284,13 +295,17 @@ func (s *Succession) RestartOnSignal(ctx context.Context) {
 		s.log.Debug("SIGUSR2 restarts are off", zap.Error(err))
 		return
 	}
+	asked := make(chan struct{}, 1)
+	s.restart.Store(&asked)
 	go func() {
 		defer s.os.StopRestart(sig)
+		defer s.restart.Store(nil)
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-sig:
+			case <-asked:
 			}
 			pid, wait, err := s.os.StartProcess(exe, args)
 			if err != nil {
@@ -301,6 +316,29 @@ func (s *Succession) RestartOnSignal(ctx context.Context) {
 			go func() { _ = wait() }()
 		}
 	}()
+}
+
+// Restart asks for what SIGUSR2 starts, for a reason of the process's
+// own: a successor that takes over through the handover socket (under a
+// master, the master's new worker). It returns at once; an error says
+// restarts are off (RestartOnSignal is not running, or this system has
+// none), and the caller must restart some other way.
+func (s *Succession) Restart() error {
+	if s.keeper != "" {
+		if err := s.os.AskMaster(); err != nil {
+			return fmt.Errorf("asking the master for a new worker: %w", err)
+		}
+		return nil
+	}
+	asked := s.restart.Load()
+	if asked == nil {
+		return errors.New("restarting: restarts are off (no SIGUSR2 handling)")
+	}
+	select {
+	case *asked <- struct{}{}:
+	default: // one is asked for already
+	}
+	return nil
 }
 
 // Termination decides when a termination signal ends svcproxy. SIGINT, and

@@ -27,6 +27,9 @@ func notifyRestart(c chan<- os.Signal) error {
 	return nil
 }
 
+// askMaster sends SIGUSR2 to the parent process, the master.
+func askMaster() error { return syscall.Kill(os.Getppid(), syscall.SIGUSR2) }
+
 // ignoreRestart ignores SIGUSR2.
 func ignoreRestart() { signal.Ignore(syscall.SIGUSR2) }
 

@@ -26,6 +26,12 @@ func notifyRestart(chan<- os.Signal) error {
 	return fmt.Errorf("restarting on SIGUSR2: %w on %s", errors.ErrUnsupported, runtime.GOOS)
 }
 
+// askMaster fails: there is no SIGUSR2 (nor a master: it keeps sockets
+// with SCM_RIGHTS).
+func askMaster() error {
+	return fmt.Errorf("asking the master for a new worker: %w on %s", errors.ErrUnsupported, runtime.GOOS)
+}
+
 // ignoreRestart: there is no SIGUSR2.
 func ignoreRestart() {}
 

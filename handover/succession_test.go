@@ -252,13 +252,18 @@ func TestRestartOnSignal(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	NewSuccession("", sys, zap.New(core)).RestartOnSignal(ctx)
+	s := NewSuccession("", sys, zap.New(core))
+	s.RestartOnSignal(ctx)
 	if relay == nil {
 		t.Fatal("RestartOnSignal did not ask for SIGUSR2")
 	}
-	for i, failing := range []bool{true, false} {
+	for i, failing := range []bool{true, false, false} {
 		fail <- failing
-		relay <- syscall.SIGUSR2
+		if i < 2 {
+			relay <- syscall.SIGUSR2
+		} else if err := s.Restart(); err != nil { // as the process asks for itself
+			t.Fatalf("Restart: %v", err)
+		}
 		select {
 		case s := <-starts:
 			if s.path != "/usr/bin/svcproxy" || !slices.Equal(s.args, []string{"--proxy-mode=ipvs"}) {
@@ -275,13 +280,29 @@ func TestRestartOnSignal(t *testing.T) {
 	if n := logs.FilterMessage("starting successor").Len(); n != 1 {
 		t.Errorf("%d errors logged for the failed start, want 1", n)
 	}
-	if l := logs.FilterMessage("started successor").All(); len(l) != 1 || l[0].ContextMap()["pid"] != int64(4242) {
-		t.Errorf("started-successor logs %v, want one with pid 4242", l)
+	for time.Now().Before(deadline) && logs.FilterMessage("started successor").Len() < 2 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if l := logs.FilterMessage("started successor").All(); len(l) != 2 || l[0].ContextMap()["pid"] != int64(4242) {
+		t.Errorf("started-successor logs %v, want two with pid 4242", l)
 	}
 	cancel()
 	select {
 	case <-stopped:
 	case <-time.After(5 * time.Second):
 		t.Fatal("SIGUSR2 not released after ctx ended")
+	}
+}
+
+// TestRestartAsked: Restart is refused while nothing handles restarts,
+// and under a master it asks the master.
+func TestRestartAsked(t *testing.T) {
+	if err := NewSuccession("", OS{}, zap.NewNop()).Restart(); err == nil {
+		t.Error("Restart without RestartOnSignal succeeded")
+	}
+	asked := 0
+	s := NewSuccession("", OS{AskMaster: func() error { asked++; return nil }}, zap.NewNop()).WithKeeper("/run/keeper.sock")
+	if err := s.Restart(); err != nil || asked != 1 {
+		t.Errorf("Restart under a master = %v, master asked %d times; want nil, once", err, asked)
 	}
 }

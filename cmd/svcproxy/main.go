@@ -12,6 +12,8 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"slices"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -124,7 +126,8 @@ func run(o *options) error {
 	if w := o.resolvePrimary(node); w != "" {
 		log.Warn(w)
 	}
-	o.resolveSteerTo(node, hostAddrs(log))
+	o.steerTo = o.steerAddrs(node, hostAddrs(log))
+	succession := handover.NewSuccession(o.handoverSocket, handover.OS{}, log).WithKeeper(keeper)
 	store := lb.NewStore(lb.StoreOptions{
 		Node:             lb.Node{Name: o.hostname, Zone: zone},
 		DefaultAlgorithm: o.algorithm,
@@ -150,7 +153,8 @@ func run(o *options) error {
 		source = daemon.FileSource(watcher, reloads, o.services == "")
 	} else {
 		source = daemon.KubeSource(kube.Options{Client: kubeClient, NodeName: o.hostname, Zone: o.zone, ProxyName: o.proxyName,
-			ResyncPeriod: o.configSyncPeriod, Logger: log, Metrics: kube.NewMetrics(reg)}, store)
+			ResyncPeriod: o.configSyncPeriod, Logger: log, Metrics: kube.NewMetrics(reg),
+			OnNode: restartOnNewSteerAddrs(o, log, func() []netip.Addr { return hostAddrs(log) }, succession.Restart)}, store)
 		// SIGHUP reloads the services file; with the API server as the
 		// source there is nothing to reload, and the signal must not end
 		// the process (Go's default), which --master-worker would count
@@ -175,7 +179,7 @@ func run(o *options) error {
 			return detectIPv6(ctx, daemon.HostIPv6, hostNFTSteering(o), mode, o, log)
 		},
 		KubeProxy:     daemon.HostKubeProxyTraces(),
-		Succession:    handover.NewSuccession(o.handoverSocket, handover.OS{}, log).WithKeeper(keeper),
+		Succession:    succession,
 		Termination:   term,
 		MinSyncPeriod: o.minSyncPeriod, SyncPeriod: o.syncPeriod, DrainTimeout: o.drainTimeout,
 		MetricsAddr: o.metricsAddr, HealthzAddr: o.healthzAddr, ProfilingAddr: o.profilingAddr,
@@ -184,6 +188,32 @@ func run(o *options) error {
 			return watchRules(ctx, mode, o, changed)
 		},
 	})
+}
+
+// restartOnNewSteerAddrs is the kube source's OnNode with --steering=redirect
+// (nil otherwise): when the addresses steering DNATs to (steerAddrs) would
+// now be others (the Node's InternalIP changed, or arrived late, or one
+// stopped being this host's), svcproxy asks once for a restart (restart):
+// the successor takes over without losing a connection and steers to the
+// new addresses. Left alone, steering would go on sending Service traffic
+// to an address that may now be another host's. kube-proxy exits when its
+// node's IPs change, for the same reason.
+func restartOnNewSteerAddrs(o *options, log *zap.Logger, local func() []netip.Addr, restart func() error) func(*corev1.Node) {
+	if o.steering != "redirect" {
+		return nil
+	}
+	var asked atomic.Bool
+	return func(node *corev1.Node) {
+		next := o.steerAddrs(node, local())
+		if slices.Equal(next, o.steerTo) || asked.Swap(true) {
+			return
+		}
+		log.Warn("this node's primary IPs changed: restarting, so that steering DNATs to the new ones",
+			zap.Stringers("steering to", o.steerTo), zap.Stringers("primary IPs now", next))
+		if err := restart(); err != nil {
+			log.Error("cannot restart: steering DNATs to the old addresses until svcproxy is restarted", zap.Error(err))
+		}
+	}
 }
 
 // hostAddrs lists this host's addresses, on every interface (a node's

@@ -53,7 +53,7 @@ type options struct {
 	nodePortPrimary   bool             // --nodeport-addresses=primary: the node's primary IPs, resolved once the Node is known
 	ipv6              bool             // the node serves IPv6 too: set by detectIPv6, not a flag
 	steeredBy         redirect.Backend // the userspace mode's resolved steering backend: set when it is built, not a flag
-	steerTo           []netip.Addr     // the node addresses REDIRECT steering DNATs to: set by resolveSteerTo, not a flag
+	steerTo           []netip.Addr     // the node addresses REDIRECT steering DNATs to (steerAddrs): set at start, not a flag
 	cleanup           bool
 	force             bool   // --cleanup even while a running svcproxy owns the rules
 	check             bool   // --check: validate the files and exit
@@ -667,26 +667,28 @@ func newLogger(level zapcore.Level, format string) (*zap.Logger, error) {
 	return log, nil
 }
 
-// resolveSteerTo picks the addresses --steering=redirect sends traffic to
+// steerAddrs are the addresses --steering=redirect sends traffic to
 // (redirect.Config.NodeIPs): the node's primary IPs (the Node's, or
 // --bind-address), each only if it is one of local, this host's
-// addresses. A family without one is REDIRECTed, which drops pod traffic
-// arriving on an interface with no address of that family (Calico's and
-// Cilium's pod veths); the redirector warns about each such family it
-// serves (which is not known yet here).
-func (o *options) resolveSteerTo(node *corev1.Node, local []netip.Addr) {
-	o.steerTo = nil
+// addresses; none without REDIRECT steering. A family without one is
+// REDIRECTed, which drops pod traffic arriving on an interface with no
+// address of that family (Calico's and Cilium's pod veths); the
+// redirector warns about each such family it serves (which is not known
+// yet here).
+func (o *options) steerAddrs(node *corev1.Node, local []netip.Addr) []netip.Addr {
 	if o.steering != "redirect" {
-		return
+		return nil
 	}
+	var out []netip.Addr
 	primary := kube.PrimaryIPs(node, o.bindAddress)
 	for _, is4 := range []bool{true, false} {
 		if i := slices.IndexFunc(primary, func(ip netip.Addr) bool {
 			return ip.Is4() == is4 && ip.IsGlobalUnicast() && slices.Contains(local, ip)
 		}); i >= 0 {
-			o.steerTo = append(o.steerTo, primary[i])
+			out = append(out, primary[i])
 		}
 	}
+	return out
 }
 
 // resolvePrimary turns --nodeport-addresses=primary into the node's primary

@@ -363,9 +363,9 @@ func TestResolvePrimary(t *testing.T) {
 	}
 }
 
-// TestResolveSteerTo: REDIRECT steering DNATs to the node's primary IPs
+// TestSteerAddrs: REDIRECT steering DNATs to the node's primary IPs
 // that are this host's addresses.
-func TestResolveSteerTo(t *testing.T) {
+func TestSteerAddrs(t *testing.T) {
 	node := func(addrs ...string) *corev1.Node {
 		n := &corev1.Node{}
 		for _, a := range addrs {
@@ -400,15 +400,55 @@ func TestResolveSteerTo(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			o.resolveSteerTo(tc.node, host)
 			var got []string
-			for _, a := range o.steerTo {
+			for _, a := range o.steerAddrs(tc.node, host) {
 				got = append(got, a.String())
 			}
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("steer to %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestRestartOnNewSteerAddrs: with REDIRECT steering, a Node update that
+// moves the address steering DNATs to asks once for a restart; others ask
+// for none, and without REDIRECT steering nothing watches.
+func TestRestartOnNewSteerAddrs(t *testing.T) {
+	node := func(ip string) *corev1.Node {
+		return &corev1.Node{Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}}}
+	}
+	local := []netip.Addr{netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("10.0.0.6")}
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		updates []*corev1.Node
+		want    int // restarts asked for
+	}{
+		{"unchanged", []string{"--steering=redirect"}, []*corev1.Node{node("10.0.0.5"), node("10.0.0.5")}, 0},
+		{"moved, then updated again", []string{"--steering=redirect"}, []*corev1.Node{node("10.0.0.5"), node("10.0.0.6"), node("10.0.0.6"), node("10.0.0.5")}, 1},
+		{"moved off this host", []string{"--steering=redirect"}, []*corev1.Node{node("192.0.2.1")}, 1},
+		{"--bind-address wins over the Node", []string{"--steering=redirect", "--bind-address=10.0.0.5"}, []*corev1.Node{node("10.0.0.6")}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := parseFlags(tc.args, outsidePod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.steerTo = o.steerAddrs(node("10.0.0.5"), local)
+			asked := 0
+			onNode := restartOnNewSteerAddrs(o, zap.NewNop(), func() []netip.Addr { return local }, func() error { asked++; return errors.New("restarts are off") })
+			for _, n := range tc.updates {
+				onNode(n)
+			}
+			if asked != tc.want {
+				t.Errorf("%d restarts asked for, want %d", asked, tc.want)
+			}
+		})
+	}
+	o, _ := parseFlags([]string{"--steering=local"}, outsidePod)
+	if restartOnNewSteerAddrs(o, zap.NewNop(), nil, nil) != nil {
+		t.Error("local steering watches the Node's addresses")
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"os/exec"
@@ -91,11 +92,13 @@ func newKubeCluster(t *testing.T, backends int) *kubeCluster {
 		t.Fatal(err)
 	}
 	// The node's Node, which svcproxy reads at start (zone, proxy-mode
-	// annotation) and watches (deletion).
+	// annotation, its InternalIP, which REDIRECT steering DNATs to) and
+	// watches (deletion, a new InternalIP).
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node"}}
 	if _, err := client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
+	c.setNodeIP(topology.NodeAddr)
 	t.Cleanup(func() {
 		_ = client.DiscoveryV1().EndpointSlices(c.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
 		if list, err := client.CoreV1().Services(c.ns).List(ctx, metav1.ListOptions{}); err == nil {
@@ -153,10 +156,27 @@ func (c *kubeCluster) startKubeProxy(kubeconfig, help string) {
 		"--drain-timeout", "2s",
 		"--log-level", "debug",
 	}
+	if strings.Contains(help, "-pid-file") {
+		args = append(args, "--pid-file", c.pidFile(), "--handover-socket", filepath.Join(c.dir, "handover.sock"))
+	}
 	if strings.Contains(help, "-proxy-mode") {
 		args = append(args, "--proxy-mode", "userspace")
 	}
 	c.launch(bins.svcproxy, args...)
+}
+
+// setNodeIP makes ip the Node's only InternalIP.
+func (c *kubeCluster) setNodeIP(ip netip.Addr) {
+	c.t.Helper()
+	ctx := context.Background()
+	node, err := c.client.CoreV1().Nodes().Get(ctx, "node", metav1.GetOptions{})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip.String()}}
+	if _, err := c.client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+		c.t.Fatalf("setting the Node's InternalIP: %v", err)
+	}
 }
 
 func (c *kubeCluster) createService(name, clusterIP string) {
@@ -297,4 +317,40 @@ func TestPrivilegedKubeBinary(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// TestPrivilegedKubeNodeIPChange: REDIRECT steering DNATs to the Node's
+// InternalIP; when the InternalIP changes, svcproxy restarts itself (a
+// successor takes over through the handover socket) and steers to the new
+// one, and the Service keeps answering.
+func TestPrivilegedKubeNodeIPChange(t *testing.T) {
+	c := newKubeCluster(t, 2)
+	const vip = "198.19.0.10"
+	c.createService("web", vip)
+	c.setEndpoints("web", []int{0, 1})
+	c.reaches(vip+":80", 30*time.Second, 0, 1)
+	dnatTo := func(ip netip.Addr) bool {
+		return strings.Contains(c.nodeRules(), "DNAT --to-destination "+ip.String()+":")
+	}
+	if !dnatTo(topology.NodeAddr) {
+		t.Fatalf("steering does not DNAT to the Node's InternalIP %v:\n%s", topology.NodeAddr, c.nodeRules())
+	}
+
+	moved := netip.MustParseAddr("198.18.0.9")
+	if out, err := c.topo.Node.Command(context.Background(), "ip", "addr", "add", moved.String()+"/32", "dev", "lo").CombinedOutput(); err != nil {
+		t.Fatalf("adding the node's new address: %v: %s", err, out)
+	}
+	old := c.pid()
+	c.setNodeIP(moved)
+	deadline := time.Now().Add(30 * time.Second)
+	for c.pid() == old || !dnatTo(moved) {
+		if time.Now().After(deadline) {
+			t.Fatalf("30s after the InternalIP changed: svcproxy %d (was %d), rules:\n%s\noutput:\n%s", c.pid(), old, c.nodeRules(), c.proxyOut)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if dnatTo(topology.NodeAddr) {
+		t.Errorf("the successor still DNATs to the old address:\n%s", c.nodeRules())
+	}
+	c.reaches(vip+":80", 10*time.Second, 0, 1)
 }

@@ -75,10 +75,11 @@ func (c *cluster) udpSocketPort(vip string, port int) int {
 	if err != nil {
 		c.t.Fatalf("listing SVCPROXY-UDP: %v: %s", err, out)
 	}
-	re := regexp.MustCompile(`-d ` + regexp.QuoteMeta(vip) + `/32 .*--dport ` + strconv.Itoa(port) + ` .*--to-ports (\d+)`)
+	// REDIRECT --to-ports P, or DNAT --to-destination <node IP>:P.
+	re := regexp.MustCompile(`-d ` + regexp.QuoteMeta(vip) + `/32 .*--dport ` + strconv.Itoa(port) + ` .*(?:--to-ports |--to-destination \S+:)(\d+)`)
 	m := re.FindSubmatch(out)
 	if m == nil {
-		c.t.Fatalf("no REDIRECT rule for %s:%d in\n%s", vip, port, out)
+		c.t.Fatalf("no REDIRECT or DNAT rule for %s:%d in\n%s", vip, port, out)
 	}
 	p, _ := strconv.Atoi(string(m[1]))
 	return p
