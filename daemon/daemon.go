@@ -279,6 +279,13 @@ func Run(ctx context.Context, cfg Config) error {
 		if cfg.WatchRules != nil {
 			changed := func() {
 				m.rulesChanged.Inc()
+				if succ.Handing() {
+					// A successor writes its rules (its first sync):
+					// repairing them would put this process's back,
+					// which differ when its configuration does (a new
+					// node IP, an upgrade).
+					return
+				}
 				syncer.TriggerFull()
 			}
 			if err := cfg.WatchRules(watchCtx, choice.Name, changed); err != nil {

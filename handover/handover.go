@@ -238,7 +238,15 @@ type Server struct {
 	// handedOver is set once a successor has taken over: the socket
 	// file at path is then the successor's, and Close must leave it.
 	handedOver atomic.Bool
+	// handing is set while a successor holds the sockets and has not
+	// said it serves (Handing).
+	handing atomic.Bool
 }
+
+// Handing reports whether a successor has the sockets and is making its
+// first sync, writing its rules: rules that change meanwhile are the
+// successor's, not tampering to repair.
+func (s *Server) Handing() bool { return s.handing.Load() }
 
 // Listen listens for a successor at path, replacing a stale socket file.
 // The socket is 0600: only root (the successor) may take the sockets.
@@ -322,6 +330,8 @@ func (s *Server) serveOne(c *net.UnixConn, sockets func() (map[string]*os.File, 
 	if err := sendFiles(c, files); err != nil {
 		return false, err
 	}
+	s.handing.Store(true)
+	defer s.handing.Store(false)
 	// The successor may take a while to start serving (its first sync).
 	_ = c.SetDeadline(time.Now().Add(5 * time.Minute))
 	msg, _, err = recv(c, 0)

@@ -61,6 +61,9 @@ func TestHandover(t *testing.T) {
 		}, func() { ln.Close(); close(stopped) })
 	}()
 
+	if srv.Handing() {
+		t.Error("Handing before any successor came")
+	}
 	h, err := Take(ctx, path)
 	if err != nil {
 		t.Fatal(err)
@@ -68,6 +71,8 @@ func TestHandover(t *testing.T) {
 	if len(h.Files) != 2 || h.Files["tcp/a"] == nil || h.Files["udp/b"] == nil {
 		t.Fatalf("took %v, want tcp/a and udp/b", h.Files)
 	}
+	// The successor has the sockets and makes its first sync.
+	waitHanding(t, srv, true)
 	// The successor serves on the very same socket: the waiting
 	// connection is accepted here, after the predecessor let go.
 	ln2, err := net.FileListener(h.Files["tcp/a"])
@@ -81,6 +86,9 @@ func TestHandover(t *testing.T) {
 	<-stopped
 	if err := <-served; err != nil {
 		t.Fatalf("Serve: %v", err)
+	}
+	if srv.Handing() {
+		t.Error("Handing after the successor took over")
 	}
 	c, err := ln2.Accept()
 	if err != nil {
@@ -136,7 +144,9 @@ func TestFailedSuccessorDoesNotStopPredecessor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	waitHanding(t, srv, true)
 	h.conn.Close()
+	waitHanding(t, srv, false) // this process's rules again
 	// The next one succeeds.
 	h, err = Take(ctx, path)
 	if err != nil {
@@ -329,5 +339,15 @@ func TestHandoverLeavesSocketsNonBlocking(t *testing.T) {
 	}
 	if err := <-served; err != nil {
 		t.Fatalf("Serve: %v", err)
+	}
+}
+
+// waitHanding waits up to 5s for srv.Handing to be want.
+func waitHanding(t *testing.T, srv *Server, want bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); srv.Handing() != want; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("Handing = %v, want %v", !want, want)
+		}
 	}
 }

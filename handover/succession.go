@@ -110,6 +110,8 @@ type Succession struct {
 	// restart asks RestartOnSignal's loop for a successor, as SIGUSR2
 	// does; nil until that loop runs.
 	restart atomic.Pointer[chan struct{}]
+	// srv listens for a successor, once Serving has started it.
+	srv atomic.Pointer[Server]
 }
 
 // WithKeeper makes s a worker of a master whose Keeper listens at path:
@@ -264,6 +266,7 @@ func (s *Succession) Serving(ctx context.Context, sockets func() (map[string]*os
 			s.log.Warn("cannot listen for a successor; restarts will not be seamless", zap.Error(err))
 			return
 		}
+		s.srv.Store(srv)
 		close(s.listening)
 		go func() {
 			defer srv.Close()
@@ -272,6 +275,14 @@ func (s *Succession) Serving(ctx context.Context, sockets func() (map[string]*os
 			}
 		}()
 	})
+}
+
+// Handing reports whether a successor has this process's sockets and is
+// making its first sync (Server.Handing): rule changes meanwhile are its
+// own, and repairing them would write this process's rules over them.
+func (s *Succession) Handing() bool {
+	srv := s.srv.Load()
+	return srv != nil && srv.Handing()
 }
 
 // HandedOver is closed when a successor has taken over.
