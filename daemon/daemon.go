@@ -14,6 +14,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -208,6 +209,18 @@ func Run(ctx context.Context, cfg Config) error {
 			return runner.New(sync, cfg.MinSyncPeriod, cfg.SyncPeriod)
 		}
 	}
+	// While a successor makes its first sync (it has the sockets, it has
+	// not said it serves), the rules are becoming its own: a full sync
+	// here (periodic, or a repair) would rewrite them with this process's,
+	// which differ when the configuration does (an upgrade, a new node
+	// IP). An incremental one still carries Service changes to this
+	// process's data path and writes only what changed.
+	baseRunner := newRunner
+	newRunner = func(sync func(context.Context, bool) error) *runner.Runner {
+		return baseRunner(func(ctx context.Context, full bool) error {
+			return sync(ctx, full && !succ.Handing())
+		})
+	}
 	if fw := cfg.Firewall; fw != nil {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: "svcproxy", Subsystem: "firewall", Name: "restricted_frontends",
@@ -277,16 +290,31 @@ func Run(ctx context.Context, cfg Config) error {
 			syncer.Run(syncCtx)
 		}()
 		if cfg.WatchRules != nil {
+			var waiting atomic.Bool
 			changed := func() {
 				m.rulesChanged.Inc()
-				if succ.Handing() {
-					// A successor writes its rules (its first sync):
-					// repairing them would put this process's back,
-					// which differ when its configuration does (a new
-					// node IP, an upgrade).
+				if !succ.Handing() {
+					syncer.TriggerFull()
 					return
 				}
-				syncer.TriggerFull()
+				// A successor writes its rules (its first sync):
+				// repairing them would put this process's back. If it
+				// fails instead (its teardown may remove them), repair
+				// once it has gone.
+				if waiting.Swap(true) {
+					return
+				}
+				go func() {
+					defer waiting.Store(false)
+					for succ.Handing() {
+						time.Sleep(50 * time.Millisecond)
+					}
+					select {
+					case <-succ.HandedOver():
+					default:
+						syncer.TriggerFull()
+					}
+				}()
 			}
 			if err := cfg.WatchRules(watchCtx, choice.Name, changed); err != nil {
 				log.Info("rules changed by others are repaired at the periodic full sync only", zap.Error(err), zap.Duration("syncPeriod", cfg.SyncPeriod))

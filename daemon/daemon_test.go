@@ -350,6 +350,92 @@ func TestRunLeavesRulesToSuccessor(t *testing.T) {
 	}
 }
 
+// TestRunLeavesTheSuccessorsRules: while a successor makes its first sync
+// (it has the sockets, it has not said ready), a rule change is its own
+// and not repaired, nor does a periodic sync write in full; if the
+// successor fails instead, the rules are repaired once it has gone (with
+// an hour's sync period, only the change seen meanwhile can ask for it).
+func TestRunLeavesTheSuccessorsRules(t *testing.T) {
+	for _, period := range []time.Duration{100 * time.Millisecond, time.Hour} {
+		t.Run(period.String(), func(t *testing.T) { testRunLeavesTheSuccessorsRules(t, period) })
+	}
+}
+
+func testRunLeavesTheSuccessorsRules(t *testing.T, period time.Duration) {
+	var mu sync.Mutex
+	var calls []string
+	var fails atomic.Int32
+	table := recorders(&mu, &calls, &fails)
+	us := table[proxymode.Userspace]
+	us.New = func(context.Context, map[string]*os.File) (proxymode.Mode, error) {
+		return handoverable{recorder{name: proxymode.Userspace, mu: &mu, calls: &calls, fails: &fails}, func() {}}, nil
+	}
+	table[proxymode.Userspace] = us
+	log := zaptest.NewLogger(t)
+	path := filepath.Join(t.TempDir(), "handover.sock")
+	termCtx, term := handover.NewTermination(0, log)
+	defer term.Stop()
+	ctx, cancel := context.WithCancel(termCtx)
+	defer cancel()
+	changed := make(chan func(), 1)
+	cfg := Config{
+		Logger: log, Registry: prometheus.NewPedanticRegistry(), Store: lb.NewStore(lb.StoreOptions{}),
+		Source:  func(ctx context.Context, feed Feed) error { feed.Loaded(0, nil); <-ctx.Done(); return nil },
+		Tracker: health.NewTracker(time.Minute, nil), Modes: table, Mode: proxymode.Userspace,
+		IPv6:        func(context.Context, proxymode.Name) error { return nil },
+		Succession:  handover.NewSuccession(path, handover.OS{NotifyRestart: func(chan<- os.Signal) error { return errors.ErrUnsupported }}, log),
+		Termination: term, DrainTimeout: time.Second, SyncPeriod: period, MinSyncPeriod: 10 * time.Millisecond,
+		WatchRules: func(_ context.Context, _ proxymode.Name, c func()) error { changed <- c; return nil },
+	}
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg) }()
+	defer func() { cancel(); <-done }()
+	fulls := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, c := range calls {
+			if c == "userspace apply full" {
+				n++
+			}
+		}
+		return n
+	}
+	var rulesChanged func()
+	select {
+	case rulesChanged = <-changed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the rules were not watched within 10s")
+	}
+	waitForCall(t, &mu, &calls, "userspace apply full")
+	var h *handover.Handover
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var err error
+		if h, err = handover.Take(ctx, path); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("taking over: %v", err)
+		}
+	}
+	for _, f := range h.Files {
+		f.Close()
+	}
+	time.Sleep(50 * time.Millisecond) // a full sync in flight when the sockets went ends
+	before := fulls()
+	rulesChanged()                     // the successor writes its rules
+	time.Sleep(500 * time.Millisecond) // periodic syncs, at 100ms
+	if n := fulls() - before; n != 0 {
+		t.Errorf("%d full syncs while the successor made its first one, want none", n)
+	}
+	h.Abandon() // the successor fails
+	for deadline := time.Now().Add(5 * time.Second); fulls() == before; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no full sync after the successor failed")
+		}
+	}
+}
+
 // handoverable is a recorder that hands over, as the userspace mode does
 // (with no sockets); StopAccepting calls onStop.
 type handoverable struct {

@@ -229,6 +229,11 @@ func (h *Handover) Ready(ctx context.Context) error {
 	return nil
 }
 
+// Abandon gives up the takeover without serving (a successor that fails
+// after taking the sockets): the predecessor keeps serving, and repairs
+// whatever this process wrote meanwhile. Exiting does the same.
+func (h *Handover) Abandon() { h.conn.Close() }
+
 // Server is a predecessor's side: it offers its sockets to one successor.
 type Server struct {
 	path string

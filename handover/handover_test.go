@@ -145,7 +145,7 @@ func TestFailedSuccessorDoesNotStopPredecessor(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitHanding(t, srv, true)
-	h.conn.Close()
+	h.Abandon()
 	waitHanding(t, srv, false) // this process's rules again
 	// The next one succeeds.
 	h, err = Take(ctx, path)
