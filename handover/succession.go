@@ -110,6 +110,8 @@ type Succession struct {
 	// restart asks RestartOnSignal's loop for a successor, as SIGUSR2
 	// does; nil until that loop runs.
 	restart atomic.Pointer[chan struct{}]
+	// restartPending: Restart was asked for and not passed on yet.
+	restartPending atomic.Bool
 	// srv listens for a successor, once Serving has started it.
 	srv atomic.Pointer[Server]
 }
@@ -131,6 +133,7 @@ func (s *Succession) Deposit(ctx context.Context, sockets func() (map[string]*os
 	if s.keeper == "" || sockets == nil {
 		return
 	}
+	defer s.restartIfReady() // after the unlock: a restart waits for a deposit
 	s.depositMu.Lock()
 	defer s.depositMu.Unlock()
 	if s.deposited && s.depositedGen == gen {
@@ -275,6 +278,7 @@ func (s *Succession) Serving(ctx context.Context, sockets func() (map[string]*os
 			}
 		}()
 	})
+	s.restartIfReady()
 }
 
 // Handing reports whether a successor has this process's sockets and is
@@ -331,25 +335,61 @@ func (s *Succession) RestartOnSignal(ctx context.Context) {
 
 // Restart asks for what SIGUSR2 starts, for a reason of the process's
 // own: a successor that takes over through the handover socket (under a
-// master, the master's new worker). It returns at once; an error says
-// restarts are off (RestartOnSignal is not running, or this system has
-// none), and the caller must restart some other way.
+// master, the master's new worker). It returns at once; the request is
+// passed on as soon as a successor can take over: once this process
+// listens for one (Serving), or, under a master (which ignores SIGUSR2
+// before), has deposited its sockets. A process already handing over
+// drops it (its successor is the restart). An error says restarts cannot
+// work here (no handover socket): the caller must restart some other way.
 func (s *Succession) Restart() error {
+	if s.keeper == "" && s.path == "" {
+		return errors.New("restarting: the handover socket is off (--handover-socket), so a successor could not take the sockets over")
+	}
+	s.restartPending.Store(true)
+	s.restartIfReady()
+	return nil
+}
+
+// restartIfReady passes a pending Restart on if a successor can take over
+// now (see Restart); failures are logged.
+func (s *Succession) restartIfReady() {
+	if !s.restartPending.Load() {
+		return
+	}
+	select {
+	case <-s.handedOver:
+		s.restartPending.Store(false)
+		return
+	default:
+	}
+	if s.Handing() {
+		s.restartPending.Store(false)
+		return
+	}
 	if s.keeper != "" {
-		if err := s.os.AskMaster(); err != nil {
-			return fmt.Errorf("asking the master for a new worker: %w", err)
+		s.depositMu.Lock()
+		ready := s.deposited
+		s.depositMu.Unlock()
+		if !ready || !s.restartPending.CompareAndSwap(true, false) {
+			return
 		}
-		return nil
+		if err := s.os.AskMaster(); err != nil {
+			s.log.Error("cannot ask the master for a new worker", zap.Error(err))
+		}
+		return
+	}
+	if s.srv.Load() == nil || !s.restartPending.CompareAndSwap(true, false) {
+		return
 	}
 	asked := s.restart.Load()
 	if asked == nil {
-		return errors.New("restarting: restarts are off (no SIGUSR2 handling)")
+		s.log.Error("cannot restart: restarts are off (no SIGUSR2 handling)")
+		return
 	}
 	select {
 	case *asked <- struct{}{}:
 	default: // one is asked for already
 	}
-	return nil
 }
 
 // Termination decides when a termination signal ends svcproxy. SIGINT, and

@@ -252,18 +252,13 @@ func TestRestartOnSignal(t *testing.T) {
 	core, logs := observer.New(zap.InfoLevel)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	s := NewSuccession("", sys, zap.New(core))
-	s.RestartOnSignal(ctx)
+	NewSuccession("", sys, zap.New(core)).RestartOnSignal(ctx)
 	if relay == nil {
 		t.Fatal("RestartOnSignal did not ask for SIGUSR2")
 	}
-	for i, failing := range []bool{true, false, false} {
+	for i, failing := range []bool{true, false} {
 		fail <- failing
-		if i < 2 {
-			relay <- syscall.SIGUSR2
-		} else if err := s.Restart(); err != nil { // as the process asks for itself
-			t.Fatalf("Restart: %v", err)
-		}
+		relay <- syscall.SIGUSR2
 		select {
 		case s := <-starts:
 			if s.path != "/usr/bin/svcproxy" || !slices.Equal(s.args, []string{"--proxy-mode=ipvs"}) {
@@ -280,11 +275,8 @@ func TestRestartOnSignal(t *testing.T) {
 	if n := logs.FilterMessage("starting successor").Len(); n != 1 {
 		t.Errorf("%d errors logged for the failed start, want 1", n)
 	}
-	for time.Now().Before(deadline) && logs.FilterMessage("started successor").Len() < 2 {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if l := logs.FilterMessage("started successor").All(); len(l) != 2 || l[0].ContextMap()["pid"] != int64(4242) {
-		t.Errorf("started-successor logs %v, want two with pid 4242", l)
+	if l := logs.FilterMessage("started successor").All(); len(l) != 1 || l[0].ContextMap()["pid"] != int64(4242) {
+		t.Errorf("started-successor logs %v, want one with pid 4242", l)
 	}
 	cancel()
 	select {
@@ -294,15 +286,59 @@ func TestRestartOnSignal(t *testing.T) {
 	}
 }
 
-// TestRestartAsked: Restart is refused while nothing handles restarts,
-// and under a master it asks the master.
-func TestRestartAsked(t *testing.T) {
+// TestRestart: a restart the process asks for is refused without a
+// handover socket, and otherwise waits until a successor can take over:
+// until this process listens for one, or under a master until it has
+// deposited its sockets (the master ignores SIGUSR2 before).
+func TestRestart(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	if err := NewSuccession("", OS{}, zap.NewNop()).Restart(); err == nil {
-		t.Error("Restart without RestartOnSignal succeeded")
+		t.Error("Restart without a handover socket succeeded")
 	}
+
+	started := make(chan struct{}, 4)
+	sys := OS{
+		Executable:    func() (string, []string, error) { return "/usr/bin/svcproxy", nil, nil },
+		NotifyRestart: func(chan<- os.Signal) error { return nil },
+		StopRestart:   func(chan<- os.Signal) {},
+		StartProcess: func(string, []string) (int, func() error, error) {
+			started <- struct{}{}
+			return 4242, func() error { return nil }, nil
+		},
+	}
+	s := NewSuccession(filepath.Join(t.TempDir(), "handover.sock"), sys, zap.NewNop())
+	s.RestartOnSignal(ctx)
+	if err := s.Restart(); err != nil {
+		t.Fatalf("Restart: %v", err)
+	}
+	select {
+	case <-started:
+		t.Fatal("a successor started before this process listened for one")
+	case <-time.After(50 * time.Millisecond):
+	}
+	s.Serving(ctx, func() (map[string]*os.File, error) { return map[string]*os.File{}, nil }, func() {})
+	select {
+	case <-started:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no successor started once this process listened for one")
+	}
+
 	asked := 0
-	s := NewSuccession("", OS{AskMaster: func() error { asked++; return nil }}, zap.NewNop()).WithKeeper("/run/keeper.sock")
-	if err := s.Restart(); err != nil || asked != 1 {
-		t.Errorf("Restart under a master = %v, master asked %d times; want nil, once", err, asked)
+	deposited := false
+	m := NewSuccession("", OS{
+		AskMaster: func() error { asked++; return nil },
+		Deposit:   func(context.Context, string, map[string]*os.File) error { deposited = true; return nil },
+	}, zap.NewNop()).WithKeeper("/run/keeper.sock")
+	if err := m.Restart(); err != nil || asked != 0 {
+		t.Fatalf("Restart under a master before a deposit = %v, master asked %d times; want nil, not yet", err, asked)
+	}
+	m.Deposit(ctx, func() (map[string]*os.File, error) { return map[string]*os.File{}, nil }, 1)
+	if !deposited || asked != 1 {
+		t.Errorf("after the deposit (%v) the master was asked %d times, want once", deposited, asked)
+	}
+	m.Deposit(ctx, func() (map[string]*os.File, error) { return map[string]*os.File{}, nil }, 2)
+	if asked != 1 {
+		t.Errorf("the master was asked %d times for one Restart", asked)
 	}
 }

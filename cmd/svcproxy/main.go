@@ -126,7 +126,11 @@ func run(o *options) error {
 	if w := o.resolvePrimary(node); w != "" {
 		log.Warn(w)
 	}
-	o.steerTo = o.steerAddrs(node, hostAddrs(log))
+	local, err := hostAddrs()
+	if err != nil {
+		log.Warn("steering with REDIRECT, not a DNAT to the node's address", zap.Error(err))
+	}
+	o.steerTo = o.steerAddrs(node, local)
 	succession := handover.NewSuccession(o.handoverSocket, handover.OS{}, log).WithKeeper(keeper)
 	store := lb.NewStore(lb.StoreOptions{
 		Node:             lb.Node{Name: o.hostname, Zone: zone},
@@ -154,7 +158,7 @@ func run(o *options) error {
 	} else {
 		source = daemon.KubeSource(kube.Options{Client: kubeClient, NodeName: o.hostname, Zone: o.zone, ProxyName: o.proxyName,
 			ResyncPeriod: o.configSyncPeriod, Logger: log, Metrics: kube.NewMetrics(reg),
-			OnNode: restartOnNewSteerAddrs(o, log, func() []netip.Addr { return hostAddrs(log) }, succession.Restart)}, store)
+			OnNode: restartOnNewSteerAddrs(o, log, hostAddrs, succession.Restart)}, store)
 		// SIGHUP reloads the services file; with the API server as the
 		// source there is nothing to reload, and the signal must not end
 		// the process (Go's default), which --master-worker would count
@@ -193,19 +197,35 @@ func run(o *options) error {
 // restartOnNewSteerAddrs is the kube source's OnNode with --steering=redirect
 // (nil otherwise): when the addresses steering DNATs to (steerAddrs) would
 // now be others (the Node's InternalIP changed, or arrived late, or one
-// stopped being this host's), svcproxy asks once for a restart (restart):
-// the successor takes over without losing a connection and steers to the
-// new addresses. Left alone, steering would go on sending Service traffic
-// to an address that may now be another host's. kube-proxy exits when its
-// node's IPs change, for the same reason.
-func restartOnNewSteerAddrs(o *options, log *zap.Logger, local func() []netip.Addr, restart func() error) func(*corev1.Node) {
+// stopped being this host's), svcproxy asks for a restart (restart): the
+// successor takes over without losing a connection and steers to the new
+// addresses. Left alone, steering would go on sending Service traffic to
+// an address that may now be another host's. kube-proxy exits when its
+// node's IPs change, for the same reason. It asks again at a later Node
+// update only if restartRetry has passed (the restart did not happen: a
+// master busy with another restart ignores the request), and does nothing
+// while the userspace mode does not steer with REDIRECT (a kernel mode
+// chosen by the Node's annotation) or when the host's addresses cannot be
+// read.
+func restartOnNewSteerAddrs(o *options, log *zap.Logger, local func() ([]netip.Addr, error), restart func() error) func(*corev1.Node) {
 	if o.steering != "redirect" {
 		return nil
 	}
-	var asked atomic.Bool
+	var asked atomic.Int64 // unix nanoseconds of the last request; 0: none
 	return func(node *corev1.Node) {
-		next := o.steerAddrs(node, local())
-		if slices.Equal(next, o.steerTo) || asked.Swap(true) {
+		if o.steeredBy == "" { // set when the userspace mode is built, before the source runs
+			return
+		}
+		addrs, err := local()
+		if err != nil {
+			return
+		}
+		next := o.steerAddrs(node, addrs)
+		if slices.Equal(next, o.steerTo) {
+			return
+		}
+		now := time.Now().UnixNano()
+		if last := asked.Load(); last != 0 && time.Duration(now-last) < restartRetry || !asked.CompareAndSwap(last, now) {
 			return
 		}
 		log.Warn("this node's primary IPs changed: restarting, so that steering DNATs to the new ones",
@@ -216,13 +236,16 @@ func restartOnNewSteerAddrs(o *options, log *zap.Logger, local func() []netip.Ad
 	}
 }
 
+// restartRetry is how long restartOnNewSteerAddrs waits for a restart it
+// asked for before it asks again.
+const restartRetry = 2 * time.Minute
+
 // hostAddrs lists this host's addresses, on every interface (a node's
-// primary IP may sit on lo); nil, logged, when they cannot be read.
-func hostAddrs(log *zap.Logger) []netip.Addr {
+// primary IP may sit on lo).
+func hostAddrs() ([]netip.Addr, error) {
 	addrs, err := net.InterfaceAddrs()
 	if err != nil {
-		log.Warn("cannot list this host's addresses", zap.Error(err))
-		return nil
+		return nil, fmt.Errorf("listing this host's addresses: %w", err)
 	}
 	var out []netip.Addr
 	for _, a := range addrs {
@@ -230,7 +253,7 @@ func hostAddrs(log *zap.Logger) []netip.Addr {
 			out = append(out, p.Addr().Unmap())
 		}
 	}
-	return out
+	return out, nil
 }
 
 // ignoreHangup logs SIGHUP instead of dying of it, until the returned

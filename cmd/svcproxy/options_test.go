@@ -412,23 +412,29 @@ func TestSteerAddrs(t *testing.T) {
 }
 
 // TestRestartOnNewSteerAddrs: with REDIRECT steering, a Node update that
-// moves the address steering DNATs to asks once for a restart; others ask
-// for none, and without REDIRECT steering nothing watches.
+// moves the address steering DNATs to asks once for a restart (again only
+// after restartRetry); others ask for none, nor does any while the host's
+// addresses cannot be read or the mode does not steer, and without
+// REDIRECT steering nothing watches.
 func TestRestartOnNewSteerAddrs(t *testing.T) {
 	node := func(ip string) *corev1.Node {
 		return &corev1.Node{Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}}}
 	}
 	local := []netip.Addr{netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("10.0.0.6")}
 	for _, tc := range []struct {
-		name    string
-		args    []string
-		updates []*corev1.Node
-		want    int // restarts asked for
+		name      string
+		args      []string
+		updates   []*corev1.Node
+		want      int   // restarts asked for
+		localErr  error // reading the host's addresses fails
+		notSteers bool  // the mode chosen does not steer (a kernel mode)
 	}{
-		{"unchanged", []string{"--steering=redirect"}, []*corev1.Node{node("10.0.0.5"), node("10.0.0.5")}, 0},
-		{"moved, then updated again", []string{"--steering=redirect"}, []*corev1.Node{node("10.0.0.5"), node("10.0.0.6"), node("10.0.0.6"), node("10.0.0.5")}, 1},
-		{"moved off this host", []string{"--steering=redirect"}, []*corev1.Node{node("192.0.2.1")}, 1},
-		{"--bind-address wins over the Node", []string{"--steering=redirect", "--bind-address=10.0.0.5"}, []*corev1.Node{node("10.0.0.6")}, 0},
+		{"unchanged", []string{"--steering=redirect"}, []*corev1.Node{node("10.0.0.5"), node("10.0.0.5")}, 0, nil, false},
+		{"moved, then updated again", []string{"--steering=redirect"}, []*corev1.Node{node("10.0.0.5"), node("10.0.0.6"), node("10.0.0.6"), node("10.0.0.5")}, 1, nil, false},
+		{"moved off this host", []string{"--steering=redirect"}, []*corev1.Node{node("192.0.2.1")}, 1, nil, false},
+		{"--bind-address wins over the Node", []string{"--steering=redirect", "--bind-address=10.0.0.5"}, []*corev1.Node{node("10.0.0.6")}, 0, nil, false},
+		{"the host's addresses cannot be read", []string{"--steering=redirect"}, []*corev1.Node{node("10.0.0.6")}, 0, errors.New("netlink: EPERM"), false},
+		{"a kernel mode runs", []string{"--steering=redirect"}, []*corev1.Node{node("10.0.0.6")}, 0, nil, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o, err := parseFlags(tc.args, outsidePod)
@@ -436,8 +442,11 @@ func TestRestartOnNewSteerAddrs(t *testing.T) {
 				t.Fatal(err)
 			}
 			o.steerTo = o.steerAddrs(node("10.0.0.5"), local)
+			if !tc.notSteers {
+				o.steeredBy = redirect.BackendIPTables // as the userspace mode records it
+			}
 			asked := 0
-			onNode := restartOnNewSteerAddrs(o, zap.NewNop(), func() []netip.Addr { return local }, func() error { asked++; return errors.New("restarts are off") })
+			onNode := restartOnNewSteerAddrs(o, zap.NewNop(), func() ([]netip.Addr, error) { return local, tc.localErr }, func() error { asked++; return errors.New("restarts are off") })
 			for _, n := range tc.updates {
 				onNode(n)
 			}

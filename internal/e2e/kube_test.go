@@ -343,14 +343,23 @@ func TestPrivilegedKubeNodeIPChange(t *testing.T) {
 	old := c.pid()
 	c.setNodeIP(moved)
 	deadline := time.Now().Add(30 * time.Second)
-	for c.pid() == old || !dnatTo(moved) {
+	for c.pid() == old || !dnatTo(moved) || dnatTo(topology.NodeAddr) {
 		if time.Now().After(deadline) {
 			t.Fatalf("30s after the InternalIP changed: svcproxy %d (was %d), rules:\n%s\noutput:\n%s", c.pid(), old, c.nodeRules(), c.proxyOut)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if dnatTo(topology.NodeAddr) {
-		t.Errorf("the successor still DNATs to the old address:\n%s", c.nodeRules())
+	successor := c.pid()
+	// Once the predecessor has gone, nothing wrote its rules back, and
+	// there was one restart.
+	if !proctest.WaitGone(old, 15*time.Second) {
+		t.Fatalf("the predecessor %d did not exit", old)
+	}
+	if !dnatTo(moved) || dnatTo(topology.NodeAddr) {
+		t.Errorf("after the predecessor exited, the rules are:\n%s", c.nodeRules())
+	}
+	if c.pid() != successor {
+		t.Errorf("svcproxy restarted again: %d after %d", c.pid(), successor)
 	}
 	c.reaches(vip+":80", 10*time.Second, 0, 1)
 }
