@@ -27,8 +27,18 @@ func notifyRestart(c chan<- os.Signal) error {
 	return nil
 }
 
-// askMaster sends SIGUSR2 to the parent process, the master.
-func askMaster() error { return syscall.Kill(os.Getppid(), syscall.SIGUSR2) }
+// masterPID is the parent this process started under: its master, for a
+// worker.
+var masterPID = os.Getppid()
+
+// askMaster sends SIGUSR2 to the master, unless it has gone (this process
+// was given to another parent, which SIGUSR2 may mean something else to).
+func askMaster() error {
+	if os.Getppid() != masterPID {
+		return fmt.Errorf("the master (PID %d) has gone", masterPID)
+	}
+	return syscall.Kill(masterPID, syscall.SIGUSR2)
+}
 
 // ignoreRestart ignores SIGUSR2.
 func ignoreRestart() { signal.Ignore(syscall.SIGUSR2) }
