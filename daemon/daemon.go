@@ -213,12 +213,42 @@ func Run(ctx context.Context, cfg Config) error {
 	// not said it serves), the rules are becoming its own: a full sync
 	// here (periodic, or a repair) would rewrite them with this process's,
 	// which differ when the configuration does (an upgrade, a new node
-	// IP). An incremental one still carries Service changes to this
-	// process's data path and writes only what changed.
+	// IP). The daemon asks for an incremental one instead, which still
+	// carries Service changes to this process's data path and writes only
+	// what changed (a mode that falls back to a full sync by itself, after
+	// a failed one, still writes in full). The full sync owed, and any
+	// rule change seen meanwhile, are made up for if the successor fails:
+	// its teardown may have removed the rules.
+	var syncer *runner.Runner
+	var owing atomic.Bool
+	oweFull := func() {
+		if owing.Swap(true) {
+			return
+		}
+		go func() {
+			defer owing.Store(false)
+			for succ.Handing() {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+			select {
+			case <-succ.HandedOver():
+			default:
+				syncer.TriggerFull()
+			}
+		}()
+	}
 	baseRunner := newRunner
 	newRunner = func(sync func(context.Context, bool) error) *runner.Runner {
 		return baseRunner(func(ctx context.Context, full bool) error {
-			return sync(ctx, full && !succ.Handing())
+			if full && succ.Handing() {
+				oweFull()
+				full = false
+			}
+			return sync(ctx, full)
 		})
 	}
 	if fw := cfg.Firewall; fw != nil {
@@ -231,7 +261,6 @@ func Run(ctx context.Context, cfg Config) error {
 	// for the mode), one second later, then twice as late each time it
 	// fails again, up to SyncPeriod: a kernel that cannot take it is not
 	// retried, and logged about, every second.
-	var syncer *runner.Runner
 	var fwBackoff time.Duration // the syncer goroutine's only
 	fwDone := func(err error) {
 		if err == nil {
@@ -290,31 +319,15 @@ func Run(ctx context.Context, cfg Config) error {
 			syncer.Run(syncCtx)
 		}()
 		if cfg.WatchRules != nil {
-			var waiting atomic.Bool
 			changed := func() {
 				m.rulesChanged.Inc()
-				if !succ.Handing() {
-					syncer.TriggerFull()
+				if succ.Handing() {
+					// A successor writes its rules (its first sync):
+					// repairing them would put this process's back.
+					oweFull()
 					return
 				}
-				// A successor writes its rules (its first sync):
-				// repairing them would put this process's back. If it
-				// fails instead (its teardown may remove them), repair
-				// once it has gone.
-				if waiting.Swap(true) {
-					return
-				}
-				go func() {
-					defer waiting.Store(false)
-					for succ.Handing() {
-						time.Sleep(50 * time.Millisecond)
-					}
-					select {
-					case <-succ.HandedOver():
-					default:
-						syncer.TriggerFull()
-					}
-				}()
+				syncer.TriggerFull()
 			}
 			if err := cfg.WatchRules(watchCtx, choice.Name, changed); err != nil {
 				log.Info("rules changed by others are repaired at the periodic full sync only", zap.Error(err), zap.Duration("syncPeriod", cfg.SyncPeriod))

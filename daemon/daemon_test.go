@@ -421,6 +421,11 @@ func testRunLeavesTheSuccessorsRules(t *testing.T, period time.Duration) {
 	for _, f := range h.Files {
 		f.Close()
 	}
+	for deadline := time.Now().Add(5 * time.Second); !cfg.Succession.Handing(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("not handing over once the successor has the sockets")
+		}
+	}
 	time.Sleep(50 * time.Millisecond) // a full sync in flight when the sockets went ends
 	before := fulls()
 	rulesChanged()                     // the successor writes its rules

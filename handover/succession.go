@@ -112,6 +112,9 @@ type Succession struct {
 	restart atomic.Pointer[chan struct{}]
 	// restartPending: Restart was asked for and not passed on yet.
 	restartPending atomic.Bool
+	// depositedOnce: a deposit reached the master (deposited, read
+	// without depositMu, which a deposit holds for up to 10 s).
+	depositedOnce atomic.Bool
 	// srv listens for a successor, once Serving has started it.
 	srv atomic.Pointer[Server]
 }
@@ -159,6 +162,7 @@ func (s *Succession) Deposit(ctx context.Context, sockets func() (map[string]*os
 		return
 	}
 	s.deposited, s.depositedGen = true, gen
+	s.depositedOnce.Store(true)
 	s.log.Debug("deposited the sockets with the master", zap.Int("sockets", len(files)), zap.Uint64("generation", gen))
 }
 
@@ -338,12 +342,18 @@ func (s *Succession) RestartOnSignal(ctx context.Context) {
 // master, the master's new worker). It returns at once; the request is
 // passed on as soon as a successor can take over: once this process
 // listens for one (Serving), or, under a master (which ignores SIGUSR2
-// before), has deposited its sockets. A process already handing over
-// drops it (its successor is the restart). An error says restarts cannot
-// work here (no handover socket): the caller must restart some other way.
+// before), has deposited its sockets; while a successor is taking over
+// it waits (the next Serving, after a sync, passes it on if that one
+// failed), and once one has, it is dropped (the successor is the
+// restart). An error says restarts cannot work here (no handover socket,
+// no SIGUSR2 handling): the caller must restart some other way.
 func (s *Succession) Restart() error {
-	if s.keeper == "" && s.path == "" {
+	switch {
+	case s.keeper != "":
+	case s.path == "":
 		return errors.New("restarting: the handover socket is off (--handover-socket), so a successor could not take the sockets over")
+	case s.restart.Load() == nil:
+		return errors.New("restarting: restarts are off here (no SIGUSR2 handling)")
 	}
 	s.restartPending.Store(true)
 	s.restartIfReady()
@@ -363,14 +373,10 @@ func (s *Succession) restartIfReady() {
 	default:
 	}
 	if s.Handing() {
-		s.restartPending.Store(false)
 		return
 	}
 	if s.keeper != "" {
-		s.depositMu.Lock()
-		ready := s.deposited
-		s.depositMu.Unlock()
-		if !ready || !s.restartPending.CompareAndSwap(true, false) {
+		if !s.depositedOnce.Load() || !s.restartPending.CompareAndSwap(true, false) {
 			return
 		}
 		if err := s.os.AskMaster(); err != nil {
