@@ -14,7 +14,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -209,48 +208,7 @@ func Run(ctx context.Context, cfg Config) error {
 			return runner.New(sync, cfg.MinSyncPeriod, cfg.SyncPeriod)
 		}
 	}
-	// While a successor makes its first sync (it has the sockets, it has
-	// not said it serves), the rules are becoming its own: a full sync
-	// here (periodic, or a repair) would rewrite them with this process's,
-	// which differ when the configuration does (an upgrade, a new node
-	// IP). The daemon asks for an incremental one instead, which still
-	// carries Service changes to this process's data path and writes only
-	// what changed (a mode that falls back to a full sync by itself, after
-	// a failed one, still writes in full). The full sync owed, and any
-	// rule change seen meanwhile, are made up for if the successor fails:
-	// its teardown may have removed the rules.
 	var syncer *runner.Runner
-	var owing atomic.Bool
-	oweFull := func() {
-		if owing.Swap(true) {
-			return
-		}
-		go func() {
-			defer owing.Store(false)
-			for succ.Handing() {
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(50 * time.Millisecond):
-				}
-			}
-			select {
-			case <-succ.HandedOver():
-			default:
-				syncer.TriggerFull()
-			}
-		}()
-	}
-	baseRunner := newRunner
-	newRunner = func(sync func(context.Context, bool) error) *runner.Runner {
-		return baseRunner(func(ctx context.Context, full bool) error {
-			if full && succ.Handing() {
-				oweFull()
-				full = false
-			}
-			return sync(ctx, full)
-		})
-	}
 	if fw := cfg.Firewall; fw != nil {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: "svcproxy", Subsystem: "firewall", Name: "restricted_frontends",
@@ -299,6 +257,16 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		succ.Deposit(ctx, sockets, gen)
 	})
+	// While a successor makes its first sync (it has the sockets, it has
+	// not said it serves), the rules are becoming its own: a full sync
+	// here (periodic, or a repair) would rewrite them with this process's,
+	// which differ when the configuration does (an upgrade, a new node
+	// IP). The runner syncs incrementally meanwhile (Service changes
+	// still reach this process's data path; a mode that falls back to a
+	// full sync by itself, after a failed one, still writes in full) and
+	// makes the full sync owed if the successor fails (its teardown may
+	// have removed the rules); after a handover it has stopped.
+	syncer.Hold = succ.Handing
 	syncer.OnSync = func(full bool, took time.Duration, err error) {
 		if err != nil { // counted too (kubeproxy_sync_proxy_rules_*); retried
 			log.Error("sync failed; retrying", zap.Bool("full", full), zap.Duration("took", took), zap.Error(err))
@@ -321,13 +289,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if cfg.WatchRules != nil {
 			changed := func() {
 				m.rulesChanged.Inc()
-				if succ.Handing() {
-					// A successor writes its rules (its first sync):
-					// repairing them would put this process's back.
-					oweFull()
-					return
-				}
-				syncer.TriggerFull()
+				syncer.TriggerFull() // held while a successor writes its rules
 			}
 			if err := cfg.WatchRules(watchCtx, choice.Name, changed); err != nil {
 				log.Info("rules changed by others are repaired at the periodic full sync only", zap.Error(err), zap.Duration("syncPeriod", cfg.SyncPeriod))

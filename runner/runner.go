@@ -9,6 +9,7 @@
 package runner
 
 import (
+	"cmp"
 	"context"
 	"sync/atomic"
 	"time"
@@ -27,6 +28,13 @@ type Runner struct {
 	MinInterval   time.Duration // between syncs; zero: none
 	MaxInterval   time.Duration // between full syncs; zero: never forced
 	RetryInterval time.Duration // after a failed sync; zero: MinInterval, at least 1s
+
+	// Hold, if set, holds full syncs back while it reports true: a sync
+	// due in full (the first, a retry, MaxInterval's, TriggerFull's) runs
+	// incrementally and the full one is owed, made HoldPoll after Hold
+	// reports false (a handover: the rules are becoming a successor's).
+	Hold     func() bool
+	HoldPoll time.Duration // how often an owed full sync asks Hold again; zero: 100ms
 
 	// OnSync, if set, is told each sync's duration and result.
 	OnSync func(full bool, took time.Duration, err error)
@@ -104,6 +112,11 @@ func (r *Runner) Run(ctx context.Context) {
 		if r.wantFull.Swap(false) {
 			full = true
 		}
+		held := full && r.Hold != nil && r.Hold()
+		if held {
+			r.wantFull.Store(true) // owed
+			full = false
+		}
 		start := clk.Now()
 		err := r.Sync(ctx, full)
 		if err != nil && ctx.Err() != nil {
@@ -116,23 +129,38 @@ func (r *Runner) Run(ctx context.Context) {
 		if r.OnSync != nil {
 			r.OnSync(full, last.Sub(start), err)
 		}
-		var retry clock.Timer
-		var retryC <-chan time.Time
+		var retry, hold clock.Timer
+		var retryC, holdC <-chan time.Time
 		if err != nil {
 			retry = clk.NewTimer(retryInterval)
 			retryC = retry.C()
 		}
+		if held {
+			hold = clk.NewTimer(cmp.Or(r.HoldPoll, 100*time.Millisecond))
+			holdC = hold.C()
+		}
 		full = false
-		select {
-		case <-ctx.Done():
-		case <-r.trigger:
-		case <-retryC:
-			full = true
-		case <-fullC:
-			full = true
+		for waiting := true; waiting; {
+			waiting = false
+			select {
+			case <-ctx.Done():
+			case <-r.trigger:
+			case <-retryC:
+				full = true
+			case <-fullC:
+				full = true
+			case <-holdC: // the owed full sync (wantFull), once Hold lets go
+				if r.Hold() {
+					hold.Reset(cmp.Or(r.HoldPoll, 100*time.Millisecond))
+					waiting = true
+				}
+			}
 		}
 		if retry != nil {
 			retry.Stop()
+		}
+		if hold != nil {
+			hold.Stop()
 		}
 		if ctx.Err() != nil {
 			return

@@ -207,3 +207,30 @@ func TestRunRetries(t *testing.T) {
 		})
 	}
 }
+
+// TestRunHold: while Hold reports true, a sync due in full runs
+// incrementally and the full one is owed; it is made once Hold lets go,
+// without another trigger.
+func TestRunHold(t *testing.T) {
+	var holding atomic.Bool
+	l := startLoop(t, 0, time.Hour, 0, func(r *Runner) {
+		r.Hold = holding.Load
+		r.HoldPoll = time.Second
+	})
+	l.expect("the first sync", true)
+	holding.Store(true)
+	l.r.TriggerFull()
+	l.expect("a full sync asked for while held", false)
+	l.waiters("polling Hold", 2) // and the full-sync ticker
+	l.clk.Step(time.Second)
+	l.waiters("still held: polling again", 2)
+	l.none("still held")
+	l.r.Trigger()
+	l.expect("a change while held", false) // the full one still owed
+	holding.Store(false)
+	l.waiters("polling Hold after the change", 2)
+	l.clk.Step(time.Second)
+	l.expect("the owed full sync once released", true)
+	l.triggers(1)
+	l.expect("then changes as usual", false)
+}
