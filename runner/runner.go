@@ -9,7 +9,6 @@
 package runner
 
 import (
-	"cmp"
 	"context"
 	"sync/atomic"
 	"time"
@@ -30,11 +29,13 @@ type Runner struct {
 	RetryInterval time.Duration // after a failed sync; zero: MinInterval, at least 1s
 
 	// Hold, if set, holds full syncs back while it reports true: a sync
-	// due in full (the first, a retry, MaxInterval's, TriggerFull's) runs
-	// incrementally and the full one is owed, made HoldPoll after Hold
-	// reports false (a handover: the rules are becoming a successor's).
+	// due in full (a retry, MaxInterval's, TriggerFull's) runs
+	// incrementally and the full one is owed, made at the first check,
+	// every HoldPoll, that finds Hold false (or at an earlier trigger),
+	// or by the retry of a held sync that failed (a handover: the rules
+	// are becoming a successor's).
 	Hold     func() bool
-	HoldPoll time.Duration // how often an owed full sync asks Hold again; zero: 100ms
+	HoldPoll time.Duration // how often an owed full sync asks Hold again; not positive: 100ms
 
 	// OnSync, if set, is told each sync's duration and result.
 	OnSync func(full bool, took time.Duration, err error)
@@ -46,7 +47,7 @@ type Runner struct {
 	Clock clock.WithTicker
 
 	trigger  chan struct{}
-	wantFull atomic.Bool // TriggerFull was called since the last sync started
+	wantFull atomic.Bool // TriggerFull was called since the last sync started, or a held full sync is owed
 }
 
 // New returns a Runner for sync.
@@ -135,8 +136,8 @@ func (r *Runner) Run(ctx context.Context) {
 			retry = clk.NewTimer(retryInterval)
 			retryC = retry.C()
 		}
-		if held {
-			hold = clk.NewTimer(cmp.Or(r.HoldPoll, 100*time.Millisecond))
+		if held && err == nil { // a failed one is retried (in full) after RetryInterval
+			hold = clk.NewTimer(r.holdPoll())
 			holdC = hold.C()
 		}
 		full = false
@@ -151,7 +152,7 @@ func (r *Runner) Run(ctx context.Context) {
 				full = true
 			case <-holdC: // the owed full sync (wantFull), once Hold lets go
 				if r.Hold() {
-					hold.Reset(cmp.Or(r.HoldPoll, 100*time.Millisecond))
+					hold.Reset(r.holdPoll())
 					waiting = true
 				}
 			}
@@ -166,6 +167,13 @@ func (r *Runner) Run(ctx context.Context) {
 			return
 		}
 	}
+}
+
+func (r *Runner) holdPoll() time.Duration {
+	if r.HoldPoll <= 0 {
+		return 100 * time.Millisecond
+	}
+	return r.HoldPoll
 }
 
 func (r *Runner) clock() clock.WithTicker {

@@ -234,3 +234,21 @@ func TestRunHold(t *testing.T) {
 	l.triggers(1)
 	l.expect("then changes as usual", false)
 }
+
+// TestRunHoldFailed: a held sync that fails is retried after
+// RetryInterval, as any failed sync, not at the next check of Hold.
+func TestRunHoldFailed(t *testing.T) {
+	var holding atomic.Bool
+	l := startLoop(t, 0, time.Hour, 0, func(r *Runner) { r.Hold = holding.Load })
+	l.expect("the first sync", true)
+	holding.Store(true)
+	l.fail.Store(1)
+	l.r.TriggerFull()
+	l.expect("a held sync that fails", false)
+	holding.Store(false)
+	l.waiters("the retry timer and the full-sync ticker", 2)
+	l.clk.Step(500 * time.Millisecond) // past HoldPoll, short of RetryInterval
+	l.none("before RetryInterval")
+	l.clk.Step(500 * time.Millisecond)
+	l.expect("the retry, in full", true)
+}
