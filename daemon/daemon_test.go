@@ -239,11 +239,24 @@ func TestRun(t *testing.T) {
 }
 
 // takeOver is a successor taking the sockets offered at path, retrying
-// until the daemon listens there; it returns their names, sorted.
+// until the daemon listens there, and saying it serves; it returns their
+// names, sorted.
 func takeOver(t *testing.T, path string) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	h, names := takeSockets(ctx, t, path)
+	if err := h.Ready(ctx); err != nil {
+		t.Fatalf("telling the predecessor: %v", err)
+	}
+	return names
+}
+
+// takeSockets is a successor taking the sockets offered at path (closed
+// here), retrying until the daemon listens there, and not saying it
+// serves yet; it returns the handover and the sockets' names, sorted.
+func takeSockets(ctx context.Context, t *testing.T, path string) (*handover.Handover, []string) {
+	t.Helper()
 	for {
 		h, err := handover.Take(ctx, path)
 		if err == nil {
@@ -253,10 +266,7 @@ func takeOver(t *testing.T, path string) []string {
 				f.Close()
 			}
 			slices.Sort(names)
-			if err := h.Ready(ctx); err != nil {
-				t.Fatalf("telling the predecessor: %v", err)
-			}
-			return names
+			return h, names
 		}
 		if ctx.Err() != nil {
 			t.Fatalf("taking over at %s: %v", path, err)
@@ -408,19 +418,9 @@ func testRunLeavesTheSuccessorsRules(t *testing.T, period time.Duration) {
 		t.Fatal("the rules were not watched within 10s")
 	}
 	waitForCall(t, &mu, &calls, "userspace apply full")
-	var h *handover.Handover
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		var err error
-		if h, err = handover.Take(ctx, path); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("taking over: %v", err)
-		}
-	}
-	for _, f := range h.Files {
-		f.Close()
-	}
+	tctx, tcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer tcancel()
+	h, _ := takeSockets(tctx, t, path)
 	for deadline := time.Now().Add(5 * time.Second); !cfg.Succession.Handing(); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("not handing over once the successor has the sockets")

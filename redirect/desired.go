@@ -248,9 +248,9 @@ func (r *Redirector) chainRules(fam netfilter.Family, tcpPort uint16, udp, npUDP
 	}
 	// The UDP frontends' own sockets listen on the node's every address
 	// (a REDIRECT'ed datagram arrives at the incoming interface's
-	// address, a DNATed one at the node address): a datagram sent to one of those ports directly, not
-	// steered by nat, is dropped, so a ClusterIP-only Service is not
-	// reachable at the node's addresses.
+	// address, a DNATed one at the node address): a datagram sent to one
+	// of those ports directly, not steered by nat, is dropped, so a
+	// ClusterIP-only Service is not reachable at the node's addresses.
 	var toPorts []uint16
 	for _, x := range slices.Concat(udp, npUDP) {
 		toPorts = append(toPorts, x.to)

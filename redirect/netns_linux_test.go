@@ -128,6 +128,24 @@ func newVethPair(t testing.TB) topology {
 	return top
 }
 
+// redirectListeners listens in namespace ns on the TCP redirect port, one
+// socket per family, as the forwarder does; they close when t ends.
+func redirectListeners(t *testing.T, ns string) []net.Listener {
+	t.Helper()
+	var lns []net.Listener
+	kerneltest.Do(t, ns, func() {
+		for _, a := range []struct{ network, host string }{{"tcp4", "0.0.0.0"}, {"tcp6", "[::]"}} {
+			ln, err := net.Listen(a.network, fmt.Sprintf("%s:%d", a.host, testTCPPort))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { ln.Close() })
+			lns = append(lns, ln)
+		}
+	})
+	return lns
+}
+
 // acceptRedirected accepts on each of lns until it is closed, closing each
 // connection, and sends its SO_ORIGINAL_DST on the channel it returns.
 func acceptRedirected(t *testing.T, lns ...net.Listener) <-chan netip.AddrPort {

@@ -139,19 +139,7 @@ func TestPrivilegedUnnumbered(t *testing.T) {
 	for _, backend := range []Backend{BackendIPTables, BackendNFTables} {
 		t.Run(string(backend)+"/redirect drops the pod's packets", func(t *testing.T) {
 			top := newUnnumberedTopology(t)
-			var ln4, ln6 net.Listener
-			kerneltest.Do(t, top.node, func() {
-				var err error
-				if ln4, err = net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", testTCPPort)); err != nil {
-					t.Fatal(err)
-				}
-				if ln6, err = net.Listen("tcp6", fmt.Sprintf("[::]:%d", testTCPPort)); err != nil {
-					t.Fatal(err)
-				}
-			})
-			defer ln4.Close()
-			defer ln6.Close()
-			accepted := acceptRedirected(t, ln4, ln6)
+			accepted := acceptRedirected(t, redirectListeners(t, top.node)...)
 			r, err := New(Config{Backend: backend, NetNS: top.node, Mark: testMark, IPv6: true, Exec: &netfilter.Exec{NetNS: top.node}, Logger: zaptest.NewLogger(t)})
 			if err != nil {
 				t.Fatal(err)
@@ -191,23 +179,16 @@ func testTraffic(t *testing.T, backend Backend, variant string, top topology, dn
 
 	// The forwarder's sockets: the TCP redirect port per family, and the
 	// UDP frontend's own socket.
-	var ln4, ln6 net.Listener
+	accepted := acceptRedirected(t, redirectListeners(t, top.node)...)
 	var udp *net.UDPConn
 	kerneltest.Do(t, top.node, func() {
 		var err error
-		if ln4, err = net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", testTCPPort)); err != nil {
-			t.Fatal(err)
-		}
-		if ln6, err = net.Listen("tcp6", fmt.Sprintf("[::]:%d", testTCPPort)); err != nil {
-			t.Fatal(err)
-		}
 		if udp, err = net.ListenUDP("udp4", &net.UDPAddr{Port: udpPort}); err != nil {
 			t.Fatal(err)
 		}
 	})
-	t.Cleanup(func() { ln4.Close(); ln6.Close(); udp.Close() })
+	t.Cleanup(func() { udp.Close() })
 	pktinfoServer(t, udp)
-	accepted := acceptRedirected(t, ln4, ln6)
 
 	services := []lb.Service{
 		{Name: svcName("web"), Port: 80, NodePort: 30080, Endpoints: eps(1, ""),
