@@ -26,27 +26,33 @@ type Node struct {
 // (a NodePort, ExternalIPs or LoadBalancer IPs), which is when sources set
 // an external policy of Local, as kube-proxy honours it.
 //
-// The returned slices are freshly allocated; internal and external may be the
-// same slice when both policies are Cluster or both are Local.
-func UsableEndpoints(svc *Service, node Node) (internal, external []Endpoint) {
-	needCluster := svc.InternalTrafficPolicy == PolicyCluster || svc.ExternalTrafficPolicy == PolicyCluster
-	needLocal := svc.InternalTrafficPolicy == PolicyLocal || svc.ExternalTrafficPolicy == PolicyLocal
-
-	var cluster, local []Endpoint
-	if needCluster {
-		var keep func(*Endpoint) bool
-		switch topologyMode(svc.Endpoints, node) {
-		case topologyNode:
-			keep = func(ep *Endpoint) bool { return slices.Contains(ep.NodeHints, node.Name) }
-		case topologyZone:
-			keep = func(ep *Endpoint) bool { return slices.Contains(ep.ZoneHints, node.Zone) }
-		}
-		// With a topology mode, some ready endpoint passes keep, so the
-		// serving-terminating fallback (which ignores keep) is only ever
-		// taken when no endpoint at all is ready, as kube-proxy does.
-		cluster = usable(svc.Endpoints, keep)
+// shortCircuit is nil unless the external policy is Local: then it is the
+// Cluster policy's endpoints, which serve a client inside the cluster (a
+// pod, or the node itself) that addresses an external frontend. kube-proxy
+// short-circuits such traffic (its KUBE-EXT chains) as if it had gone out
+// to the load balancer and come back in through a node that has
+// endpoints: subject to neither policy. Without it a pod could not reach
+// an ingress controller through its LoadBalancer IP from a node the
+// controller does not run on.
+//
+// The returned slices are freshly allocated; they may be the same slice
+// when their policies agree.
+func UsableEndpoints(svc *Service, node Node) (internal, external, shortCircuit []Endpoint) {
+	// The Cluster policy's endpoints are needed whatever the policies: by
+	// either one of Cluster, else by the external one's short circuit.
+	var keep func(*Endpoint) bool
+	switch topologyMode(svc.Endpoints, node) {
+	case topologyNode:
+		keep = func(ep *Endpoint) bool { return slices.Contains(ep.NodeHints, node.Name) }
+	case topologyZone:
+		keep = func(ep *Endpoint) bool { return slices.Contains(ep.ZoneHints, node.Zone) }
 	}
-	if needLocal {
+	// With a topology mode, some ready endpoint passes keep, so the
+	// serving-terminating fallback (which ignores keep) is only ever
+	// taken when no endpoint at all is ready, as kube-proxy does.
+	cluster := usable(svc.Endpoints, keep)
+	var local []Endpoint
+	if svc.InternalTrafficPolicy == PolicyLocal || svc.ExternalTrafficPolicy == PolicyLocal {
 		isLocal := func(ep *Endpoint) bool { return ep.NodeName != "" && ep.NodeName == node.Name }
 		local = usable(svc.Endpoints, isLocal)
 	}
@@ -55,9 +61,9 @@ func UsableEndpoints(svc *Service, node Node) (internal, external []Endpoint) {
 		internal = local
 	}
 	if svc.ExternalTrafficPolicy == PolicyLocal {
-		external = local
+		external, shortCircuit = local, cluster
 	}
-	return internal, external
+	return internal, external, shortCircuit
 }
 
 // usable returns the ready endpoints that pass keep, or, when there are none,

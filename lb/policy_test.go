@@ -54,6 +54,7 @@ func TestUsableEndpoints(t *testing.T) {
 		eps      []Endpoint
 		internal []string
 		external []string
+		short    []string // the short circuit's, with an external policy of Local
 	}{
 		{
 			name: "cluster/ready only",
@@ -132,6 +133,7 @@ func TestUsableEndpoints(t *testing.T) {
 			eps:      []Endpoint{ep(1, "n1", ready), ep(2, "n2", ready)},
 			internal: at(1, 2),
 			external: at(1),
+			short:    at(1, 2),
 		},
 		{
 			name:     "external local/falls back to local terminating",
@@ -140,6 +142,7 @@ func TestUsableEndpoints(t *testing.T) {
 			eps:      []Endpoint{ep(1, "n1", servingTerm), ep(2, "n2", ready), ep(3, "n1", terminating)},
 			internal: at(2),
 			external: at(1),
+			short:    at(2),
 		},
 		{
 			name:     "external local/no local endpoints is empty",
@@ -148,6 +151,7 @@ func TestUsableEndpoints(t *testing.T) {
 			eps:      []Endpoint{ep(1, "n2", ready)},
 			internal: at(1),
 			external: at(),
+			short:    at(1),
 		},
 		{
 			name:     "both local",
@@ -157,6 +161,7 @@ func TestUsableEndpoints(t *testing.T) {
 			eps:      []Endpoint{ep(1, "n1", ready), ep(2, "n2", ready), ep(3, "n1", servingTerm)},
 			internal: at(1),
 			external: at(1),
+			short:    at(1, 2),
 		},
 		{
 			name:     "both local/fallback",
@@ -166,6 +171,7 @@ func TestUsableEndpoints(t *testing.T) {
 			eps:      []Endpoint{ep(1, "n1", servingTerm), ep(2, "n2", ready)},
 			internal: at(1),
 			external: at(1),
+			short:    at(2),
 		},
 		{
 			name:     "local/unnamed node matches no endpoint, not even unnamed ones",
@@ -175,6 +181,7 @@ func TestUsableEndpoints(t *testing.T) {
 			eps:      []Endpoint{ep(1, "", ready), ep(2, "n2", ready)},
 			internal: at(),
 			external: at(),
+			short:    at(1, 2),
 		},
 		{
 			name:     "topology/all hinted, some for this zone",
@@ -231,16 +238,23 @@ func TestUsableEndpoints(t *testing.T) {
 			eps:      []Endpoint{ep(1, "n1", ready, "z2"), ep(2, "n2", ready, "z1")},
 			internal: at(2),
 			external: at(1),
+			short:    at(2),
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			svc := &Service{InternalTrafficPolicy: tc.itp, ExternalTrafficPolicy: tc.etp, Endpoints: tc.eps}
-			internal, external := UsableEndpoints(svc, tc.node)
+			internal, external, short := UsableEndpoints(svc, tc.node)
 			if got := epAddrs(internal); !slices.Equal(got, tc.internal) {
 				t.Errorf("internal = %v, want %v", got, tc.internal)
 			}
 			if got := epAddrs(external); !slices.Equal(got, tc.external) {
 				t.Errorf("external = %v, want %v", got, tc.external)
+			}
+			switch {
+			case tc.etp == PolicyCluster && short != nil:
+				t.Errorf("short circuit = %v with an external policy of Cluster, want none", epAddrs(short))
+			case tc.etp == PolicyLocal && !slices.Equal(epAddrs(short), tc.short):
+				t.Errorf("short circuit = %v, want %v", epAddrs(short), tc.short)
 			}
 		})
 	}
@@ -251,7 +265,7 @@ func TestUsableEndpoints(t *testing.T) {
 func TestUsableEndpointsCopies(t *testing.T) {
 	svc := &Service{Endpoints: []Endpoint{ep(1, "n1", ready, "z1"), ep(2, "n2", ready, "z1")}}
 	for _, node := range []Node{{Name: "n1"}, {Name: "n1", Zone: "z1"}} {
-		internal, _ := UsableEndpoints(svc, node)
+		internal, _, _ := UsableEndpoints(svc, node)
 		if len(internal) != 2 {
 			t.Fatalf("node %+v: internal = %v, want 2 endpoints", node, epAddrs(internal))
 		}

@@ -20,6 +20,7 @@ type Pool struct {
 	algo     Algorithm
 	maglev   []uint16 // lookup table, when algo is Maglev
 	rt       *serviceRuntime
+	short    *Pool // see ShortCircuit
 }
 
 // serviceRuntime is a Service port's mutable state, kept across snapshots.
@@ -34,6 +35,21 @@ type serviceRuntime struct {
 func (p *Pool) same(o *Pool) bool {
 	return p.External == o.External && p.algo == o.algo &&
 		slices.EqualFunc(p.backends, o.backends, func(a, b *Backend) bool { return a == b || a.Protocol == b.Protocol && a.Addr == b.Addr })
+}
+
+// ShortCircuit returns the pool that serves a client inside the cluster (a
+// pod, or this node) in place of p, or nil when there is none: the
+// Balancer's ShortCircuit for its External pool, nil for every other.
+// Routing a connection to an external frontend, a mode asks it only when
+// it is not nil, so Services whose external policy is Cluster cost no
+// check of the client.
+func (p *Pool) ShortCircuit() *Pool { return p.short }
+
+// Serves reports whether some client can be served through p: p has
+// backends, or its short circuit has (a client inside the cluster is served
+// where others are refused).
+func (p *Pool) Serves() bool {
+	return len(p.backends) > 0 || p.short != nil && len(p.short.backends) > 0
 }
 
 // Backends returns the usable backends; the caller must not modify the slice.

@@ -14,6 +14,15 @@ type Balancer struct {
 	Service  *Service
 	Internal *Pool
 	External *Pool
+	// ShortCircuit, when the external policy is Local, serves the
+	// clients of the external frontends that are inside the cluster —
+	// pods (the cluster CIDRs) and the node itself (its own addresses) —
+	// with the Cluster policy's endpoints, as kube-proxy does (see
+	// UsableEndpoints); External.ShortCircuit() is this pool. Nil with an
+	// external policy of Cluster. Each mode decides who is inside: the
+	// kernel modes by rules on the source address, the forwarder by
+	// asking Config.Inside.
+	ShortCircuit *Pool
 
 	refs []*Backend // every backend the pools use, once
 }
@@ -61,6 +70,22 @@ func (s *Snapshot) Route(proto Protocol, dst netip.AddrPort) *Pool {
 		return p
 	}
 	return s.nodePorts[nodePortKey{proto, dst.Port()}]
+}
+
+// ShortCircuits counts the Service ports whose short circuit serves
+// clients inside the cluster otherwise than their External pool serves the
+// rest (Balancer.ShortCircuit), and names the first: what a mode that
+// does not implement the short circuit serves differently from kube-proxy.
+func (s *Snapshot) ShortCircuits() (n int, first ServicePortName) {
+	for _, b := range s.sorted {
+		if b.ShortCircuit != nil && !b.ShortCircuit.same(b.External) {
+			if n == 0 {
+				first = b.Service.Name
+			}
+			n++
+		}
+	}
+	return n, first
 }
 
 // Balancers returns every Service port, sorted by name. Do not modify.
@@ -175,7 +200,8 @@ func (s *Snapshot) Changed(prev *Snapshot) Diff {
 // and owned frontends (which, for the same Service, only a conflict with
 // another can change).
 func (s *Snapshot) same(b *Balancer, prev *Snapshot, a *Balancer) bool {
-	if a != b && (!a.Service.equal(b.Service) || !a.Internal.same(b.Internal) || !a.External.same(b.External)) {
+	if a != b && (!a.Service.equal(b.Service) || !a.Internal.same(b.Internal) || !a.External.same(b.External) ||
+		(a.ShortCircuit == nil) != (b.ShortCircuit == nil) || a.ShortCircuit != nil && !a.ShortCircuit.same(b.ShortCircuit)) {
 		return false
 	}
 	_, lostNow := s.lost[b.Service.Name]

@@ -137,6 +137,11 @@ func TestSnapshotChanged(t *testing.T) {
 	}
 	web, db := testService("web", 2), testService("db", 1)
 	db.ClusterIPs = []netip.Addr{clusterIP(2)}
+	// zoned's Local pools hold node-a's endpoint whatever the zone; its
+	// short circuit (Cluster endpoints) follows the zone's hints.
+	zoned := local("zoned")
+	zoned.ExternalTrafficPolicy, zoned.NodePort = PolicyLocal, 30080
+	zoned.Endpoints[0].ZoneHints, zoned.Endpoints[1].ZoneHints = []string{"z1"}, []string{"z2"}
 	edit := func(s Service, fn func(*Service)) Service {
 		s.Endpoints = slices.Clone(s.Endpoints)
 		fn(&s)
@@ -207,6 +212,15 @@ func TestSnapshotChanged(t *testing.T) {
 			before: func(s *Store) { s.Replace([]Service{local("loc"), web}) },
 			after:  func(s *Store) { s.SetNode(Node{Name: "node-b"}) },
 			want:   Diff{Updated: names("loc")},
+		},
+		{
+			name: "a short circuit decided again alone is a change",
+			before: func(s *Store) {
+				s.SetNode(Node{Name: "node-a", Zone: "z1"})
+				s.Replace([]Service{zoned, web})
+			},
+			after: func(s *Store) { s.SetNode(Node{Name: "node-a", Zone: "z2"}) },
+			want:  Diff{Updated: names("zoned")},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -171,15 +171,26 @@ func (s *Store) balance(svc *Service) {
 		rt = &serviceRuntime{}
 		s.runtimes[svc.Name] = rt
 	}
-	internal, external := UsableEndpoints(svc, s.opts.Node)
+	internal, external, short := UsableEndpoints(svc, s.opts.Node)
 	bal := &Balancer{Service: svc}
 	bal.Internal = s.newPool(svc, internal, false, rt, bal)
+	asExternal := func(p *Pool) *Pool { // the same backends, for external traffic
+		q := *p
+		q.External = true
+		return &q
+	}
 	if svc.InternalTrafficPolicy == svc.ExternalTrafficPolicy {
-		p := *bal.Internal
-		p.External = true
-		bal.External = &p
+		bal.External = asExternal(bal.Internal)
 	} else {
 		bal.External = s.newPool(svc, external, true, rt, bal)
+	}
+	if svc.ExternalTrafficPolicy == PolicyLocal {
+		if svc.InternalTrafficPolicy == PolicyCluster {
+			bal.ShortCircuit = asExternal(bal.Internal)
+		} else {
+			bal.ShortCircuit = s.newPool(svc, short, true, rt, bal)
+		}
+		bal.External.short = bal.ShortCircuit
 	}
 	if old := s.balancers[svc.Name]; old != nil {
 		s.unref(old)

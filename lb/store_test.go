@@ -221,6 +221,29 @@ func TestPoolsSharedWhenPoliciesAgree(t *testing.T) {
 			if bal.Internal.Conns() != bal.External.Conns() {
 				t.Errorf("internal and external pools count connections separately, want one counter per Service port")
 			}
+			if bal.Internal.ShortCircuit() != nil {
+				t.Errorf("the internal pool has a short circuit")
+			}
+			if tc.etp == PolicyCluster {
+				if bal.ShortCircuit != nil || bal.External.ShortCircuit() != nil {
+					t.Errorf("a short circuit with an external policy of Cluster")
+				}
+				return
+			}
+			// External Local: clients inside the cluster get every
+			// endpoint, whatever the internal policy.
+			sc := bal.ShortCircuit
+			switch {
+			case sc == nil || bal.External.ShortCircuit() != sc:
+				t.Fatalf("short circuit %p, the external pool's %p: want the same pool", sc, bal.External.ShortCircuit())
+			case !sc.External || sc.ShortCircuit() != nil:
+				t.Errorf("short circuit: External %v, its own short circuit %p; want true, none", sc.External, sc.ShortCircuit())
+			case sc.Conns() != bal.Internal.Conns():
+				t.Errorf("the short circuit counts connections separately")
+			}
+			if got := addrs(sc.Backends()); !slices.Equal(got, want(PolicyCluster)) {
+				t.Errorf("short-circuit backends = %v, want %v", got, want(PolicyCluster))
+			}
 		})
 	}
 }

@@ -231,7 +231,8 @@ var kubeProxyCases = []kpCase{{
 // policies pick from them: internal is the local endpoints under an
 // internal policy of Local, else the cluster ones; external likewise by
 // the external policy, for a Service that is externally accessible (the
-// external pool of one that is not is never used). As source/kube does,
+// external pool of one that is not is never used); the short circuit of an
+// external policy of Local is the cluster endpoints. As source/kube does,
 // an external policy of Local is set only on an externally accessible
 // Service. kube-proxy's feature gate PreferSameTrafficDistribution is on
 // in 1.34; with it off its EndpointSlice cache drops forNodes hints, so
@@ -261,7 +262,7 @@ func TestUsableEndpointsKubeProxyCases(t *testing.T) {
 				}
 				svc.Endpoints = append(svc.Endpoints, ep)
 			}
-			internal, external := UsableEndpoints(svc, node)
+			internal, external, short := UsableEndpoints(svc, node)
 			pick := func(local bool) []string {
 				want := tc.cluster
 				if local {
@@ -279,6 +280,12 @@ func TestUsableEndpointsKubeProxyCases(t *testing.T) {
 			}
 			if got, want := sortedAddrs(external), pick(tc.externalLocal); !slices.Equal(got, want) {
 				t.Errorf("external = %v, want kube-proxy's %v", got, want)
+			}
+			// kube-proxy computes the Cluster endpoints of an externally
+			// accessible Service whatever its policies, for the short
+			// circuit of an external policy of Local.
+			if got, want := sortedAddrs(short), pick(false); tc.externalLocal && !slices.Equal(got, want) {
+				t.Errorf("short circuit = %v, want kube-proxy's cluster endpoints %v", got, want)
 			}
 		})
 	}
