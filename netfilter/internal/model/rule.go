@@ -15,24 +15,26 @@ import (
 // is kept in extra: such a rule round-trips, compares and can be deleted,
 // but the tracer never matches it.
 type rule struct {
-	text     string // the specification as given
-	opaque   bool   // text did not parse: kept verbatim, never matches
-	src      netip.Prefix
-	srcNeg   bool
-	dst      netip.Prefix
-	dstNeg   bool
-	proto    string // "tcp", "udp", "sctp" or "" (any)
-	dport    uint16
-	mark     uint32
-	markMask uint32
-	hasMark  bool
-	markNeg  bool
-	addrType string // --dst-type, e.g. "LOCAL"
-	addrNeg  bool
-	ctstates []string
-	ctNeg    bool
-	sets     []setMatch
-	recent   *recentMatch
+	text       string // the specification as given
+	opaque     bool   // text did not parse: kept verbatim, never matches
+	src        netip.Prefix
+	srcNeg     bool
+	dst        netip.Prefix
+	dstNeg     bool
+	proto      string // "tcp", "udp", "sctp" or "" (any)
+	dport      uint16
+	mark       uint32
+	markMask   uint32
+	hasMark    bool
+	markNeg    bool
+	addrType   string // --dst-type, e.g. "LOCAL"
+	addrNeg    bool
+	srcType    string // --src-type
+	srcTypeNeg bool
+	ctstates   []string
+	ctNeg      bool
+	sets       []setMatch
+	recent     *recentMatch
 	// statistic --mode random: the probability in the kernel's units
 	// (numerator over 2^31).
 	hasStat  bool
@@ -41,6 +43,7 @@ type rule struct {
 	extra    []string // unrecognised tokens, in order
 
 	target       string // -j: REDIRECT, REJECT, DNAT, MASQUERADE, MARK, RETURN, ACCEPT, DROP, a chain, or ""
+	isGoto       bool   // -g: target is a chain, and its end returns to the chain that jumped here
 	toPorts      string // REDIRECT and MASQUERADE --to-ports
 	rejectWith   string // REJECT --reject-with
 	toDest       string // DNAT --to-destination
@@ -123,10 +126,16 @@ func (r *rule) String() string {
 			w("--mark", fmt.Sprintf("%#x/%#x", r.mark, r.markMask))
 		}
 	}
-	if r.addrType != "" {
+	if r.srcType != "" || r.addrType != "" {
 		w("-m", "addrtype")
-		neg(r.addrNeg)
-		w("--dst-type", r.addrType)
+		if r.srcType != "" {
+			neg(r.srcTypeNeg)
+			w("--src-type", r.srcType)
+		}
+		if r.addrType != "" {
+			neg(r.addrNeg)
+			w("--dst-type", r.addrType)
+		}
 	}
 	if len(r.ctstates) > 0 {
 		w("-m", "conntrack")
@@ -171,7 +180,10 @@ func (r *rule) String() string {
 		w("-m", "comment", "--comment", strconv.Quote(r.comment))
 	}
 	w(r.extra...)
-	if r.target != "" {
+	switch {
+	case r.isGoto:
+		w("-g", r.target)
+	case r.target != "":
 		w("-j", r.target)
 	}
 	if r.toDest != "" {
@@ -354,6 +366,12 @@ func parseRule(spec string, family Family) (*rule, error) {
 				return nil, err
 			}
 			r.addrType, r.addrNeg = v, takeNeg()
+		case "--src-type":
+			v, err := value()
+			if err != nil {
+				return nil, err
+			}
+			r.srcType, r.srcTypeNeg = v, takeNeg()
 		case "--ctstate":
 			v, err := value()
 			if err != nil {
@@ -486,12 +504,12 @@ func parseRule(spec string, family Family) (*rule, error) {
 			}
 			r.hasStat = true
 			r.statProb = uint32(math.Round(p * (1 << 31)))
-		case "-j", "--jump":
+		case "-j", "--jump", "-g", "--goto":
 			v, err := value()
 			if err != nil {
 				return nil, err
 			}
-			r.target = v
+			r.target, r.isGoto = v, t == "-g" || t == "--goto"
 		case "--to-ports", "--to-port":
 			v, err := value()
 			if err != nil {
@@ -643,7 +661,7 @@ func opaqueRule(spec string) *rule {
 	r := &rule{text: spec, opaque: true}
 	f := strings.Fields(spec)
 	for i := 0; i+1 < len(f); i++ {
-		if f[i] == "-j" || f[i] == "--jump" {
+		if f[i] == "-j" || f[i] == "--jump" || f[i] == "-g" || f[i] == "--goto" {
 			r.target = f[i+1]
 		}
 	}

@@ -10,6 +10,9 @@ func TestRuleRoundTrip(t *testing.T) {
 		"! -d 10.0.0.0/8 -m set ! --match-set a dst,dst -m comment --comment \"a \\\"quoted\\\" comment\" -j ACCEPT",
 		"-s 10.0.0.0/8 -i eth0 -j SVCPROXY-X",
 		"-m conntrack --ctstate NEW,DNAT -j RETURN",
+		"-m addrtype --src-type LOCAL -j SVCPROXY-X",
+		"-m addrtype ! --src-type LOCAL --dst-type LOCAL -j RETURN",
+		"-d 10.0.0.1/32 -p tcp -m tcp --dport 80 -g SVCPROXY-X",
 	} {
 		r, err := parseRule(spec, IPv4)
 		if err != nil {
@@ -25,6 +28,7 @@ func TestRuleRoundTrip(t *testing.T) {
 	for _, same := range [][2]string{
 		{"-p udp --dport 53 -d 10.0.0.1 -j RETURN", "-d 10.0.0.1/32 -p udp -m udp --dport 53 -j RETURN"},
 		{"-p 132 --dport 3868 -d 10.0.0.1 -j RETURN", "-d 10.0.0.1/32 -p sctp -m sctp --dport 3868 -j RETURN"},
+		{"-m addrtype --dst-type LOCAL --src-type LOCAL --goto X", "-m addrtype --src-type LOCAL --dst-type LOCAL -g X"},
 	} {
 		a, errA := parseRule(same[0], IPv4)
 		b, errB := parseRule(same[1], IPv4)

@@ -376,6 +376,8 @@ func checkHooks(t *table) error {
 func checkRule(t *table, r *rule, env restoreEnv) error {
 	switch {
 	case r.target == "":
+	case r.isGoto && builtinTargets[r.target]:
+		return fmt.Errorf("goto '%s' is not a chain", r.target)
 	case builtinTargets[r.target]:
 	case t.chains[r.target] != nil:
 		if t.chains[r.target].builtin {

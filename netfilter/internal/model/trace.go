@@ -312,6 +312,9 @@ func (k *Kernel) walk(t *table, name string, p *traced, tr *tracer, depth int) (
 		if !k.matches(r, p, tr) {
 			continue
 		}
+		if r.isGoto { // the sub-chain's end returns to this chain's caller
+			return k.walk(t, r.target, p, tr, depth+1)
+		}
 		text := "-A " + name + " " + r.String()
 		switch r.target {
 		case "RETURN":
@@ -377,6 +380,11 @@ func (k *Kernel) matches(r *rule, p *traced, tr *tracer) bool {
 	}
 	if r.addrType != "" {
 		if r.addrType != "LOCAL" || p.local(p.Dst.Addr()) == r.addrNeg {
+			return false
+		}
+	}
+	if r.srcType != "" {
+		if r.srcType != "LOCAL" || p.local(p.Src.Addr()) == r.srcTypeNeg {
 			return false
 		}
 	}
