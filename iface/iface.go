@@ -4,7 +4,10 @@
 // as kube-proxy's IPVS mode holds them on kube-ipvs0), and reading the
 // node's own addresses. Netlink is the real implementation, over
 // rtnetlink; Links is what both consumers call, and ipvstest.Links its
-// in-memory fake.
+// in-memory fake. LocalAddrs is the node's addresses kept current from
+// rtnetlink's notifications (WatchLocalAddrs), for the forwarder to tell
+// the node's own connections as the kernel's "src-type LOCAL" does; its
+// consumer takes it as a func, which tests replace.
 package iface
 
 import (

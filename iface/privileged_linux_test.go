@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netns"
 
@@ -125,5 +126,91 @@ func TestPrivilegedEnsureDummyRefusesOthers(t *testing.T) {
 	kerneltest.Run(t, "ip", "-n", ns, "link", "set", "vethy", "master", "brx")
 	if err := l.EnsureDummy(ctx, "brx"); err == nil {
 		t.Error("EnsureDummy over a bridge with a port: nil, want refused")
+	}
+}
+
+// TestPrivilegedLocalAddrs: the node's addresses are read before
+// WatchLocalAddrs returns and follow additions and removals, of both
+// families, the removal of an interface with its addresses, and an address
+// held by two interfaces, which stays local while either holds it. Every
+// loopback address is local; the namespace's other addresses are not.
+func TestPrivilegedLocalAddrs(t *testing.T) {
+	l, ns := inNS(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	before := netip.MustParseAddr("198.18.8.1")
+	if err := l.EnsureDummy(ctx, "svcproxy-t0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.AddAddr(ctx, "svcproxy-t0", before); err != nil {
+		t.Fatal(err)
+	}
+	h, err := netns.GetFromName(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	watchErrs := make(chan error, 1)
+	local, err := iface.WatchLocalAddrs(ctx, h, func(err error) {
+		select {
+		case watchErrs <- err:
+		default:
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []string{"198.18.8.1", "127.0.0.1", "127.3.2.1", "::1", "::ffff:198.18.8.1"} {
+		if !local.Has(netip.MustParseAddr(a)) {
+			t.Errorf("Has(%s) = false at once, want true", a)
+		}
+	}
+	// until waits for the set to say want for each address.
+	until := func(what string, want bool, addrs ...netip.Addr) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for _, a := range addrs {
+			for local.Has(a) != want {
+				if time.Now().After(deadline) {
+					t.Fatalf("%s: Has(%v) = %v after 5s, want %v", what, a, !want, want)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+	}
+	v4, v6 := netip.MustParseAddr("198.18.8.2"), netip.MustParseAddr("fd00:8::2")
+	until("not added yet", false, v4, v6, netip.MustParseAddr("198.18.9.9"))
+	for _, a := range []netip.Addr{v4, v6} {
+		if err := l.AddAddr(ctx, "svcproxy-t0", a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	until("added", true, v4, v6)
+	if err := l.DelAddr(ctx, "svcproxy-t0", v6); err != nil {
+		t.Fatal(err)
+	}
+	until("removed", false, v6)
+	// v4 on a second interface too: removing the first keeps it local.
+	if err := l.EnsureDummy(ctx, "svcproxy-t1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.AddAddr(ctx, "svcproxy-t1", v4); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.DeleteLink(ctx, "svcproxy-t0"); err != nil {
+		t.Fatal(err)
+	}
+	until("its interface deleted", false, before)
+	if !local.Has(v4) {
+		t.Errorf("Has(%v) = false while another interface holds it", v4)
+	}
+	if err := l.DeleteLink(ctx, "svcproxy-t1"); err != nil {
+		t.Fatal(err)
+	}
+	until("both interfaces deleted", false, v4)
+	select {
+	case err := <-watchErrs:
+		t.Errorf("the watch reported %v", err)
+	default:
 	}
 }

@@ -1,0 +1,120 @@
+package iface
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// resubscribeDelay is how long WatchLocalAddrs waits before it subscribes
+// again after the kernel's notifications broke off (a full socket buffer
+// drops them: ENOBUFS).
+const resubscribeDelay = time.Second
+
+// WatchLocalAddrs returns the node's addresses in network namespace ns
+// (netns.None(): the caller's), read before it returns and kept current
+// from rtnetlink's address notifications until ctx ends. When the
+// notifications break off, it reports the error to onError (if not nil),
+// subscribes again and reads every address anew.
+func WatchLocalAddrs(ctx context.Context, ns netns.NsHandle, onError func(error)) (*LocalAddrs, error) {
+	l := &LocalAddrs{}
+	sub, err := subscribeAddrs(ctx, ns, onError)
+	if err != nil {
+		return nil, err
+	}
+	l.publish(sub.held)
+	go func() {
+		for {
+			for u := range sub.updates {
+				a, ok := netip.AddrFromSlice(u.LinkAddress.IP)
+				if !ok {
+					continue
+				}
+				k := addrOnLink{a.Unmap(), u.LinkIndex}
+				if _, had := sub.held[k]; had == u.NewAddr {
+					continue
+				}
+				if u.NewAddr {
+					sub.held[k] = struct{}{}
+				} else {
+					delete(sub.held, k)
+				}
+				l.publish(sub.held)
+			}
+			sub.cancel()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(resubscribeDelay):
+				}
+				if sub, err = subscribeAddrs(ctx, ns, onError); err == nil {
+					l.publish(sub.held)
+					break
+				}
+				if onError != nil {
+					onError(err)
+				}
+			}
+		}
+	}()
+	return l, nil
+}
+
+// addrSub is one subscription to address notifications: updates closes
+// when they break off or ctx ends; cancel closes its socket.
+type addrSub struct {
+	updates <-chan netlink.AddrUpdate
+	held    map[addrOnLink]struct{} // every address, as listed after subscribing
+	cancel  context.CancelFunc
+}
+
+// subscribeAddrs subscribes to address notifications, then lists every
+// address: a change between the two is in both, and applying the
+// notifications in order over the list converges.
+func subscribeAddrs(ctx context.Context, ns netns.NsHandle, onError func(error)) (addrSub, error) {
+	subCtx, cancel := context.WithCancel(ctx)
+	updates := make(chan netlink.AddrUpdate, 64)
+	opts := netlink.AddrSubscribeOptions{ErrorCallback: func(err error) {
+		if onError != nil && subCtx.Err() == nil {
+			onError(fmt.Errorf("watching the node's addresses: %w", err))
+		}
+	}}
+	if ns.IsOpen() {
+		opts.Namespace = &ns
+	}
+	if err := netlink.AddrSubscribeWithOptions(updates, subCtx.Done(), opts); err != nil {
+		cancel()
+		return addrSub{}, fmt.Errorf("subscribing to address changes: %w", err)
+	}
+	held, err := listAddrs(ns)
+	if err != nil {
+		cancel()
+		return addrSub{}, err
+	}
+	return addrSub{updates: updates, held: held, cancel: cancel}, nil
+}
+
+func listAddrs(ns netns.NsHandle) (map[addrOnLink]struct{}, error) {
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("opening rtnetlink socket: %w", err)
+	}
+	defer h.Close()
+	addrs, err := h.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("listing the node's addresses: %w", err)
+	}
+	held := make(map[addrOnLink]struct{}, len(addrs))
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			held[addrOnLink{ip.Unmap(), a.LinkIndex}] = struct{}{}
+		}
+	}
+	return held, nil
+}
