@@ -94,6 +94,17 @@ type Config struct {
 	// Negative disables keepalives.
 	KeepAlive time.Duration
 
+	// Inside reports whether a client address is inside the cluster: a
+	// pod's (within the cluster CIDRs) or one of this node's own. A
+	// client inside that connects to an external frontend (a NodePort,
+	// ExternalIP or LoadBalancer IP) of a Service whose external traffic
+	// policy is Local is served by its Cluster policy's endpoints
+	// (lb.Pool.ShortCircuit), as kube-proxy short-circuits it, instead of
+	// this node's endpoints alone. It is asked only for such connections,
+	// and must be fast and safe for concurrent use. Nil: no client is
+	// inside.
+	Inside func(netip.Addr) bool
+
 	// Mark is the SO_MARK of upstream sockets. Zero: DefaultMark.
 	// Negative: no mark (needs no CAP_NET_ADMIN; for tests and static mode).
 	// Linux only: elsewhere zero means no mark, and a positive one is

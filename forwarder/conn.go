@@ -130,7 +130,7 @@ func (c *conn) open(redirect bool) bool {
 	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
 	c.rec.Client, c.rec.Frontend = clientAddr, dst
 
-	pool := f.snap.Load().Route(lb.TCP, dst)
+	pool := f.route(lb.TCP, clientAddr.Addr(), dst)
 	if pool == nil {
 		f.m.connNoService.Inc()
 		c.reject("no_service")

@@ -145,6 +145,20 @@ func (f *Forwarder) RedirectAddrs() []netip.AddrPort {
 // Active is the number of connections being forwarded.
 func (f *Forwarder) Active() int64 { return f.active.Load() }
 
+// route returns the pool that serves a connection from client to dst: the
+// one the snapshot routes dst to, or its short circuit when it has one and
+// the client is inside the cluster (Config.Inside). Nil: no Service.
+func (f *Forwarder) route(proto lb.Protocol, client netip.Addr, dst netip.AddrPort) *lb.Pool {
+	p := f.snap.Load().Route(proto, dst)
+	if p == nil {
+		return nil
+	}
+	if sc := p.ShortCircuit(); sc != nil && f.cfg.Inside != nil && f.cfg.Inside(client.Unmap()) {
+		return sc
+	}
+	return p
+}
+
 // Apply makes snap the snapshot new connections are routed with, opens and
 // closes frontend listeners to match it (with BindFrontends), and starts
 // draining connections whose backend snap no longer lists. Connections

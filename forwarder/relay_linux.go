@@ -222,7 +222,7 @@ func (w *worker) serve(a adoption) {
 	r.clientIP = client.Addr()
 	r.rec.Client, r.rec.Frontend = client, dst
 
-	pool := f.snap.Load().Route(lb.TCP, dst)
+	pool := f.route(lb.TCP, r.clientIP, dst)
 	if pool == nil {
 		f.m.connNoService.Inc()
 		r.reject("no_service")

@@ -586,7 +586,7 @@ func (f *Forwarder) openUDPFlow(k lb.Frontend, client netip.AddrPort, local neti
 	if k.Addr.Addr().IsUnspecified() && local.IsValid() {
 		rec.Frontend = netip.AddrPortFrom(local, k.Addr.Port())
 	}
-	pool = f.snap.Load().Route(lb.UDP, k.Addr)
+	pool = f.route(lb.UDP, client.Addr(), k.Addr)
 	switch {
 	case pool == nil:
 		f.m.udpNoService.Inc()
