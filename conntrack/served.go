@@ -192,20 +192,21 @@ func (s *Served) Clear(ctx context.Context, t Table, snap *lb.Snapshot, frontend
 }
 
 // WithEndpoints lists bal's frontends in snap that a DNAT mode serves: its
-// TCP and UDP frontends whose pool has endpoints, and its NodePort (the
-// unspecified address of IPv4, and of IPv6 with ipv6) when its external
-// pool has; IPv6 frontends only with ipv6. nil: none.
+// TCP and UDP frontends whose pool has endpoints (or whose short circuit
+// has: lb.Pool.Serves), and its NodePort (the unspecified address of IPv4,
+// and of IPv6 with ipv6) when its external pool has; IPv6 frontends only
+// with ipv6. nil: none.
 func WithEndpoints(snap *lb.Snapshot, bal *lb.Balancer, ipv6 bool) []lb.Frontend {
 	if bal == nil || bal.Service == nil || bal.Service.Protocol != lb.TCP && bal.Service.Protocol != lb.UDP {
 		return nil
 	}
 	var out []lb.Frontend
 	for fe, pool := range snap.Frontends(bal) {
-		if pool != nil && len(pool.Backends()) > 0 && (ipv6 || familyOf(fe) == netfilter.IPv4) {
+		if pool != nil && pool.Serves() && (ipv6 || familyOf(fe) == netfilter.IPv4) {
 			out = append(out, fe)
 		}
 	}
-	if np := snap.NodePort(bal); np != 0 && bal.External != nil && len(bal.External.Backends()) > 0 {
+	if np := snap.NodePort(bal); np != 0 && bal.External != nil && bal.External.Serves() {
 		out = append(out, lb.Frontend{Protocol: bal.Service.Protocol, Addr: netip.AddrPortFrom(netip.IPv4Unspecified(), np)})
 		if ipv6 {
 			out = append(out, lb.Frontend{Protocol: bal.Service.Protocol, Addr: netip.AddrPortFrom(netip.IPv6Unspecified(), np)})

@@ -111,7 +111,7 @@ func (r *Redirector) walkBalancer(snap *lb.Snapshot, bal *lb.Balancer, ports Por
 		if fam == netfilter.IPv6 && !r.cfg.IPv6 {
 			continue
 		}
-		x := target{fam: fam, addr: ip, proto: svc.Protocol, port: svc.Port, to: ports.TCP, usable: len(pool.Backends()) > 0}
+		x := target{fam: fam, addr: ip, proto: svc.Protocol, port: svc.Port, to: ports.TCP, usable: pool.Serves()}
 		if svc.Protocol == lb.UDP {
 			if x.to = ports.UDP[fe]; x.to == 0 && x.usable {
 				errs = append(errs, fmt.Errorf("service %v: frontend %v: no forwarder port for it", svc.Name, fe))
@@ -125,7 +125,7 @@ func (r *Redirector) walkBalancer(snap *lb.Snapshot, bal *lb.Balancer, ports Por
 		return errs // none, or another Service owns this NodePort
 	}
 	for _, fam := range r.families {
-		x := target{fam: fam, nodePort: true, addr: unspecified(fam), proto: svc.Protocol, port: svc.NodePort, to: ports.TCP, usable: len(pool.Backends()) > 0}
+		x := target{fam: fam, nodePort: true, addr: unspecified(fam), proto: svc.Protocol, port: svc.NodePort, to: ports.TCP, usable: pool.Serves()}
 		if svc.Protocol == lb.UDP {
 			// Each family's UDP NodePort has its own socket; a family
 			// without one is not steered.

@@ -98,7 +98,10 @@ func TestPrivilegedNFTApplyCleanup(t *testing.T) {
 		}
 		return out
 	}
-	want4 := read(netfilter.IPv4)
+	want4, want6 := read(netfilter.IPv4), read(netfilter.IPv6)
+	if len(want6[steertable.SetNodePorts]) == 0 {
+		t.Fatalf("the ip6 table holds no NodePorts to restore: %v", want6)
+	}
 	var victim nftable.Element
 	for key, val := range want4[steertable.SetFrontends] {
 		victim = nftable.Element{Set: steertable.SetFrontends, Key: key, Val: val}
@@ -121,8 +124,8 @@ func TestPrivilegedNFTApplyCleanup(t *testing.T) {
 	if got := read(netfilter.IPv4); !maps.EqualFunc(got, want4, maps.Equal) {
 		t.Errorf("the repair did not restore the ip table's elements")
 	}
-	if got := read(netfilter.IPv6); len(got[steertable.SetNodePorts]) == 0 || len(got[steertable.SetNodePortNoEndpoints]) == 0 {
-		t.Errorf("the repair did not restore the ip6 table")
+	if got := read(netfilter.IPv6); !maps.EqualFunc(got, want6, maps.Equal) {
+		t.Errorf("the repair did not restore the ip6 table's elements")
 	}
 
 	if err := r.Cleanup(ctx); err != nil {

@@ -70,9 +70,11 @@ func testSteering(t *testing.T, newRedirector func(testing.TB, Config) (*Redirec
 		{"NodePort of the wrong protocol", pkt(lb.UDP, "192.0.2.10:30080", netfiltertest.Prerouting), accepted},
 
 		{"Local policy without local endpoints: ClusterIP still served", pkt(lb.TCP, "10.96.0.11:80", netfiltertest.Prerouting), redirected(testTCPPort)},
-		{"Local policy without local endpoints: LB IP rejected", pkt(lb.TCP, "203.0.113.21:80", netfiltertest.Prerouting), rejected},
-		{"Local policy without local endpoints: NodePort rejected", pkt(lb.TCP, "192.0.2.10:30081", netfiltertest.Prerouting), rejected},
-		{"Local policy without local endpoints: NodePort from the node rejected", pkt(lb.TCP, "127.0.0.1:30081", netfiltertest.Output), rejected},
+		// The forwarder serves the clients inside the cluster (the short
+		// circuit: lb.Pool.ShortCircuit) and refuses the others.
+		{"Local policy without local endpoints: LB IP steered", pkt(lb.TCP, "203.0.113.21:80", netfiltertest.Prerouting), redirected(testTCPPort)},
+		{"Local policy without local endpoints: NodePort steered", pkt(lb.TCP, "192.0.2.10:30081", netfiltertest.Prerouting), redirected(testTCPPort)},
+		{"Local policy without local endpoints: NodePort from the node steered", pkt(lb.TCP, "127.0.0.1:30081", netfiltertest.Output), redirected(testTCPPort)},
 
 		{"UDP ClusterIP to its own socket", pkt(lb.UDP, "10.96.0.53:53", netfiltertest.Prerouting), redirected(40053)},
 		{"UDP ClusterIP from the node", pkt(lb.UDP, "10.96.0.53:53", netfiltertest.Output), redirected(40053)},
