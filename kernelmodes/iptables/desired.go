@@ -36,11 +36,13 @@ const (
 
 // Per-Service chains are named kind + a hash, e.g. SVCPROXY-DNAT-S-ERIFXISQEP7F
 // (28 characters, iptables' limit): S for a Service port's internal pool,
-// E for its external entry, A for one endpoint of a Service with session
-// affinity (also the name of its -m recent list).
+// E for its external entry, C for its short circuit's endpoints (when they
+// are not S's), A for one endpoint of a Service with session affinity (also
+// the name of its -m recent list).
 const (
 	kindService  = 'S'
 	kindExternal = 'E'
+	kindCluster  = 'C'
 	kindAffinity = 'A'
 )
 
@@ -181,9 +183,20 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 		return out
 	}
 	intEps, extEps := inFamily(bal.Internal), inFamily(bal.External)
+	// The short circuit (externalTrafficPolicy Local): clients inside the
+	// cluster, pods and the node, get the Cluster policy's endpoints at
+	// the external frontends, as kube-proxy's KUBE-EXT chains give them.
+	scEps := inFamily(bal.ShortCircuit)
+	short := len(scEps) > 0
 	sChain, eChain := chainName(kindService, svc, netip.AddrPort{}), chainName(kindExternal, svc, netip.AddrPort{})
 	needS, needE := false, false
 	reject := rejectWith(svc.Protocol, fam)
+	external := func(eps []netip.AddrPort) []netip.AddrPort { // who may be DNATed to at an external frontend
+		if short {
+			return append(slices.Clone(eps), scEps...)
+		}
+		return eps
+	}
 
 	// Only the frontends the snapshot gives this Service port: another
 	// Service may have won some of them in a conflict.
@@ -197,24 +210,38 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 			eps, chain, need = extEps, eChain, &needE
 		}
 		match := "-d " + hostPrefix(ip) + " -p " + proto + " -m " + proto + " --dport " + port
-		if len(eps) == 0 {
+		switch {
+		case len(eps) > 0:
+			r.services = append(r.services, match+" -j "+chain)
+			if pool.External {
+				eps = external(eps)
+			}
+			r.addFlows(svc, fe.Addr, eps)
+			*need = true
+		case pool.External && short:
+			// No endpoint here, but the short circuit's: the external
+			// entry serves the clients inside and returns the rest to
+			// PREROUTING or OUTPUT (goto: never on to the NodePorts),
+			// and filter rejects them.
+			r.services = append(r.services, match+" -g "+eChain)
+			r.reject = append(r.reject, match+" -j REJECT --reject-with "+reject)
+			r.addFlows(svc, fe.Addr, scEps)
+			needE = true
+		default:
 			// RETURN, so a dead frontend on a node address never falls
 			// through to the NodePorts; filter rejects it.
 			r.services = append(r.services, match+" -j RETURN")
 			r.reject = append(r.reject, match+" -j REJECT --reject-with "+reject)
-			continue
 		}
-		r.services = append(r.services, match+" -j "+chain)
-		r.addFlows(svc, fe.Addr, eps)
-		*need = true
 	}
 	if np := snap.NodePort(bal); np != 0 && m.nodePorts[fam] {
 		match := "-p " + proto + " -m " + proto + " --dport " + strconv.Itoa(int(np))
 		if len(extEps) == 0 {
 			r.npReject = append(r.npReject, match+" -j REJECT --reject-with "+reject)
-		} else {
+		}
+		if len(extEps) > 0 || short {
 			r.nodePorts = append(r.nodePorts, match+" -j "+eChain)
-			r.addFlows(svc, netip.AddrPortFrom(netip.Addr{}, np), extEps)
+			r.addFlows(svc, netip.AddrPortFrom(netip.Addr{}, np), external(extEps))
 			needE = true
 		}
 	}
@@ -241,9 +268,26 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 			// (its endpoints are here, so replies come back this way).
 			rules = append(rules, m.markRule)
 		}
-		if needS && svc.ExternalTrafficPolicy == lb.PolicyCluster && slices.Equal(intEps, extEps) {
+		if short {
+			// Pods and the node itself, as kube-proxy: to the Cluster
+			// policy's endpoints (S's when they are the same), the node
+			// masqueraded (the external address may be its own, and would
+			// be the source the endpoint answers).
+			to := sChain
+			if !needS || !slices.Equal(intEps, scEps) {
+				to = chainName(kindCluster, svc, netip.AddrPort{})
+				r.chains = append(r.chains, ownedChain{to, m.endpointRules(svc, scEps, fam, affinity)})
+			}
+			if cidr := m.clusterCIDR[fam]; cidr.IsValid() {
+				rules = append(rules, "-s "+cidr.String()+" -j "+to)
+			}
+			rules = append(rules, "-m addrtype --src-type LOCAL "+m.markRule, "-m addrtype --src-type LOCAL -j "+to)
+		}
+		switch {
+		case len(extEps) == 0: // only the short circuit's
+		case needS && svc.ExternalTrafficPolicy == lb.PolicyCluster && slices.Equal(intEps, extEps):
 			rules = append(rules, "-j "+sChain)
-		} else {
+		default:
 			rules = append(rules, m.endpointRules(svc, extEps, fam, affinity)...)
 		}
 		r.chains = append(r.chains, ownedChain{eChain, rules})
@@ -257,7 +301,7 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 			used = intEps
 		}
 		if needE {
-			used = append(slices.Clone(used), extEps...)
+			used = append(slices.Clone(used), external(extEps)...)
 		}
 		seen := map[netip.AddrPort]bool{}
 		for _, ep := range used {

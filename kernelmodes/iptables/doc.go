@@ -23,7 +23,15 @@
 //	  -p tcp -j DNAT --to-destination EPn
 //	SVCPROXY-DNAT-E-<hash> (its external entry)
 //	  -j MARK --set-xmark 0x4000/0x4000   (externalTrafficPolicy Cluster, or MasqueradeAll)
+//	  (externalTrafficPolicy Local: the short circuit, to S, or C when S's endpoints differ)
+//	  -s ClusterCIDR -j SVCPROXY-DNAT-S-<hash>
+//	  -m addrtype --src-type LOCAL -j MARK --set-xmark 0x4000/0x4000
+//	  -m addrtype --src-type LOCAL -j SVCPROXY-DNAT-S-<hash>
 //	  -j SVCPROXY-DNAT-S-<hash>           (both pools the same), else the external pool's DNAT rules
+//	  (an external frontend with no endpoint here but the short circuit's is
+//	  "-d EIP/32 ... -g SVCPROXY-DNAT-E-<hash>" in SERVICES, and filter
+//	  rejects what the entry leaves)
+//	SVCPROXY-DNAT-C-<hash> (the short circuit's endpoints): DNAT rules
 //	with session affinity, the pool's rules are kube-proxy's instead:
 //	  -m recent --rcheck --seconds T --reap --name SVCPROXY-DNAT-A-<hash> ... -j SVCPROXY-DNAT-A-<hash>   per endpoint
 //	  -p tcp -m statistic ... -j SVCPROXY-DNAT-A-<hash>
@@ -46,6 +54,15 @@
 // -m recent list per endpoint, as kube-proxy does) and no -m comment: at
 // 10,000 Services × 10 endpoints the nat table holds about 110,000 rules,
 // and what nf_tables costs per rule and per commit is what decides.
+//
+// The short circuit is kube-proxy's (its KUBE-EXT chains): under
+// externalTrafficPolicy Local, a pod (a source within Config.ClusterCIDRs;
+// without them no pod is told) or the node itself (--src-type LOCAL,
+// masqueraded, as the external address may be its own) reaching an
+// external frontend gets the Cluster policy's endpoints
+// (lb.Balancer.ShortCircuit), as if it had gone out to the load balancer
+// and come back in; only clients outside the cluster are held to this
+// node's endpoints.
 //
 // Masquerade (mark, then MASQUERADE in POSTROUTING, --random-fully when
 // iptables is at least 1.6.2 and the kernel takes it) is where replies would

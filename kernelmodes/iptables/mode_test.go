@@ -55,11 +55,16 @@ var serviceCases = []struct {
 	{"NodePort of the wrong protocol", pkt(lb.UDP, "192.0.2.10:30080", pre), accepted},
 
 	{"Local policy without local endpoints: ClusterIP still served", pkt(lb.TCP, "10.96.0.11:80", pre), spread(false, local...)},
+	// Without ClusterCIDRs a pod is not told from a client outside the
+	// cluster (TestShortCircuit has them).
 	{"Local policy without local endpoints: LB IP rejected", pkt(lb.TCP, "203.0.113.21:80", pre), rejected},
 	{"Local policy without local endpoints: NodePort rejected", pkt(lb.TCP, "192.0.2.10:30081", pre), rejected},
-	{"Local policy without local endpoints: NodePort from the node rejected", pkt(lb.TCP, "192.0.2.10:30081", out), rejected},
+	{"Local policy without local endpoints: NodePort from the node short-circuited to every endpoint, masqueraded", pkt(lb.TCP, "192.0.2.10:30081", out), spread(true, local...)},
+	{"Local policy without local endpoints: LB IP from the node short-circuited", pkt(lb.TCP, "203.0.113.21:80", out), spread(true, local...)},
 	{"Local policy with a local endpoint: ExternalIP to it only, client address kept", pkt(lb.TCP, "203.0.113.14:443", pre), spread(false, lokHere...)},
 	{"Local policy with a local endpoint: NodePort to it only", pkt(lb.TCP, "198.51.100.10:30443", pre), spread(false, lokHere...)},
+	{"Local policy with a local endpoint: ExternalIP from the node to all, masqueraded", pkt(lb.TCP, "203.0.113.14:443", out), spread(true, lokAll...)},
+	{"Local policy with a local endpoint: NodePort from the node to all", pkt(lb.TCP, "192.0.2.10:30443", out), spread(true, lokAll...)},
 	{"Local policy with a local endpoint: ClusterIP to all", pkt(lb.TCP, "10.96.0.14:443", pre), spread(false, lokAll...)},
 
 	{"UDP ClusterIP", pkt(lb.UDP, "10.96.0.53:53", pre), spread(false, dns...)},
@@ -135,6 +140,38 @@ func TestHairpin(t *testing.T) {
 			if self != 1 {
 				t.Errorf("outcomes %v: want exactly one to the pod itself", outs)
 			}
+		})
+	}
+}
+
+// TestShortCircuit: with ClusterCIDRs, a pod reaching an external address
+// of a Service whose external policy is Local gets every node's endpoints
+// with its address kept, as kube-proxy short-circuits it; a client outside
+// the cluster still gets this node's endpoints alone, or a rejection.
+func TestShortCircuit(t *testing.T) {
+	cidr := Config{ClusterCIDRs: []netip.Prefix{podCIDR}}
+	outside := func(p netfiltertest.Packet) netfiltertest.Packet { return from(p, "192.0.2.77:999") }
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		p    netfiltertest.Packet
+		want want
+	}{
+		{"no local endpoint: LB IP from a pod", cidr, pkt(lb.TCP, "203.0.113.21:80", pre), spread(false, local...)},
+		{"no local endpoint: NodePort from a pod", cidr, pkt(lb.TCP, "192.0.2.10:30081", pre), spread(false, local...)},
+		{"no local endpoint: LB IP from outside", cidr, outside(pkt(lb.TCP, "203.0.113.21:80", pre)), rejected},
+		{"no local endpoint: NodePort from outside", cidr, outside(pkt(lb.TCP, "192.0.2.10:30081", pre)), rejected},
+		{"no local endpoint: the node", cidr, pkt(lb.TCP, "203.0.113.21:80", out), spread(true, local...)},
+		{"a local endpoint: ExternalIP from a pod", cidr, pkt(lb.TCP, "203.0.113.14:443", pre), spread(false, lokAll...)},
+		{"a local endpoint: NodePort from a pod", cidr, pkt(lb.TCP, "198.51.100.10:30443", pre), spread(false, lokAll...)},
+		{"a local endpoint: ExternalIP from outside", cidr, outside(pkt(lb.TCP, "203.0.113.14:443", pre)), spread(false, lokHere...)},
+		{"MasqueradeAll: a pod", Config{ClusterCIDRs: cidr.ClusterCIDRs, MasqueradeAll: true}, pkt(lb.TCP, "203.0.113.21:80", pre), spread(true, local...)},
+		{"a ClusterCIDR of the other family: IPv4 pods not told", Config{IPv6: true, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:244::/64")}}, pkt(lb.TCP, "203.0.113.21:80", pre), rejected},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, f := newFakeMode(t, tc.cfg)
+			mustApply(t, m, store(t, testServices()...).Snapshot(), true)
+			checkTrace(t, f, tc.p, tc.want)
 		})
 	}
 }

@@ -254,6 +254,9 @@ func testTraffic(t *testing.T, variant string) {
 		{"node", "tcp4", nodeAddr + ":30080", []string{"backend0", "backend1"}, "node"},
 		{"client", "tcp4", nodeAddr + ":30081", []string{"backend0"}, "client"}, // Local: client address kept
 		{"client", "tcp4", "198.19.0.101:80", []string{"backend0"}, "client"},   // Local ExternalIP
+		// Local, from the node: short-circuited to every endpoint, masqueraded.
+		{"node", "tcp4", nodeAddr + ":30081", []string{"backend0", "backend1"}, "node"},
+		{"node", "tcp4", "198.19.0.101:80", []string{"backend0", "backend1"}, "node"},
 		{"client", "tcp4", "198.19.0.11:80", []string{"backend0", "backend1"}, "client"},
 		{"client", "udp4", "198.19.0.53:53", []string{"backend0", "backend1"}, "client"},
 		{"node", "udp4", "198.19.0.53:53", []string{"backend0", "backend1"}, "node"},
