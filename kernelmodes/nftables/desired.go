@@ -55,40 +55,56 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 		return out
 	}
 	intEps, extEps := inFamily(bal.Internal), inFamily(bal.External)
+	// The short circuit (externalTrafficPolicy Local): pods and the node
+	// get the Cluster policy's endpoints at the external frontends, from
+	// their own slots.
+	scEps := inFamily(bal.ShortCircuit)
 	var out []elem
 	var flows []conntrack.Match
 	secs := affinitySeconds(svc)
-	slots := func(key string, eps []netip.AddrPort, set string, front netip.AddrPort) {
+	// slots writes a frontend's (or NodePort's, in the NodePort sets) m
+	// endpoint slots, from ShortSlot on for its short circuit, and the
+	// slots element that picks one of them.
+	slots := func(key string, eps []netip.AddrPort, nodePort, short bool, front netip.AddrPort) {
 		m := min(len(eps), Slots)
 		vals := make([]string, m)
 		for i := range vals {
 			vals[i] = nftable.EndpointValue(eps[i])
 		}
+		set, slotsSet, chain, first := SetServiceEndpoints, SetServiceSlots, SlotsChain(m), 0
+		switch {
+		case nodePort && short:
+			set, slotsSet, chain, first = SetNodePortEndpoints, SetNodePortShortCircuitSlots, NodePortShortSlotsChain(m), ShortSlot
+			out = append(out, elem{set: SetNodePortShortCircuit, key: key})
+		case nodePort:
+			set, slotsSet, chain = SetNodePortEndpoints, SetNodePortSlots, NodePortSlotsChain(m)
+		case short:
+			slotsSet, chain, first = SetShortCircuitSlots, ShortSlotsChain(m), ShortSlot
+			out = append(out, elem{set: SetShortCircuit, key: key})
+		}
 		// The m keys share one string (one allocation, not m).
 		n := len(key) + 4
 		buf := make([]byte, 0, m*n)
 		for i := range m {
-			buf = binary.NativeEndian.AppendUint32(append(buf, key...), uint32(i))
+			buf = binary.NativeEndian.AppendUint32(append(buf, key...), uint32(first+i))
 		}
 		keys := string(buf)
 		for i := range m {
 			out = append(out, elem{set, keys[i*n : (i+1)*n], vals[i]})
 		}
-		if set == SetNodePortEndpoints {
-			out = append(out, elem{SetNodePortSlots, key, NodePortSlotsChain(m)})
-		} else {
-			out = append(out, elem{SetServiceSlots, key, SlotsChain(m)})
-		}
+		out = append(out, elem{slotsSet, key, chain})
 		if secs > 0 {
-			affinity := AffinitySet(secs)
-			if set == SetNodePortEndpoints {
-				affinity = AffinityNodePortSet(secs)
-			}
-			out = append(out, elem{set: affinity, key: key})
 			if se.sticky[fam] == nil {
 				se.sticky[fam] = map[string][]string{}
 			}
-			se.sticky[fam][key] = vals
+			if _, twice := se.sticky[fam][key]; !twice { // a short circuit beside the frontend's own slots
+				affinity := AffinitySet(secs)
+				if nodePort {
+					affinity = AffinityNodePortSet(secs)
+				}
+				out = append(out, elem{set: affinity, key: key})
+			}
+			se.sticky[fam][key] = append(se.sticky[fam][key], vals...)
 		}
 		if svc.Protocol == lb.UDP {
 			for _, ep := range eps[:min(len(eps), Slots)] {
@@ -96,7 +112,7 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 			}
 		}
 	}
-	usedInt, usedExt := false, false
+	usedInt, usedExt, usedShort := false, false, false
 	for fe, pool := range snap.Frontends(bal) {
 		ip := fe.Addr.Addr().Unmap()
 		if !ip.IsValid() || pool == nil || netfilter.FamilyOf(ip) != fam {
@@ -107,11 +123,19 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 			eps = extEps
 		}
 		key := nftable.FrontendKey(ip, svc.Protocol, fe.Addr.Port())
+		front := netip.AddrPortFrom(ip, fe.Addr.Port())
+		if pool.External && len(scEps) > 0 {
+			slots(key, scEps, false, true, front)
+			usedShort = true
+			if len(eps) == 0 && m.cfg.MasqueradeAll {
+				out = append(out, elem{set: SetMasquerade, key: key})
+			}
+		}
 		if len(eps) == 0 {
 			out = append(out, elem{set: SetNoEndpoints, key: key})
 			continue
 		}
-		slots(key, eps, SetServiceEndpoints, netip.AddrPortFrom(ip, fe.Addr.Port()))
+		slots(key, eps, false, false, front)
 		switch {
 		case m.cfg.MasqueradeAll || (pool.External && svc.ExternalTrafficPolicy == lb.PolicyCluster):
 			out = append(out, elem{set: SetMasquerade, key: key})
@@ -126,10 +150,17 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 	}
 	if np := snap.NodePort(bal); np != 0 && m.nodePorts[fam] {
 		key := nftable.NodePortKey(svc.Protocol, np)
+		if len(scEps) > 0 {
+			slots(key, scEps, true, true, netip.AddrPortFrom(netip.Addr{}, np))
+			usedShort = true
+			if len(extEps) == 0 && m.cfg.MasqueradeAll {
+				out = append(out, elem{set: SetNodePortMasquerade, key: key})
+			}
+		}
 		if len(extEps) == 0 {
 			out = append(out, elem{set: SetNodePortNoEndpoints, key: key})
 		} else {
-			slots(key, extEps, SetNodePortEndpoints, netip.AddrPortFrom(netip.Addr{}, np))
+			slots(key, extEps, true, false, netip.AddrPortFrom(netip.Addr{}, np))
 			if m.cfg.MasqueradeAll || svc.ExternalTrafficPolicy == lb.PolicyCluster {
 				out = append(out, elem{set: SetNodePortMasquerade, key: key})
 			}
@@ -151,6 +182,9 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 	}
 	if usedExt {
 		hairpin(extEps)
+	}
+	if usedShort {
+		hairpin(scEps)
 	}
 	se.elems[fam], se.flows[fam] = out, flows
 }

@@ -17,18 +17,27 @@
 //	chain services {
 //	  ip daddr . meta l4proto . th dport @masquerade-frontends meta mark set meta mark | 0x4000
 //	  ip saddr != <cluster CIDR> ip daddr . meta l4proto . th dport @masquerade-off-cluster meta mark set meta mark | 0x4000
+//	  ip daddr . meta l4proto . th dport @short-circuit fib saddr type local meta mark set meta mark | 0x4000
 //	  dnat ip to ip saddr . ip daddr . meta l4proto . th dport map @affinity   (when a Service has affinity)
+//	  ip saddr <cluster CIDR> ip daddr . meta l4proto . th dport vmap @short-circuit-slots   (goto short-circuit-slots-N)
+//	  ip daddr . meta l4proto . th dport @short-circuit fib saddr type local ip daddr . meta l4proto . th dport vmap @short-circuit-slots
 //	  ip daddr . meta l4proto . th dport vmap @service-slots        (goto slots-N: N endpoints)
 //	  fib daddr type local ip daddr != 127.0.0.0/8 [ip daddr <NodePort prefix>] jump nodeports
 //	}
 //	chain slots-N {   (N = 1..64)
 //	  dnat ip to ip daddr . meta l4proto . th dport . numgen random mod N map @service-endpoints
 //	}
+//	chain short-circuit-slots-N {
+//	  dnat ip to ip daddr . meta l4proto . th dport . numgen random mod N offset 65536 map @service-endpoints
+//	}
 //	chain nodeports {
 //	  meta l4proto . th dport @nodeport-masquerade meta mark set meta mark | 0x4000
+//	  meta l4proto . th dport @nodeport-short-circuit fib saddr type local meta mark set meta mark | 0x4000
+//	  (affinity, then the short circuit as in services, from @nodeport-short-circuit-slots)
 //	  meta l4proto . th dport vmap @nodeport-slots                 (goto nodeport-slots-N)
 //	}
 //	chain nodeport-slots-N { dnat ip to meta l4proto . th dport . numgen random mod N map @nodeport-endpoints }
+//	chain nodeport-short-circuit-slots-N { (the same, offset 65536) }
 //	chain reject-no-endpoints {   (jumped to from filter input, output and forward)
 //	  ct status dnat return
 //	  ip daddr . meta l4proto . tcp dport @no-endpoints reject with tcp reset   (ICMP port unreachable for UDP and SCTP)
@@ -53,6 +62,12 @@
 // element too when N changes), adding a Service adds its elements,
 // removing one deletes them: one transaction per family, whatever the
 // cluster's size.
+// The short circuit is kube-proxy's: under externalTrafficPolicy Local, a
+// pod (a source in the cluster CIDR; without one no pod is told) or the
+// node itself reaching an external frontend or NodePort gets the Cluster
+// policy's endpoints (lb.Balancer.ShortCircuit), from slots numbered from
+// ShortSlot in the same endpoints maps, the node's connections
+// masqueraded; clients outside the cluster get this node's endpoints.
 // Masquerade is where replies would otherwise bypass the node, as in the
 // iptables mode: external traffic with the Cluster policy, ClusterIP traffic
 // from outside the cluster CIDR, everything with MasqueradeAll, and hairpin

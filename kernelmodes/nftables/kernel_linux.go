@@ -25,11 +25,11 @@ func setOf(fam netfilter.Family, set string) *nft.Set {
 	a := nftable.AddrType(fam)
 	s := &nft.Set{Name: set, Concatenation: true}
 	switch set {
-	case SetServiceSlots:
+	case SetServiceSlots, SetShortCircuitSlots:
 		s.IsMap = true
 		s.KeyType = nft.MustConcatSetType(a, nft.TypeInetProto, nft.TypeInetService)
 		s.DataType = nft.TypeVerdict
-	case SetNodePortSlots:
+	case SetNodePortSlots, SetNodePortShortCircuitSlots:
 		s.IsMap = true
 		s.KeyType = nft.MustConcatSetType(nft.TypeInetProto, nft.TypeInetService)
 		s.DataType = nft.TypeVerdict
@@ -41,9 +41,9 @@ func setOf(fam netfilter.Family, set string) *nft.Set {
 		s.IsMap = true
 		s.KeyType = nft.MustConcatSetType(nft.TypeInetProto, nft.TypeInetService, nft.TypeMark)
 		s.DataType = nft.MustConcatSetType(a, nft.TypeInetService)
-	case SetNoEndpoints, SetMasquerade, SetMasqueradeOffCluster:
+	case SetNoEndpoints, SetMasquerade, SetMasqueradeOffCluster, SetShortCircuit:
 		s.KeyType = nft.MustConcatSetType(a, nft.TypeInetProto, nft.TypeInetService)
-	case SetNodePortNoEndpoints, SetNodePortMasquerade:
+	case SetNodePortNoEndpoints, SetNodePortMasquerade, SetNodePortShortCircuit:
 		s.KeyType = nft.MustConcatSetType(nft.TypeInetProto, nft.TypeInetService)
 	case SetHairpin:
 		s.KeyType = nft.MustConcatSetType(a, a)
@@ -81,7 +81,8 @@ func chains() []*nft.Chain {
 	}
 	out := []*nft.Chain{{Name: chainServices}, {Name: chainNodePorts}, {Name: chainReject}}
 	for m := 1; m <= Slots; m++ {
-		out = append(out, &nft.Chain{Name: SlotsChain(m)}, &nft.Chain{Name: NodePortSlotsChain(m)})
+		out = append(out, &nft.Chain{Name: SlotsChain(m)}, &nft.Chain{Name: NodePortSlotsChain(m)},
+			&nft.Chain{Name: ShortSlotsChain(m)}, &nft.Chain{Name: NodePortShortSlotsChain(m)})
 	}
 	return append(out,
 		base(chainPrerouting, nft.ChainTypeNAT, nft.ChainHookPrerouting, nft.ChainPriorityNATDest),
@@ -133,8 +134,17 @@ func (b rb) dnat() expr.Any {
 	return &expr.NAT{Type: expr.NATTypeDestNAT, Family: family, RegAddrMin: reg1, RegAddrMax: reg1, RegProtoMin: proto, RegProtoMax: proto, Specified: true}
 }
 
-func numgen(reg uint32, m int) expr.Any {
-	return &expr.Numgen{Register: reg, Modulus: uint32(m), Type: unix.NFT_NG_RANDOM}
+func numgen(reg uint32, m int, offset uint32) expr.Any {
+	return &expr.Numgen{Register: reg, Modulus: uint32(m), Type: unix.NFT_NG_RANDOM, Offset: offset}
+}
+
+// localSource matches a packet from one of the node's addresses (fib saddr
+// type local): kube-proxy's "local traffic" of the short circuit.
+func localSource() []expr.Any {
+	return []expr.Any{
+		&expr.Fib{Register: reg1, FlagSADDR: true, ResultADDRTYPE: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: nftable.Native32(unix.RTN_LOCAL)},
+	}
 }
 
 // remembered DNATs a client to the endpoint the affinity map remembers
@@ -193,29 +203,50 @@ func rules(l Layout) map[string][][]expr.Any {
 	}
 	r := map[string][][]expr.Any{}
 
-	// services: mark what is masqueraded, then DNAT a frontend, else
-	// hand local addresses to the NodePorts.
+	// shortCircuit sends pods (the cluster CIDR) and the node to a short
+	// circuit's slots (kube-proxy's "short-circuit pod traffic", "local
+	// traffic"); set holds the short-circuited keys, so that the fib
+	// lookup runs for their connections only.
+	shortCircuit := func(key []expr.Any, set, slots string) [][]expr.Any {
+		var out [][]expr.Any
+		if l.ClusterCIDR.IsValid() {
+			out = append(out, cat([]expr.Any{b.loadAddr(false, reg1)}, nftable.InPrefix(l.Family, l.ClusterCIDR, true), key, []expr.Any{nftable.Vmap(slots)}))
+		}
+		return append(out, cat(key, []expr.Any{lookup(set)}, localSource(), key, []expr.Any{nftable.Vmap(slots)}))
+	}
+
+	// services: mark what is masqueraded, then DNAT a frontend (a short
+	// circuit first), else hand local addresses to the NodePorts.
 	r[chainServices] = append(r[chainServices], cat(fe, []expr.Any{lookup(SetMasquerade)}, b.setMark()))
 	if l.ClusterCIDR.IsValid() {
 		r[chainServices] = append(r[chainServices], cat([]expr.Any{b.loadAddr(false, reg1)}, nftable.InPrefix(l.Family, l.ClusterCIDR, false),
 			fe, []expr.Any{lookup(SetMasqueradeOffCluster)}, b.setMark()))
 	}
+	r[chainServices] = append(r[chainServices], cat(fe, []expr.Any{lookup(SetShortCircuit)}, localSource(), b.setMark()))
 	if len(l.AffinityTimeouts) > 0 {
 		r[chainServices] = append(r[chainServices], b.remembered())
 	}
+	r[chainServices] = append(r[chainServices], shortCircuit(fe, SetShortCircuit, SetShortCircuitSlots)...)
 	r[chainServices] = append(r[chainServices], cat(fe, []expr.Any{nftable.Vmap(SetServiceSlots)}))
 	for _, m := range localNodePort {
 		r[chainServices] = append(r[chainServices], cat(m, []expr.Any{nftable.Verdict(expr.VerdictJump, chainNodePorts)}))
 	}
-	r[chainNodePorts] = [][]expr.Any{cat(np, []expr.Any{lookup(SetNodePortMasquerade)}, b.setMark())}
+	r[chainNodePorts] = [][]expr.Any{
+		cat(np, []expr.Any{lookup(SetNodePortMasquerade)}, b.setMark()),
+		cat(np, []expr.Any{lookup(SetNodePortShortCircuit)}, localSource(), b.setMark()),
+	}
 	if len(l.AffinityTimeouts) > 0 {
 		r[chainNodePorts] = append(r[chainNodePorts], b.remembered())
 	}
+	r[chainNodePorts] = append(r[chainNodePorts], shortCircuit(np, SetNodePortShortCircuit, SetNodePortShortCircuitSlots)...)
 	r[chainNodePorts] = append(r[chainNodePorts], cat(np, []expr.Any{nftable.Vmap(SetNodePortSlots)}))
-	// One chain per number of slots: the frontend's slot, then its endpoint.
+	// One chain per number of slots: the frontend's slot, then its
+	// endpoint; a short circuit's slots from ShortSlot on.
 	for m := 1; m <= Slots; m++ {
-		r[SlotsChain(m)] = [][]expr.Any{cat(fe, []expr.Any{numgen(feNext, m), nftable.MapTo(SetServiceEndpoints), b.dnat()})}
-		r[NodePortSlotsChain(m)] = [][]expr.Any{cat(np, []expr.Any{numgen(npNext, m), nftable.MapTo(SetNodePortEndpoints), b.dnat()})}
+		r[SlotsChain(m)] = [][]expr.Any{cat(fe, []expr.Any{numgen(feNext, m, 0), nftable.MapTo(SetServiceEndpoints), b.dnat()})}
+		r[NodePortSlotsChain(m)] = [][]expr.Any{cat(np, []expr.Any{numgen(npNext, m, 0), nftable.MapTo(SetNodePortEndpoints), b.dnat()})}
+		r[ShortSlotsChain(m)] = [][]expr.Any{cat(fe, []expr.Any{numgen(feNext, m, ShortSlot), nftable.MapTo(SetServiceEndpoints), b.dnat()})}
+		r[NodePortShortSlotsChain(m)] = [][]expr.Any{cat(np, []expr.Any{numgen(npNext, m, ShortSlot), nftable.MapTo(SetNodePortEndpoints), b.dnat()})}
 	}
 	jump := func(chain string) [][]expr.Any { return [][]expr.Any{{nftable.Verdict(expr.VerdictJump, chain)}} }
 	r[chainPrerouting] = jump(chainServices)

@@ -116,6 +116,8 @@ func TestPrivilegedTraffic(t *testing.T) {
 		{"node", "tcp4", nodeAddr + ":30080", both, "node"},
 		{"client", "tcp4", nodeAddr + ":30081", []string{"backend0"}, "client"}, // Local: client address kept
 		{"client", "tcp4", "198.19.0.101:80", []string{"backend0"}, "client"},   // Local ExternalIP
+		{"node", "tcp4", nodeAddr + ":30081", both, "node"},                     // Local, from the node: short-circuited, masqueraded
+		{"node", "tcp4", "198.19.0.101:80", both, "node"},
 		{"client", "tcp4", "198.19.0.11:80", both, "client"},
 		{"client", "udp4", "198.19.0.53:53", both, "client"},
 		{"node", "udp4", "198.19.0.53:53", both, "node"},

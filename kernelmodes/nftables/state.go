@@ -23,10 +23,24 @@ func SlotsChain(m int) string { return "slots-" + strconv.Itoa(m) }
 // NodePortSlotsChain: see SlotsChain.
 func NodePortSlotsChain(m int) string { return "nodeport-slots-" + strconv.Itoa(m) }
 
-// SlotsOf is the m of a SlotsChain or NodePortSlotsChain name (0 if it is
-// neither).
+// ShortSlotsChain is the chain that picks one of m slots of a frontend's
+// short circuit (lb.Balancer.ShortCircuit: pods and the node reaching an
+// external frontend of a Service with externalTrafficPolicy Local get the
+// Cluster policy's endpoints); NodePortShortSlotsChain the same for a
+// NodePort. Those slots are ShortSlot and up in the endpoints maps.
+func ShortSlotsChain(m int) string { return "short-circuit-slots-" + strconv.Itoa(m) }
+
+// NodePortShortSlotsChain: see ShortSlotsChain.
+func NodePortShortSlotsChain(m int) string { return "nodeport-short-circuit-slots-" + strconv.Itoa(m) }
+
+// ShortSlot is the first slot of a short circuit's endpoints in the
+// endpoints maps (numgen's offset): a frontend's own are 0 to Slots-1.
+const ShortSlot = 1 << 16
+
+// SlotsOf is the m of a SlotsChain, NodePortSlotsChain, ShortSlotsChain or
+// NodePortShortSlotsChain name (0 if it is none).
 func SlotsOf(chain string) int {
-	s, ok := strings.CutPrefix(strings.TrimPrefix(chain, "nodeport-"), "slots-")
+	s, ok := strings.CutPrefix(strings.TrimPrefix(strings.TrimPrefix(chain, "nodeport-"), "short-circuit-"), "slots-")
 	if !ok {
 		return 0
 	}
@@ -71,6 +85,19 @@ const (
 	// DNATed to its own source is masqueraded, so the reply comes back
 	// through the node.
 	SetHairpin = "hairpin"
+	// SetShortCircuitSlots maps an external frontend of a Service with
+	// externalTrafficPolicy Local to the ShortSlotsChain of its short
+	// circuit's number of endpoints: where pods (sources within the
+	// cluster CIDR) and the node go. SetNodePortShortCircuitSlots: the same
+	// for protocol . NodePort.
+	SetShortCircuitSlots         = "short-circuit-slots"
+	SetNodePortShortCircuitSlots = "nodeport-short-circuit-slots"
+	// SetShortCircuit holds the frontends of SetShortCircuitSlots, and
+	// SetNodePortShortCircuit the NodePorts of its NodePort twin: the
+	// node's own connections to them are masqueraded (the address may be
+	// its own, and the endpoint would answer it there).
+	SetShortCircuit         = "short-circuit"
+	SetNodePortShortCircuit = "nodeport-short-circuit"
 )
 
 // SetAffinity is the dynamic map of session affinity: client address .
@@ -94,12 +121,13 @@ func AffinityNodePortSet(seconds uint32) string {
 
 // Sets is every set and map of a table, in the order they are created.
 var Sets = []string{SetServiceSlots, SetNodePortSlots, SetServiceEndpoints, SetNodePortEndpoints, SetNoEndpoints, SetNodePortNoEndpoints,
-	SetMasquerade, SetMasqueradeOffCluster, SetNodePortMasquerade, SetHairpin}
+	SetMasquerade, SetMasqueradeOffCluster, SetNodePortMasquerade, SetHairpin,
+	SetShortCircuitSlots, SetNodePortShortCircuitSlots, SetShortCircuit, SetNodePortShortCircuit}
 
 // IsMap reports whether set is a map (its elements have values).
 func IsMap(set string) bool {
 	return set == SetServiceEndpoints || set == SetNodePortEndpoints || set == SetAffinity ||
-		set == SetServiceSlots || set == SetNodePortSlots
+		set == SetServiceSlots || set == SetNodePortSlots || set == SetShortCircuitSlots || set == SetNodePortShortCircuitSlots
 }
 
 // Elements are a set's elements as the kernel holds them: encoded key →
@@ -123,11 +151,11 @@ func KeyLen(fam netfilter.Family, set string) int {
 	switch set {
 	case SetServiceEndpoints:
 		return n + 12
-	case SetNoEndpoints, SetMasquerade, SetMasqueradeOffCluster, SetServiceSlots:
+	case SetNoEndpoints, SetMasquerade, SetMasqueradeOffCluster, SetServiceSlots, SetShortCircuitSlots, SetShortCircuit:
 		return n + 8
 	case SetNodePortEndpoints:
 		return 12
-	case SetNodePortNoEndpoints, SetNodePortMasquerade, SetNodePortSlots:
+	case SetNodePortNoEndpoints, SetNodePortMasquerade, SetNodePortSlots, SetNodePortShortCircuitSlots, SetNodePortShortCircuit:
 		return 8
 	case SetHairpin:
 		return 2 * n

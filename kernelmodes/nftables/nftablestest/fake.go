@@ -183,6 +183,9 @@ type Packet struct {
 	Proto lb.Protocol
 	// Local says Dst's address is one of the node's (fib daddr type local).
 	Local bool
+	// LocalSource says Src is one of the node's addresses (fib saddr type
+	// local): the node's own connection.
+	LocalSource bool
 }
 
 // Verdict is what the table does with a Packet.
@@ -250,11 +253,11 @@ func (f *Fake) Trace(fam netfilter.Family, p Packet) Verdict {
 	// shares follows the slots map to the chain that draws one of m slots,
 	// then counts the endpoints of those slots (a slot without an element
 	// is a connection that goes on un-DNATed).
-	shares := func(slotsSet, set, key string) []Share {
+	shares := func(slotsSet, set, key string, first int) []Share {
 		m := nftables.SlotsOf(sets[slotsSet][key])
 		count := map[netip.AddrPort]int{}
 		for i := range m {
-			if val, ok := sets[set][nftable.SlotKey(key, i)]; ok {
+			if val, ok := sets[set][nftable.SlotKey(key, first+i)]; ok {
 				ep, _ := nftable.DecodeEndpoint(fam, val)
 				count[ep]++
 			}
@@ -289,6 +292,11 @@ func (f *Fake) Trace(fam netfilter.Family, p Packet) Verdict {
 	if l.ClusterCIDR.IsValid() && !l.ClusterCIDR.Contains(p.Src) && has(nftables.SetMasqueradeOffCluster, fe) {
 		v.Masquerade = true
 	}
+	if p.LocalSource && has(nftables.SetShortCircuit, fe) {
+		v.Masquerade = true
+	}
+	// inside: a pod or the node, which a short circuit serves.
+	inside := p.LocalSource || l.ClusterCIDR.IsValid() && l.ClusterCIDR.Contains(p.Src)
 	remembered := func() []Share {
 		if len(l.AffinityTimeouts) == 0 {
 			return nil
@@ -301,15 +309,23 @@ func (f *Fake) Trace(fam netfilter.Family, p Packet) Verdict {
 		ep, _ := nftable.DecodeEndpoint(fam, val)
 		return []Share{{ep, 1, 1}}
 	}
+	// pick: the short circuit's slots for a client inside that has one,
+	// else the frontend's own.
+	pick := func(shortSlots, slotsSet, set, key string) []Share {
+		if inside && has(shortSlots, key) {
+			return shares(shortSlots, set, key, nftables.ShortSlot)
+		}
+		return shares(slotsSet, set, key, 0)
+	}
 	if v.DNAT = remembered(); len(v.DNAT) == 0 {
-		v.DNAT = shares(nftables.SetServiceSlots, nftables.SetServiceEndpoints, fe)
+		v.DNAT = pick(nftables.SetShortCircuitSlots, nftables.SetServiceSlots, nftables.SetServiceEndpoints, fe)
 	}
 	if len(v.DNAT) == 0 && nodePortAddr() {
-		if has(nftables.SetNodePortMasquerade, np) {
+		if has(nftables.SetNodePortMasquerade, np) || p.LocalSource && has(nftables.SetNodePortShortCircuit, np) {
 			v.Masquerade = true
 		}
 		if v.DNAT = remembered(); len(v.DNAT) == 0 {
-			v.DNAT = shares(nftables.SetNodePortSlots, nftables.SetNodePortEndpoints, np)
+			v.DNAT = pick(nftables.SetNodePortShortCircuitSlots, nftables.SetNodePortSlots, nftables.SetNodePortEndpoints, np)
 		}
 	}
 	if len(v.DNAT) > 0 {
