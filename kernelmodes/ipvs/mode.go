@@ -135,6 +135,8 @@ type Mode struct {
 	// it, warned about once; madeWarned: its bad lines were.
 	madeSaved, madeErr   string
 	madeFile, madeWarned bool
+	// shortWarned: the short circuit's absence was logged (warnShortCircuit).
+	shortWarned bool
 	// needFull: a sync failed part-way; the next Apply reads the kernel.
 	needFull bool
 	repairs  atomic.Uint64
@@ -331,6 +333,7 @@ func (m *Mode) Apply(ctx context.Context, snap *lb.Snapshot, full bool) error {
 	if err := m.kernel(); err != nil {
 		return fmt.Errorf("applying IPVS services: %w", err)
 	}
+	m.warnShortCircuit(snap)
 	m.startSweeper()
 	start := m.cfg.Now()
 	full = full || m.cur == nil || m.needFull
@@ -885,4 +888,19 @@ func sortedAddrs(s map[netip.Addr]struct{}) []netip.Addr {
 
 func sortedAddrPorts[V any](s map[netip.AddrPort]V) []netip.AddrPort {
 	return slices.SortedFunc(maps.Keys(s), netip.AddrPort.Compare)
+}
+
+// warnShortCircuit warns, once, when snap has a Service whose clients
+// inside the cluster kube-proxy would short-circuit (lb.Balancer.ShortCircuit):
+// the ipvs mode, like kube-proxy's, serves them as it serves clients
+// outside.
+func (m *Mode) warnShortCircuit(snap *lb.Snapshot) {
+	if m.shortWarned {
+		return
+	}
+	if n, first := snap.ShortCircuits(); n > 0 {
+		m.shortWarned = true
+		m.log.Warn("pods and the node reaching an external address of a Service with externalTrafficPolicy Local get this node's endpoints only in the ipvs mode (as in kube-proxy's), not every endpoint as the other modes (and kube-proxy's iptables and nftables modes) give them",
+			zap.Int("services", n), zap.Stringer("example", first))
+	}
 }

@@ -1152,3 +1152,30 @@ func TestParameters(t *testing.T) {
 		})
 	}
 }
+
+// TestShortCircuitWarned: the mode has no short circuit for
+// externalTrafficPolicy Local (nor has kube-proxy's ipvs mode): the first
+// Apply with a Service it would serve otherwise warns, once; one whose
+// endpoints are all on this node changes nothing and is not warned about.
+func TestShortCircuitWarned(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	w := newWorld(t, ipvs.Config{Logger: zap.New(core)})
+	local := func(node string) lb.Service {
+		s := cases.Web(0, 1)
+		s.ExternalTrafficPolicy = lb.PolicyLocal
+		for i := range s.Endpoints {
+			s.Endpoints[i].NodeName = node
+		}
+		return s
+	}
+	warned := func() int { return logs.FilterMessageSnippet("externalTrafficPolicy Local").Len() }
+	w.apply(true, local(nodeName))
+	if n := warned(); n != 0 {
+		t.Errorf("%d warnings with every endpoint on this node, want none", n)
+	}
+	w.apply(true, local("node-b"))
+	w.apply(false, local("node-b"))
+	if n := warned(); n != 1 {
+		t.Errorf("%d warnings, want 1", n)
+	}
+}
