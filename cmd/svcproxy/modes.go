@@ -4,16 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vishvananda/netns"
 	"go.uber.org/zap"
 
 	"github.com/svcproxy/svcproxy/connlog"
 	"github.com/svcproxy/svcproxy/daemon"
 	"github.com/svcproxy/svcproxy/forwarder"
+	"github.com/svcproxy/svcproxy/iface"
 	"github.com/svcproxy/svcproxy/kernelmodes/iptables"
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
 	"github.com/svcproxy/svcproxy/kernelmodes/nftables"
@@ -145,6 +148,7 @@ func newUserspace(ctx context.Context, o *options, reg prometheus.Registerer, lo
 			UDPIdleTimeout:     o.udpIdleTimeout,
 			Metrics:            forwarder.NewMetrics(reg),
 			Inherited:          inherited,
+			Inside:             insideCluster(ctx, o.clusterCIDRs, log),
 		},
 		RedirectPort: o.redirectPort,
 		Logger:       log,
@@ -196,6 +200,31 @@ func newUserspace(ctx context.Context, o *options, reg prometheus.Registerer, lo
 		log.Info("steering with "+red.Describe(), fields...)
 	}
 	return m, nil
+}
+
+// insideCluster is the forwarder's test of a client inside the cluster
+// (forwarder.Config.Inside), for the short circuit of externalTrafficPolicy
+// Local: a pod (within cidrs, --cluster-cidr) or the node itself (one of
+// its addresses, watched until ctx ends). Where the node's addresses
+// cannot be watched, only loopback counts as the node, and it says so.
+func insideCluster(ctx context.Context, cidrs []netip.Prefix, log *zap.Logger) func(netip.Addr) bool {
+	local, err := iface.WatchLocalAddrs(ctx, netns.None(), func(err error) {
+		log.Warn("the node's addresses may be out of date until they are read again", zap.Error(err))
+	})
+	if err != nil {
+		log.Warn("cannot watch the node's addresses: the node's own connections to the external addresses of a Service with externalTrafficPolicy Local get this node's endpoints only", zap.Error(err))
+	}
+	return func(a netip.Addr) bool {
+		for _, p := range cidrs {
+			if p.Contains(a) {
+				return true
+			}
+		}
+		if local != nil {
+			return local.Has(a)
+		}
+		return a.IsLoopback()
+	}
 }
 
 // registerLocalSteering exports local steering's device: the virtual IPs

@@ -313,7 +313,7 @@ func parseFlags(args []string, env environment) (*options, error) {
 		ipvsMinSync = fs.Duration("ipvs-min-sync-period", 0, "kube-proxy's name for --min-sync-period (ipvs mode)")
 		nodePortAddresses = fs.String("nodeport-addresses", "", "comma-separated CIDRs: NodePorts only on the node's addresses inside them; 'primary': only on the node's primary IPs (from the Node object); empty: all of them")
 		bindAddress = fs.String("bind-address", "0.0.0.0", "this node's primary IP of its family, overriding the Node object's (as kube-proxy; used by --nodeport-addresses=primary, and the address --steering=redirect DNATs its family to)")
-		clusterCIDRs = fs.String("cluster-cidr", "", "iptables and nftables modes: comma-separated pod CIDRs (one per family); ClusterIP traffic from outside them is masqueraded")
+		clusterCIDRs = fs.String("cluster-cidr", "", "comma-separated pod CIDRs (one per family): the iptables and nftables modes masquerade ClusterIP traffic from outside them; every mode but ipvs serves a pod within them that reaches an external address of a Service with externalTrafficPolicy Local with its endpoints on every node, as kube-proxy does")
 		fs.BoolVar(&o.masqueradeAll, "masquerade-all", false, "iptables, ipvs and nftables modes: masquerade all Service traffic")
 		masqBit = fs.Int("iptables-masquerade-bit", 14, "iptables, ipvs and nftables modes: the bit of the packet mark that asks for masquerade, 0-31")
 		fs.StringVar(&o.ipvsScheduler, "ipvs-scheduler", "rr", "ipvs mode: the default scheduler: "+strings.Join(config.IPVSSchedulers, ", "))
