@@ -16,6 +16,9 @@
 //     addresses worth tracing for them.
 //   - ScaleServices: the many-Services fixture of the scale tests and
 //     benchmarks; Median and Ms for their figures.
+//   - ShortCircuit: the real traffic of externalTrafficPolicy Local's
+//     short circuit (pods, the node, a client outside), the same cases
+//     for every kernel mode that has it.
 //
 // It must not import netfilter: netfilter's own tests use it.
 package kerneltest

@@ -374,3 +374,22 @@ func testTraffic(t *testing.T, variant string) {
 		}
 	})
 }
+
+// TestPrivilegedShortCircuit: pods (--cluster-cidr) and the node reach
+// every endpoint of a Service with externalTrafficPolicy Local at its
+// external frontends; a client outside the cluster this node's alone
+// (kerneltest.ShortCircuit), on both iptables backends.
+func TestPrivilegedShortCircuit(t *testing.T) {
+	privileged.Require(t)
+	for _, variant := range kerneltest.Variants() {
+		t.Run(kerneltest.VariantName(variant), func(t *testing.T) {
+			kerneltest.ShortCircuit(t, nodeName, func(node *topology.Host, cidr netip.Prefix, services []lb.Service) {
+				m, err := New(Config{Exec: &netfilter.Exec{NetNS: node.NS, Variant: variant}, ClusterCIDRs: []netip.Prefix{cidr}, Logger: zaptest.NewLogger(t)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				mustApply(t, m, store(t, services...).Snapshot(), true)
+			})
+		})
+	}
+}

@@ -275,3 +275,20 @@ func countElements(ns string) (int, error) {
 	}
 	return k, nil
 }
+
+// TestPrivilegedShortCircuit: pods (--cluster-cidr) and the node reach
+// every endpoint of a Service with externalTrafficPolicy Local at its
+// external frontends; a client outside the cluster this node's alone
+// (kerneltest.ShortCircuit).
+func TestPrivilegedShortCircuit(t *testing.T) {
+	privileged.Require(t)
+	kerneltest.ShortCircuit(t, nodeName, func(node *topology.Host, cidr netip.Prefix, services []lb.Service) {
+		m, err := nftables.New(nftables.Config{NetNS: node.NS, ClusterCIDRs: []netip.Prefix{cidr}, Logger: zaptest.NewLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Apply(context.Background(), snapshot(t, lb.NewStore(lb.StoreOptions{Node: lb.Node{Name: nodeName}}), services), true); err != nil {
+			t.Fatalf("Apply: %v\n%s", err, nftList(t, node.NS))
+		}
+	})
+}
