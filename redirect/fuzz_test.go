@@ -54,7 +54,7 @@ func expect(snap *lb.Snapshot, ports Ports, cfg Config, p netfiltertest.Packet) 
 		return accepted
 	}
 	steer := func(pool *lb.Pool, udpKey netip.AddrPort) (netfiltertest.Verdict, bool) {
-		if len(pool.Backends()) == 0 {
+		if !pool.Serves() { // the forwarder serves the short circuit's clients
 			return rejected, true
 		}
 		if p.Proto == lb.TCP {

@@ -64,12 +64,23 @@ func expect(snap *lb.Snapshot, m *Mode, p netfiltertest.Packet) want {
 			return accepted
 		}
 	}
-	var eps []string
-	for _, b := range pool.Backends() {
-		if familyOf(b.Addr.Addr()) == fam {
-			eps = append(eps, b.Addr.String())
+	inFamily := func(pool *lb.Pool) []string {
+		var eps []string
+		for _, b := range pool.Backends() {
+			if familyOf(b.Addr.Addr()) == fam {
+				eps = append(eps, b.Addr.String())
+			}
 		}
+		return eps
 	}
+	// The short circuit: the node (masqueraded) and pods reaching an
+	// external frontend of a Local Service get the Cluster endpoints.
+	node := p.Src.Addr().IsLoopback() || slices.Contains(p.LocalAddrs, p.Src.Addr())
+	pod := m.clusterCIDR[fam].IsValid() && m.clusterCIDR[fam].Contains(p.Src.Addr())
+	if sc := pool.ShortCircuit(); sc != nil && (node || pod) && len(inFamily(sc)) > 0 {
+		return spread(cfg.MasqueradeAll || node, inFamily(sc)...)
+	}
+	eps := inFamily(pool)
 	if len(eps) == 0 {
 		return rejected
 	}
@@ -142,6 +153,9 @@ func FuzzApply(f *testing.F) {
 	f.Add([]byte{3, 1, 0, 1, 0, 1, 1, 2, 0, 3, 1, 1, 2, 7, 7, 0, 0, 1, 1, 0, 1, 1, 0, 2, 2, 1, 6, 2, 0, 1})
 	f.Add([]byte{6, 0, 1, 1, 3, 1, 0, 2, 4, 5, 1, 4, 1, 5, 2, 6, 7, 1, 0, 1, 2, 3, 0, 1, 1, 2, 1, 0, 0, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17})
 	f.Add([]byte{5, 2, 1, 1, 1, 1, 0, 1, 4, 1, 1, 0, 1, 7, 3, 1, 1, 1, 1, 1, 0, 1, 0, 2, 6, 4, 1, 1, 1, 1, 1, 1, 2, 7, 7, 2, 1, 0, 3, 1, 1})
+	// A Local Service whose two ready endpoints are on another node, with
+	// a ClusterIP and an ExternalIP, under ClusterCIDRs: the short circuit.
+	f.Add([]byte{4, 0, 1, 0, 0, 0, 0, 1, 0, 1, 1, 0, 1, 1, 0, 2, 6, 0, 6, 1})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		in := kerneltest.NewInput(data)
 		flags := in.Next()

@@ -691,7 +691,7 @@ func TestConvertWithPolicy(t *testing.T) {
 	if len(errs) > 0 || len(ports) != 1 {
 		t.Fatalf("Convert: %v %v", ports, errs)
 	}
-	internal, external := lb.UsableEndpoints(&ports[0], lb.Node{Name: "node-a"})
+	internal, external, _ := lb.UsableEndpoints(&ports[0], lb.Node{Name: "node-a"})
 	addrsOf := func(eps []lb.Endpoint) (out []string) {
 		for _, e := range eps {
 			out = append(out, e.Addr.String())
