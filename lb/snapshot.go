@@ -72,13 +72,16 @@ func (s *Snapshot) Route(proto Protocol, dst netip.AddrPort) *Pool {
 	return s.nodePorts[nodePortKey{proto, dst.Port()}]
 }
 
-// ShortCircuits counts the Service ports whose short circuit serves
-// clients inside the cluster otherwise than their External pool serves the
-// rest (Balancer.ShortCircuit), and names the first: what a mode that
-// does not implement the short circuit serves differently from kube-proxy.
+// ShortCircuits counts the externally reachable Service ports whose
+// External pool and short circuit (Balancer.ShortCircuit) both have
+// backends, and different ones, and names the first: where a mode that
+// serves every client of a frontend alike (IPVS) must choose one for all.
 func (s *Snapshot) ShortCircuits() (n int, first ServicePortName) {
 	for _, b := range s.sorted {
-		if b.ShortCircuit != nil && !b.ShortCircuit.same(b.External) {
+		svc := b.Service
+		external := svc.NodePort != 0 || len(svc.ExternalIPs)+len(svc.LoadBalancerIPs) > 0
+		if external && b.ShortCircuit != nil && len(b.External.backends) > 0 && len(b.ShortCircuit.backends) > 0 &&
+			!b.ShortCircuit.same(b.External) {
 			if n == 0 {
 				first = b.Service.Name
 			}

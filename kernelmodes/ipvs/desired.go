@@ -87,17 +87,30 @@ func (m *Mode) compute(snap *lb.Snapshot, nodeIPs []netip.Addr) (*desired, []err
 			attrs.timeout = uint32(min(math.Ceil(svc.AffinityTimeout.Seconds()), math.MaxUint32))
 		}
 		// virtualServer adds one virtual server at addr for pool and
-		// reports whether the pool has usable backends.
+		// reports whether it has real servers.
 		virtualServer := func(addr netip.AddrPort, pool *lb.Pool) bool {
 			w := &vsWant{attrs: attrs, service: svc.Name}
 			fam := familyOf(addr.Addr())
-			for _, b := range pool.Backends() {
-				ba := netip.AddrPortFrom(b.Addr.Addr().Unmap(), b.Addr.Port())
-				if familyOf(ba.Addr()) != fam {
-					continue // a dual-stack Service: the other family's frontends use it
+			add := func(p *lb.Pool) {
+				for _, b := range p.Backends() {
+					ba := netip.AddrPortFrom(b.Addr.Addr().Unmap(), b.Addr.Port())
+					if familyOf(ba.Addr()) != fam {
+						continue // a dual-stack Service: the other family's frontends use it
+					}
+					w.dests = append(w.dests, ba)
+					d.members[member{set: famSet(setLoop4, fam), ip: ba.Addr(), proto: svc.Protocol, port: ba.Port(), ip2: ba.Addr()}] = struct{}{}
 				}
-				w.dests = append(w.dests, ba)
-				d.members[member{set: famSet(setLoop4, fam), ip: ba.Addr(), proto: svc.Protocol, port: ba.Port(), ip2: ba.Addr()}] = struct{}{}
+			}
+			add(pool)
+			if sc := pool.ShortCircuit(); len(w.dests) == 0 && sc != nil {
+				// As kube-proxy's ipvs mode (kubernetes#97081): an
+				// external frontend of a Local Service with no endpoint
+				// here takes the Cluster policy's endpoints, for every
+				// client, so that pods and the node reach it (a virtual
+				// server cannot tell them from others); a client outside
+				// gets no answer, its reply leaving the endpoint's node
+				// unmasqueraded.
+				add(sc)
 			}
 			d.vs[vsKey{svc.Protocol, addr}] = w
 			return len(w.dests) > 0
@@ -139,7 +152,7 @@ func (m *Mode) compute(snap *lb.Snapshot, nodeIPs []netip.Addr) (*desired, []err
 			sctpNodeIPs = append(sctpNodeIPs, ip)
 		}
 		if len(nodeIPs) == 0 {
-			usable = len(bal.External.Backends()) > 0
+			usable = bal.External.Serves()
 		}
 		masq := m.cfg.MasqueradeAll || svc.ExternalTrafficPolicy == lb.PolicyCluster
 		if svc.Protocol == lb.SCTP {

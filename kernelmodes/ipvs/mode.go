@@ -891,16 +891,18 @@ func sortedAddrPorts[V any](s map[netip.AddrPort]V) []netip.AddrPort {
 }
 
 // warnShortCircuit warns, once, when snap has a Service whose clients
-// inside the cluster kube-proxy would short-circuit (lb.Balancer.ShortCircuit):
-// the ipvs mode, like kube-proxy's, serves them as it serves clients
-// outside.
+// inside the cluster kube-proxy's iptables and nftables modes would
+// short-circuit to other endpoints than this node's (lb.Balancer.ShortCircuit):
+// a virtual server serves every client alike, so the ipvs mode, like
+// kube-proxy's, gives them this node's endpoints (all endpoints only when
+// this node has none: see compute).
 func (m *Mode) warnShortCircuit(snap *lb.Snapshot) {
 	if m.shortWarned {
 		return
 	}
 	if n, first := snap.ShortCircuits(); n > 0 {
 		m.shortWarned = true
-		m.log.Warn("pods and the node reaching an external address of a Service with externalTrafficPolicy Local get this node's endpoints only in the ipvs mode (as in kube-proxy's), not every endpoint as the other modes (and kube-proxy's iptables and nftables modes) give them",
+		m.log.Warn("pods and the node reaching an external address of a Service with externalTrafficPolicy Local and endpoints on this node get only those in the ipvs mode (as in kube-proxy's), not every endpoint as the other modes (and kube-proxy's iptables and nftables modes) give them",
 			zap.Int("services", n), zap.Stringer("example", first))
 	}
 }

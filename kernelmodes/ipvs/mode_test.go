@@ -1153,28 +1153,53 @@ func TestParameters(t *testing.T) {
 	}
 }
 
-// TestShortCircuitWarned: the mode has no short circuit for
-// externalTrafficPolicy Local (nor has kube-proxy's ipvs mode): the first
-// Apply with a Service it would serve otherwise warns, once; one whose
-// endpoints are all on this node changes nothing and is not warned about.
-func TestShortCircuitWarned(t *testing.T) {
+// TestShortCircuit: a virtual server serves every client alike, so the
+// mode does as kube-proxy's ipvs mode (kubernetes#97081): a Local
+// Service's external frontends serve this node's endpoints, or, when it
+// has none, every endpoint, so that pods reach them. The first Apply with
+// a Service whose pods would get other endpoints from kube-proxy's
+// iptables mode warns, once.
+func TestShortCircuit(t *testing.T) {
 	core, logs := observer.New(zap.WarnLevel)
 	w := newWorld(t, ipvs.Config{Logger: zap.New(core)})
-	local := func(node string) lb.Service {
+	local := func(nodes ...string) lb.Service {
 		s := cases.Web(0, 1)
 		s.ExternalTrafficPolicy = lb.PolicyLocal
 		for i := range s.Endpoints {
-			s.Endpoints[i].NodeName = node
+			s.Endpoints[i].NodeName = nodes[i]
 		}
 		return s
 	}
 	warned := func() int { return logs.FilterMessageSnippet("externalTrafficPolicy Local").Len() }
-	w.apply(true, local(nodeName))
+	backends := func(to netip.AddrPort) map[netip.AddrPort]bool {
+		seen := map[netip.AddrPort]bool{}
+		for range 40 {
+			v := w.f.Trace(w.packet(cases.Pod, lb.TCP, to))
+			if v.Action != ipvstest.Forwarded || v.Masquerade {
+				t.Fatalf("pod -> %v: %v, want forwarded, not masqueraded", to, v)
+			}
+			seen[v.Backend] = true
+		}
+		return seen
+	}
+	w.apply(true, local(nodeName, nodeName))
 	if n := warned(); n != 0 {
 		t.Errorf("%d warnings with every endpoint on this node, want none", n)
 	}
-	w.apply(true, local("node-b"))
-	w.apply(false, local("node-b"))
+	w.apply(true, local("node-b", "node-b"))
+	for _, to := range []netip.AddrPort{cases.WebExternalIP, cases.WebLBIP, cases.WebNodePort} {
+		if got := backends(to); len(got) != 2 {
+			t.Errorf("no endpoint here: %v serves %v, want both endpoints elsewhere", to, got)
+		}
+	}
+	if n := warned(); n != 0 {
+		t.Errorf("%d warnings with no endpoint here (every client gets every endpoint), want none", n)
+	}
+	w.apply(false, local(nodeName, "node-b"))
+	w.apply(true, local(nodeName, "node-b"))
+	if got := backends(cases.WebExternalIP); len(got) != 1 {
+		t.Errorf("an endpoint here: the ExternalIP serves %v, want it alone", got)
+	}
 	if n := warned(); n != 1 {
 		t.Errorf("%d warnings, want 1", n)
 	}
