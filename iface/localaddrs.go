@@ -8,8 +8,10 @@ import (
 // LocalAddrs is the set of the node's own addresses, on every interface,
 // kept current: what the kernel matches as a local source (iptables'
 // "-m addrtype --src-type LOCAL", nftables' "fib saddr type local") for
-// code that must decide it in user space. WatchLocalAddrs makes one.
-// Safe for concurrent use; Has costs a map lookup.
+// code that must decide it in user space, but for local routes that are
+// no interface's address (ip route add local <prefix>), which it does not
+// see. WatchLocalAddrs makes one. Safe for concurrent use; Has costs a
+// map lookup.
 type LocalAddrs struct {
 	set atomic.Pointer[map[netip.Addr]struct{}]
 }

@@ -2,6 +2,7 @@ package iface
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -18,9 +19,10 @@ const resubscribeDelay = time.Second
 
 // WatchLocalAddrs returns the node's addresses in network namespace ns
 // (netns.None(): the caller's), read before it returns and kept current
-// from rtnetlink's address notifications until ctx ends. When the
-// notifications break off, it reports the error to onError (if not nil),
-// subscribes again and reads every address anew.
+// from rtnetlink's address notifications until ctx ends. It reports what
+// goes wrong to onError (if not nil): a notification it could not read,
+// and notifications that broke off (the socket's buffer overflowed), after
+// which it subscribes again and reads every address anew.
 func WatchLocalAddrs(ctx context.Context, ns netns.NsHandle, onError func(error)) (*LocalAddrs, error) {
 	l := &LocalAddrs{}
 	sub, err := subscribeAddrs(ctx, ns, onError)
@@ -31,20 +33,27 @@ func WatchLocalAddrs(ctx context.Context, ns netns.NsHandle, onError func(error)
 	go func() {
 		for {
 			for u := range sub.updates {
-				a, ok := netip.AddrFromSlice(u.LinkAddress.IP)
-				if !ok {
-					continue
+				// One set a burst: local steering adds an address per
+				// virtual IP, thousands in a row.
+				changed := sub.apply(u)
+				for more := true; more; {
+					select {
+					case u, ok := <-sub.updates:
+						if !ok {
+							more = false
+							break
+						}
+						changed = sub.apply(u) || changed
+					default:
+						more = false
+					}
 				}
-				k := addrOnLink{a.Unmap(), u.LinkIndex}
-				if _, had := sub.held[k]; had == u.NewAddr {
-					continue
+				if changed {
+					l.publish(sub.held)
 				}
-				if u.NewAddr {
-					sub.held[k] = struct{}{}
-				} else {
-					delete(sub.held, k)
-				}
-				l.publish(sub.held)
+			}
+			if onError != nil && ctx.Err() == nil {
+				onError(errors.New("the node's address notifications broke off: reading them all again"))
 			}
 			sub.cancel()
 			for {
@@ -74,12 +83,30 @@ type addrSub struct {
 	cancel  context.CancelFunc
 }
 
+// apply applies u to held and reports whether it changed it.
+func (s *addrSub) apply(u netlink.AddrUpdate) bool {
+	a, ok := netip.AddrFromSlice(u.LinkAddress.IP)
+	if !ok {
+		return false
+	}
+	k := addrOnLink{a.Unmap(), u.LinkIndex}
+	if _, had := s.held[k]; had == u.NewAddr {
+		return false
+	}
+	if u.NewAddr {
+		s.held[k] = struct{}{}
+	} else {
+		delete(s.held, k)
+	}
+	return true
+}
+
 // subscribeAddrs subscribes to address notifications, then lists every
 // address: a change between the two is in both, and applying the
 // notifications in order over the list converges.
 func subscribeAddrs(ctx context.Context, ns netns.NsHandle, onError func(error)) (addrSub, error) {
 	subCtx, cancel := context.WithCancel(ctx)
-	updates := make(chan netlink.AddrUpdate, 64)
+	updates := make(chan netlink.AddrUpdate, 1024)
 	opts := netlink.AddrSubscribeOptions{ErrorCallback: func(err error) {
 		if onError != nil && subCtx.Err() == nil {
 			onError(fmt.Errorf("watching the node's addresses: %w", err))

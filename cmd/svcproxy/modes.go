@@ -209,7 +209,7 @@ func newUserspace(ctx context.Context, o *options, reg prometheus.Registerer, lo
 // cannot be watched, only loopback counts as the node, and it says so.
 func insideCluster(ctx context.Context, cidrs []netip.Prefix, log *zap.Logger) func(netip.Addr) bool {
 	local, err := iface.WatchLocalAddrs(ctx, netns.None(), func(err error) {
-		log.Warn("the node's addresses may be out of date until they are read again", zap.Error(err))
+		log.Warn("watching the node's addresses (for externalTrafficPolicy Local's short circuit)", zap.Error(err))
 	})
 	if err != nil {
 		log.Warn("cannot watch the node's addresses: the node's own connections to the external addresses of a Service with externalTrafficPolicy Local get this node's endpoints only", zap.Error(err))
