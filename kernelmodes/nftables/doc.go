@@ -17,23 +17,26 @@
 //	chain services {
 //	  ip daddr . meta l4proto . th dport @masquerade-frontends meta mark set meta mark | 0x4000
 //	  ip saddr != <cluster CIDR> ip daddr . meta l4proto . th dport @masquerade-off-cluster meta mark set meta mark | 0x4000
-//	  ip daddr . meta l4proto . th dport @short-circuit fib saddr type local meta mark set meta mark | 0x4000
+//	  ip daddr . meta l4proto . th dport @short-circuit jump short-circuit
 //	  dnat ip to ip saddr . ip daddr . meta l4proto . th dport map @affinity   (when a Service has affinity)
-//	  ip saddr <cluster CIDR> ip daddr . meta l4proto . th dport vmap @short-circuit-slots   (goto short-circuit-slots-N)
-//	  ip daddr . meta l4proto . th dport @short-circuit fib saddr type local ip daddr . meta l4proto . th dport vmap @short-circuit-slots
 //	  ip daddr . meta l4proto . th dport vmap @service-slots        (goto slots-N: N endpoints)
 //	  fib daddr type local ip daddr != 127.0.0.0/8 [ip daddr <NodePort prefix>] jump nodeports
 //	}
 //	chain slots-N {   (N = 1..64)
 //	  dnat ip to ip daddr . meta l4proto . th dport . numgen random mod N map @service-endpoints
 //	}
+//	chain short-circuit {   (pods and the node; the rest returns)
+//	  fib saddr type local meta mark set meta mark | 0x4000
+//	  dnat ip to ip saddr . ip daddr . meta l4proto . th dport map @affinity   (when a Service has affinity)
+//	  ip saddr <cluster CIDR> ip daddr . meta l4proto . th dport vmap @short-circuit-slots   (goto short-circuit-slots-N)
+//	  fib saddr type local ip daddr . meta l4proto . th dport vmap @short-circuit-slots
+//	}
 //	chain short-circuit-slots-N {
 //	  dnat ip to ip daddr . meta l4proto . th dport . numgen random mod N offset 65536 map @service-endpoints
 //	}
 //	chain nodeports {
 //	  meta l4proto . th dport @nodeport-masquerade meta mark set meta mark | 0x4000
-//	  meta l4proto . th dport @nodeport-short-circuit fib saddr type local meta mark set meta mark | 0x4000
-//	  (affinity, then the short circuit as in services, from @nodeport-short-circuit-slots)
+//	  meta l4proto . th dport @nodeport-short-circuit jump nodeport-short-circuit   (as short-circuit)
 //	  meta l4proto . th dport vmap @nodeport-slots                 (goto nodeport-slots-N)
 //	}
 //	chain nodeport-slots-N { dnat ip to meta l4proto . th dport . numgen random mod N map @nodeport-endpoints }

@@ -72,6 +72,11 @@ const (
 	chainFilterOut   = "filter-output"
 	chainFilterFwd   = "filter-forward"
 	chainReject      = "reject-no-endpoints" // reject what has no endpoints
+	// The short circuit of externalTrafficPolicy Local: pods and the
+	// node, for the frontends (NodePorts) in SetShortCircuit
+	// (SetNodePortShortCircuit).
+	chainShortCircuit         = "short-circuit"
+	chainNodePortShortCircuit = "nodeport-short-circuit"
 )
 
 // chains are the table's chains, regular ones first.
@@ -79,7 +84,8 @@ func chains() []*nft.Chain {
 	base := func(name string, typ nft.ChainType, hook *nft.ChainHook, prio *nft.ChainPriority) *nft.Chain {
 		return &nft.Chain{Name: name, Type: typ, Hooknum: hook, Priority: prio}
 	}
-	out := []*nft.Chain{{Name: chainServices}, {Name: chainNodePorts}, {Name: chainReject}}
+	out := []*nft.Chain{{Name: chainServices}, {Name: chainNodePorts}, {Name: chainReject},
+		{Name: chainShortCircuit}, {Name: chainNodePortShortCircuit}}
 	for m := 1; m <= Slots; m++ {
 		out = append(out, &nft.Chain{Name: SlotsChain(m)}, &nft.Chain{Name: NodePortSlotsChain(m)},
 			&nft.Chain{Name: ShortSlotsChain(m)}, &nft.Chain{Name: NodePortShortSlotsChain(m)})
@@ -203,16 +209,21 @@ func rules(l Layout) map[string][][]expr.Any {
 	}
 	r := map[string][][]expr.Any{}
 
-	// shortCircuit sends pods (the cluster CIDR) and the node to a short
-	// circuit's slots (kube-proxy's "short-circuit pod traffic", "local
-	// traffic"); set holds the short-circuited keys, so that the fib
-	// lookup runs for their connections only.
-	shortCircuit := func(key []expr.Any, set, slots string) [][]expr.Any {
-		var out [][]expr.Any
+	// shortCircuit is the chain a short-circuited frontend (NodePort)
+	// jumps to: the node's connections marked for masquerade, a
+	// remembered client sent back (affinity), then pods (the cluster
+	// CIDR) and the node to the short circuit's slots (kube-proxy's
+	// "short-circuit pod traffic", "local traffic"); anyone else returns.
+	// Only those frontends' connections pay for it.
+	shortCircuit := func(key []expr.Any, slots string) [][]expr.Any {
+		out := [][]expr.Any{cat(localSource(), b.setMark())}
+		if len(l.AffinityTimeouts) > 0 {
+			out = append(out, b.remembered())
+		}
 		if l.ClusterCIDR.IsValid() {
 			out = append(out, cat([]expr.Any{b.loadAddr(false, reg1)}, nftable.InPrefix(l.Family, l.ClusterCIDR, true), key, []expr.Any{nftable.Vmap(slots)}))
 		}
-		return append(out, cat(key, []expr.Any{lookup(set)}, localSource(), key, []expr.Any{nftable.Vmap(slots)}))
+		return append(out, cat(localSource(), key, []expr.Any{nftable.Vmap(slots)}))
 	}
 
 	// services: mark what is masqueraded, then DNAT a frontend (a short
@@ -222,23 +233,23 @@ func rules(l Layout) map[string][][]expr.Any {
 		r[chainServices] = append(r[chainServices], cat([]expr.Any{b.loadAddr(false, reg1)}, nftable.InPrefix(l.Family, l.ClusterCIDR, false),
 			fe, []expr.Any{lookup(SetMasqueradeOffCluster)}, b.setMark()))
 	}
-	r[chainServices] = append(r[chainServices], cat(fe, []expr.Any{lookup(SetShortCircuit)}, localSource(), b.setMark()))
+	r[chainServices] = append(r[chainServices], cat(fe, []expr.Any{lookup(SetShortCircuit), nftable.Verdict(expr.VerdictJump, chainShortCircuit)}))
+	r[chainShortCircuit] = shortCircuit(fe, SetShortCircuitSlots)
 	if len(l.AffinityTimeouts) > 0 {
 		r[chainServices] = append(r[chainServices], b.remembered())
 	}
-	r[chainServices] = append(r[chainServices], shortCircuit(fe, SetShortCircuit, SetShortCircuitSlots)...)
 	r[chainServices] = append(r[chainServices], cat(fe, []expr.Any{nftable.Vmap(SetServiceSlots)}))
 	for _, m := range localNodePort {
 		r[chainServices] = append(r[chainServices], cat(m, []expr.Any{nftable.Verdict(expr.VerdictJump, chainNodePorts)}))
 	}
 	r[chainNodePorts] = [][]expr.Any{
 		cat(np, []expr.Any{lookup(SetNodePortMasquerade)}, b.setMark()),
-		cat(np, []expr.Any{lookup(SetNodePortShortCircuit)}, localSource(), b.setMark()),
+		cat(np, []expr.Any{lookup(SetNodePortShortCircuit), nftable.Verdict(expr.VerdictJump, chainNodePortShortCircuit)}),
 	}
+	r[chainNodePortShortCircuit] = shortCircuit(np, SetNodePortShortCircuitSlots)
 	if len(l.AffinityTimeouts) > 0 {
 		r[chainNodePorts] = append(r[chainNodePorts], b.remembered())
 	}
-	r[chainNodePorts] = append(r[chainNodePorts], shortCircuit(np, SetNodePortShortCircuit, SetNodePortShortCircuitSlots)...)
 	r[chainNodePorts] = append(r[chainNodePorts], cat(np, []expr.Any{nftable.Vmap(SetNodePortSlots)}))
 	// One chain per number of slots: the frontend's slot, then its
 	// endpoint; a short circuit's slots from ShortSlot on.
