@@ -76,7 +76,7 @@ func chainName(kind byte, svc *lb.Service, ep netip.AddrPort) string {
 
 // svcRules is what one Service port needs in one family.
 type svcRules struct {
-	chains    []ownedChain // its own chains (S, E, A), each once
+	chains    []ownedChain // its own chains (S, E, C, A), each once
 	services  []string     // its rules in SVCPROXY-DNAT-SERVICES
 	nodePorts []string     // in SVCPROXY-DNAT-NODEPORTS
 	reject    []string     // in SVCPROXY-DNAT-REJECT
