@@ -26,6 +26,12 @@
 //     Workers sockets per frontend: 20,000 descriptors and a 2 s first
 //     sync at 10,000 Services with 2 workers.
 //
+// A client inside the cluster (Config.Inside: a pod, or the node) that
+// reaches an external frontend of a Service with externalTrafficPolicy
+// Local is routed to the Service's short circuit (lb.Pool.ShortCircuit),
+// its endpoints on every node, as kube-proxy does; other clients there get
+// this node's endpoints alone.
+//
 // A connection whose destination is no Service's frontend is reset: the
 // forwarder never connects anywhere but to an endpoint of the Service the
 // client addressed, so it is not an open relay.

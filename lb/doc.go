@@ -12,7 +12,11 @@
 // Snapshot and only translates it: no mode decides policy again. The
 // Snapshot also says which frontends each Service port owns after conflicts
 // (Frontends, NodePort) and what changed since a previous one (Changed), so
-// no mode recomputes ownership or keeps its own change tracking.
+// no mode recomputes ownership or keeps its own change tracking. Each
+// Service port has a pool for internal and one for external traffic, and,
+// under externalTrafficPolicy Local, a third for the external traffic of
+// clients inside the cluster (Balancer.ShortCircuit); which clients are
+// inside is the modes' to tell, from the source address.
 //
 // lb is pure: it knows nothing of client-go, sockets, iptables or IPVS.
 // The only mutable state reachable from a Snapshot is runtime bookkeeping kept
