@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -53,7 +54,7 @@ func WatchLocalAddrs(ctx context.Context, ns netns.NsHandle, onError func(error)
 				}
 			}
 			if onError != nil && ctx.Err() == nil {
-				onError(errors.New("the node's address notifications broke off: reading them all again"))
+				onError(errors.New("the node's address notifications broke off (a full socket buffer drops them): reading them all again"))
 			}
 			sub.cancel()
 			for {
@@ -108,7 +109,9 @@ func subscribeAddrs(ctx context.Context, ns netns.NsHandle, onError func(error))
 	subCtx, cancel := context.WithCancel(ctx)
 	updates := make(chan netlink.AddrUpdate, 1024)
 	opts := netlink.AddrSubscribeOptions{ErrorCallback: func(err error) {
-		if onError != nil && subCtx.Err() == nil {
+		// A failed receive ends the subscription, which WatchLocalAddrs
+		// reports itself; the rest are single notifications it skipped.
+		if onError != nil && subCtx.Err() == nil && !strings.HasPrefix(err.Error(), "Receive failed") {
 			onError(fmt.Errorf("watching the node's addresses: %w", err))
 		}
 	}}
@@ -122,6 +125,10 @@ func subscribeAddrs(ctx context.Context, ns netns.NsHandle, onError func(error))
 	held, err := listAddrs(ns)
 	if err != nil {
 		cancel()
+		go func() { // until the closed socket ends the subscription
+			for range updates {
+			}
+		}()
 		return addrSub{}, err
 	}
 	return addrSub{updates: updates, held: held, cancel: cancel}, nil

@@ -106,10 +106,11 @@ func (m *Mode) compute(snap *lb.Snapshot, nodeIPs []netip.Addr) (*desired, []err
 				// As kube-proxy's ipvs mode (kubernetes#97081): an
 				// external frontend of a Local Service with no endpoint
 				// here takes the Cluster policy's endpoints, for every
-				// client, so that pods and the node reach it (a virtual
-				// server cannot tell them from others); a client outside
-				// gets no answer, its reply leaving the endpoint's node
-				// unmasqueraded.
+				// client (a virtual server cannot tell them apart), so
+				// that pods reach it. Unmasqueraded, as there: a client
+				// outside gets no answer (the endpoint answers it from its
+				// own node), nor does the node at an ExternalIP or LB IP
+				// (its source is that address, which every node holds).
 				add(sc)
 			}
 			d.vs[vsKey{svc.Protocol, addr}] = w

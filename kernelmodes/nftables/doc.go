@@ -27,6 +27,7 @@
 //	}
 //	chain short-circuit {   (pods and the node; the rest returns)
 //	  fib saddr type local meta mark set meta mark | 0x4000
+//	  fib saddr type != local ip saddr != <cluster CIDR> return
 //	  dnat ip to ip saddr . ip daddr . meta l4proto . th dport map @affinity   (when a Service has affinity)
 //	  ip saddr <cluster CIDR> ip daddr . meta l4proto . th dport vmap @short-circuit-slots   (goto short-circuit-slots-N)
 //	  fib saddr type local ip daddr . meta l4proto . th dport vmap @short-circuit-slots

@@ -145,11 +145,16 @@ func numgen(reg uint32, m int, offset uint32) expr.Any {
 }
 
 // localSource matches a packet from one of the node's addresses (fib saddr
-// type local): kube-proxy's "local traffic" of the short circuit.
-func localSource() []expr.Any {
+// type local), or with local false from none: kube-proxy's "local traffic"
+// of the short circuit.
+func localSource(local bool) []expr.Any {
+	op := expr.CmpOpEq
+	if !local {
+		op = expr.CmpOpNeq
+	}
 	return []expr.Any{
 		&expr.Fib{Register: reg1, FlagSADDR: true, ResultADDRTYPE: true},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: nftable.Native32(unix.RTN_LOCAL)},
+		&expr.Cmp{Op: op, Register: reg1, Data: nftable.Native32(unix.RTN_LOCAL)},
 	}
 }
 
@@ -216,14 +221,20 @@ func rules(l Layout) map[string][][]expr.Any {
 	// "short-circuit pod traffic", "local traffic"); anyone else returns.
 	// Only those frontends' connections pay for it.
 	shortCircuit := func(key []expr.Any, slots string) [][]expr.Any {
-		out := [][]expr.Any{cat(localSource(), b.setMark())}
+		out := [][]expr.Any{cat(localSource(true), b.setMark())}
+		// Neither the node nor a pod: back at once.
+		outside := localSource(false)
+		if l.ClusterCIDR.IsValid() {
+			outside = cat(outside, []expr.Any{b.loadAddr(false, reg1)}, nftable.InPrefix(l.Family, l.ClusterCIDR, false))
+		}
+		out = append(out, cat(outside, []expr.Any{nftable.Verdict(expr.VerdictReturn, "")}))
 		if len(l.AffinityTimeouts) > 0 {
 			out = append(out, b.remembered())
 		}
 		if l.ClusterCIDR.IsValid() {
 			out = append(out, cat([]expr.Any{b.loadAddr(false, reg1)}, nftable.InPrefix(l.Family, l.ClusterCIDR, true), key, []expr.Any{nftable.Vmap(slots)}))
 		}
-		return append(out, cat(localSource(), key, []expr.Any{nftable.Vmap(slots)}))
+		return append(out, cat(localSource(true), key, []expr.Any{nftable.Vmap(slots)}))
 	}
 
 	// services: mark what is masqueraded, then DNAT a frontend (a short

@@ -310,10 +310,13 @@ func (f *Fake) Trace(fam netfilter.Family, p Packet) Verdict {
 		return []Share{{ep, 1, 1}}
 	}
 	// pick: the short circuit's slots for a client inside that has one,
-	// else the frontend's own.
+	// else (or when its slot has no element: the goto falls off the end
+	// back into services) the frontend's own.
 	pick := func(shortSlots, slotsSet, set, key string) []Share {
 		if inside && has(shortSlots, key) {
-			return shares(shortSlots, set, key, nftables.ShortSlot)
+			if s := shares(shortSlots, set, key, nftables.ShortSlot); len(s) > 0 {
+				return s
+			}
 		}
 		return shares(slotsSet, set, key, 0)
 	}
