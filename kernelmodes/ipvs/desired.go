@@ -107,10 +107,9 @@ func (m *Mode) compute(snap *lb.Snapshot, nodeIPs []netip.Addr) (*desired, []err
 				// external frontend of a Local Service with no endpoint
 				// here takes the Cluster policy's endpoints, for every
 				// client (a virtual server cannot tell them apart), so
-				// that pods reach it. Unmasqueraded, as there: a client
-				// outside gets no answer (the endpoint answers it from its
-				// own node), nor does the node at an ExternalIP or LB IP
-				// (its source is that address, which every node holds).
+				// that pods and the node (masqueraded: its source is the
+				// VIP) reach it. A client outside gets no answer, as there:
+				// unmasqueraded, it is answered from the endpoint's node.
 				add(sc)
 			}
 			d.vs[vsKey{svc.Protocol, addr}] = w

@@ -40,6 +40,7 @@
 //
 //	nat PREROUTING, OUTPUT -> SVCPROXY-IPVS-SERVICES
 //	  masq-v4 dst,dst                         SVCPROXY-IPVS-MARK-MASQ
+//	  vs-v4 src,dst                           SVCPROXY-IPVS-MARK-MASQ (the node, from a VIP)
 //	  vs-v4 dst,dst                           RETURN (a VIP frontend is never a NodePort)
 //	  nodeips-v4 dst                          SVCPROXY-IPVS-NODEPORTS
 //	    -p tcp np-masq-tcp dst                SVCPROXY-IPVS-MARK-MASQ (udp alike)
@@ -57,8 +58,12 @@
 //
 // Masquerading (mark, then MASQUERADE in POSTROUTING) applies to NodePort,
 // ExternalIP and LoadBalancer traffic of Services with the Cluster external
-// traffic policy, to everything with Config.MasqueradeAll, and to an
-// endpoint reaching itself through its Service. It needs
+// traffic policy, to everything with Config.MasqueradeAll, to an
+// endpoint reaching itself through its Service, and to the node's own
+// connections to a virtual server: their source is the VIP, which every
+// node holds on its dummy interface, so an endpoint on another node would
+// answer its own node (kube-proxy's ipvs mode masquerades them alike,
+// "src,dst" over its cluster IP set). It needs
 // net.ipv4.vs.conntrack=1, which a full sync sets, with
 // expire_nodest_conn=1, expire_quiescent_template=1, ip_forward=1 and,
 // on kernels 4.1 to 5.8, conn_reuse_mode=0 (Parameters; as kube-proxy

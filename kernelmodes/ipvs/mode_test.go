@@ -1191,6 +1191,12 @@ func TestShortCircuit(t *testing.T) {
 		if got := backends(to); len(got) != 2 {
 			t.Errorf("no endpoint here: %v serves %v, want both endpoints elsewhere", to, got)
 		}
+		// The node, from the VIP itself: masqueraded, or the endpoint's
+		// node (which holds the VIP too) would take the answer. (To a
+		// NodePort its source is its own address.)
+		if v := w.f.Trace(w.packet(cases.Node, lb.TCP, to)); v.Action != ipvstest.Forwarded || v.Masquerade != (to != cases.WebNodePort) {
+			t.Errorf("node -> %v: %v, want forwarded, masqueraded unless to the NodePort", to, v)
+		}
 	}
 	if n := warned(); n != 0 {
 		t.Errorf("%d warnings with no endpoint here (every client gets every endpoint), want none", n)

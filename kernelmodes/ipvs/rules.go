@@ -164,6 +164,12 @@ func (m *Mode) chainRules(fam Family) map[netfilter.ChainKey][]string {
 	return map[netfilter.ChainKey][]string{
 		netfilter.Nat(chainServices): {
 			"-m set --match-set " + set(setMasq4) + " dst,dst -j " + chainMarkMasq,
+			// The node's own connections to a virtual server leave from
+			// the VIP itself (every VIP is on the dummy interface), which
+			// every node holds: an endpoint on another node would answer
+			// its own node. Masqueraded, as kube-proxy's ipvs mode does
+			// ("src,dst" over its cluster IP set).
+			"-m set --match-set " + set(setVS4) + " src,dst -j " + chainMarkMasq,
 			// A VIP frontend is never a NodePort.
 			"-m set --match-set " + set(setVS4) + " dst,dst -j RETURN",
 			"-m set --match-set " + set(setNodeIPs4) + " dst -j " + chainNodePorts,

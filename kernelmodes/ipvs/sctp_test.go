@@ -68,7 +68,7 @@ func TestSCTP(t *testing.T) {
 
 			for _, p := range []cases.Probe{
 				{Name: "ClusterIP from a pod", From: cases.Pod, Proto: lb.SCTP, To: vip, N: 4, Backends: []int{0, 1}, Balanced: true},
-				{Name: "ClusterIP from the node", From: cases.Node, Proto: lb.SCTP, To: vip, N: 2, Backends: []int{0, 1}, Balanced: true},
+				{Name: "ClusterIP from the node, masqueraded", From: cases.Node, Proto: lb.SCTP, To: vip, N: 2, Backends: []int{0, 1}, Balanced: true, Masq: cases.MasqYes},
 				{Name: "NodePort, masqueraded", From: cases.Pod, Proto: lb.SCTP, To: nodePort, N: 2, Backends: []int{0, 1}, Balanced: true, Masq: cases.MasqYes},
 				{Name: "hairpin", From: cases.Backend0, Proto: lb.SCTP, To: vip, N: 2, Backends: []int{0, 1}, Balanced: true, Masq: cases.MasqSelf},
 				{Name: "ClusterIP without endpoints refused", From: cases.Pod, Proto: lb.SCTP, To: deadVIP, Outcome: cases.Refused},

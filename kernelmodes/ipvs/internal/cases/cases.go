@@ -187,7 +187,8 @@ func Steps() []Step {
 			Services: []lb.Service{Web(0, 1), DNS(0, 1)},
 			Probes: []Probe{
 				{Name: "ClusterIP from a pod, round robin", From: Pod, To: WebClusterIP, N: 4, Backends: []int{0, 1}, Balanced: true},
-				{Name: "ClusterIP from the node", From: Node, To: WebClusterIP, N: 2, Backends: []int{0, 1}, Balanced: true},
+				// Its source is the VIP, which every node holds: masqueraded.
+				{Name: "ClusterIP from the node, masqueraded", From: Node, To: WebClusterIP, N: 2, Backends: []int{0, 1}, Balanced: true, Masq: MasqYes},
 				{Name: "NodePort from a pod, masqueraded", From: Pod, To: WebNodePort, N: 2, Backends: []int{0, 1}, Balanced: true, Masq: MasqYes},
 				{Name: "NodePort from the node", From: Node, To: WebNodePort, N: 2, Backends: []int{0, 1}, Balanced: true, Masq: MasqYes},
 				{Name: "ExternalIP from a pod, masqueraded", From: Pod, To: WebExternalIP, N: 2, Backends: []int{0, 1}, Balanced: true, Masq: MasqYes},
