@@ -124,7 +124,15 @@ func run(r *vmtest.Reporter) error {
 	if err := h.NewService(foreignService(topo)); err != nil {
 		return fmt.Errorf("adding a foreign virtual server: %w", err)
 	}
-	g := &guest{r: r, topo: topo, m: m, ipvs: h, counted: counted, store: lb.NewStore(lb.StoreOptions{})}
+	// The guest reads and tampers through a socket of its own: the mode's
+	// sweeper dumps real servers on the mode's socket in the background,
+	// and a second dump on the same netlink socket meanwhile fails with
+	// EBUSY.
+	inspect, err := ipvs.NewIPVS()
+	if err != nil {
+		return err
+	}
+	g := &guest{r: r, topo: topo, m: m, ipvs: inspect, counted: counted, store: lb.NewStore(lb.StoreOptions{})}
 	for _, step := range cases.Steps() {
 		t0 := time.Now()
 		g.step(ctx, step)
