@@ -158,10 +158,7 @@ func TestRun(t *testing.T) {
 			if tc.successor {
 				path = filepath.Join(t.TempDir(), "handover.sock")
 			}
-			termCtx, term := handover.NewTermination(0, log)
-			defer term.Stop()
-			ctx, cancel := context.WithCancel(termCtx)
-			defer cancel()
+			term, ctx, cancel := terminated(t, 0, log)
 			cfg := Config{
 				Logger: log, Registry: reg, Store: lb.NewStore(lb.StoreOptions{}), Source: source,
 				Tracker: health.NewTracker(time.Minute, nil), Modes: table, Mode: tc.mode, Steering: tc.steering,
@@ -308,10 +305,7 @@ func TestRunLeavesRulesToSuccessor(t *testing.T) {
 			table[proxymode.Userspace] = us
 			log := zaptest.NewLogger(t)
 			path := filepath.Join(t.TempDir(), "handover.sock")
-			termCtx, term := handover.NewTermination(time.Minute, log) // lingers after handing over
-			defer term.Stop()
-			ctx, cancel := context.WithCancel(termCtx)
-			defer cancel()
+			term, ctx, cancel := terminated(t, time.Minute, log) // lingers after handing over
 			watched := make(chan context.Context, 1)
 			cfg := Config{
 				Logger: log, Registry: prometheus.NewPedanticRegistry(), Store: lb.NewStore(lb.StoreOptions{}),
@@ -383,10 +377,7 @@ func testRunLeavesTheSuccessorsRules(t *testing.T, period time.Duration) {
 	table[proxymode.Userspace] = us
 	log := zaptest.NewLogger(t)
 	path := filepath.Join(t.TempDir(), "handover.sock")
-	termCtx, term := handover.NewTermination(0, log)
-	defer term.Stop()
-	ctx, cancel := context.WithCancel(termCtx)
-	defer cancel()
+	term, ctx, cancel := terminated(t, 0, log)
 	changed := make(chan func(), 1)
 	cfg := Config{
 		Logger: log, Registry: prometheus.NewPedanticRegistry(), Store: lb.NewStore(lb.StoreOptions{}),
@@ -480,10 +471,7 @@ func TestRunHandsOverHealthChecks(t *testing.T) {
 	var fails atomic.Int32
 	log := zaptest.NewLogger(t)
 	path := filepath.Join(t.TempDir(), "handover.sock")
-	termCtx, term := handover.NewTermination(0, log)
-	defer term.Stop()
-	ctx, cancel := context.WithCancel(termCtx)
-	defer cancel()
+	term, ctx, _ := terminated(t, 0, log)
 	probe, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -584,10 +572,7 @@ func TestRunFirewall(t *testing.T) {
 			if tc.successor {
 				path = filepath.Join(t.TempDir(), "handover.sock")
 			}
-			termCtx, term := handover.NewTermination(0, log)
-			defer term.Stop()
-			ctx, cancel := context.WithCancel(termCtx)
-			defer cancel()
+			term, ctx, cancel := terminated(t, 0, log)
 			store := lb.NewStore(lb.StoreOptions{})
 			cfg := Config{
 				Logger: log, Registry: reg, Store: store,
@@ -641,4 +626,16 @@ func TestRunFirewall(t *testing.T) {
 			}
 		})
 	}
+}
+
+// terminated is a Termination lingering linger after a handover and a
+// context that it, or cancel, ends; both are stopped when t ends (cancel
+// first).
+func terminated(t *testing.T, linger time.Duration, log *zap.Logger) (*handover.Termination, context.Context, context.CancelFunc) {
+	t.Helper()
+	termCtx, term := handover.NewTermination(linger, log)
+	t.Cleanup(term.Stop)
+	ctx, cancel := context.WithCancel(termCtx)
+	t.Cleanup(cancel)
+	return term, ctx, cancel
 }
