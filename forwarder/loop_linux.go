@@ -636,7 +636,7 @@ func (w *worker) poll(uintptr) bool {
 // if it holds events already (EPOLL_CTL_MOD polls it), else at the next.
 func (w *worker) rearm() error {
 	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLONESHOT}
-	if err := unix.EpollCtl(w.park, unix.EPOLL_CTL_MOD, w.ep, &ev); err != nil {
+	if err := sysEpollCtl(w.park, unix.EPOLL_CTL_MOD, w.ep, &ev); err != nil {
 		return fmt.Errorf("arming the parking epoll: %w", err)
 	}
 	w.parked = true
@@ -660,7 +660,7 @@ func (w *worker) unpark() {
 	// which takes off the ready list a report that raced the disarm: left
 	// there, it would keep the next rearm from reporting.
 	ev := unix.EpollEvent{Events: unix.EPOLLONESHOT}
-	_ = unix.EpollCtl(w.park, unix.EPOLL_CTL_MOD, w.ep, &ev)
+	_ = sysEpollCtl(w.park, unix.EPOLL_CTL_MOD, w.ep, &ev)
 	_, _ = sysEpollPoll(w.park, w.parkEv[:])
 }
 
@@ -757,7 +757,7 @@ func (w *worker) register(fd int, e fdEntry, events uint32) error {
 	e.seq = w.seq
 	w.fds[fd] = e
 	ev := unix.EpollEvent{Events: events, Fd: int32(fd), Pad: int32(e.seq)}
-	if err := unix.EpollCtl(w.ep, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+	if err := sysEpollCtl(w.ep, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
 		w.fds[fd] = fdEntry{}
 		return fmt.Errorf("adding descriptor to epoll: %w", err)
 	}
@@ -779,7 +779,7 @@ func (w *worker) closeFD(fd int) {
 // closes: left in, every connection or datagram the successor takes would
 // wake this worker for nothing while it drains.
 func (w *worker) closeShared(fd int) {
-	_ = unix.EpollCtl(w.ep, unix.EPOLL_CTL_DEL, fd, nil)
+	_ = sysEpollCtl(w.ep, unix.EPOLL_CTL_DEL, fd, nil)
 	w.closeFD(fd)
 }
 
@@ -826,7 +826,7 @@ func (w *worker) wake() {
 	if !w.woken {
 		w.woken = true
 		one := [8]byte{1}
-		_, _ = unix.Write(w.evfd, one[:])
+		_, _ = sysWrite(w.evfd, one[:])
 	}
 }
 
@@ -891,7 +891,7 @@ func (w *worker) adopt(a adoption) bool {
 
 func (w *worker) runTasks() {
 	var b [8]byte
-	_, _ = unix.Read(w.evfd, b[:])
+	_, _ = sysRead(w.evfd, b[:])
 	w.mu.Lock()
 	tasks := w.tasks
 	w.tasks = nil
