@@ -65,10 +65,26 @@ type target struct {
 	proto    lb.Protocol
 	port     uint16 // the frontend port or NodePort
 	// to is the forwarder port to steer to: the TCP redirect port, or the
-	// UDP frontend's socket (0: none, only when not usable).
+	// UDP frontend's socket (0: none, only when not steered).
 	to uint16
 	// usable: the pool has endpoints, so steer; else reject.
 	usable bool
+	// short: the pool has none, but its short circuit has (a Local
+	// external frontend whose endpoints all run elsewhere): steer clients
+	// inside the cluster (Config.ClusterCIDRs, the node itself), reject
+	// the rest.
+	short bool
+}
+
+// steered says whether x is steered, for some clients at least.
+func (x target) steered() bool { return x.usable || x.short }
+
+// targetOf is pool's target, for frontend address a (the family's
+// unspecified address for a NodePort) and port.
+func targetOf(fam netfilter.Family, a netip.Addr, svc *lb.Service, port, to uint16, pool *lb.Pool) target {
+	usable := len(pool.Backends()) > 0
+	return target{fam: fam, addr: a, nodePort: a.IsUnspecified(), proto: svc.Protocol, port: port, to: to,
+		usable: usable, short: !usable && pool.Serves()}
 }
 
 // walk calls visit with every frontend and NodePort of snap svcproxy steers
@@ -111,9 +127,9 @@ func (r *Redirector) walkBalancer(snap *lb.Snapshot, bal *lb.Balancer, ports Por
 		if fam == netfilter.IPv6 && !r.cfg.IPv6 {
 			continue
 		}
-		x := target{fam: fam, addr: ip, proto: svc.Protocol, port: svc.Port, to: ports.TCP, usable: pool.Serves()}
+		x := targetOf(fam, ip, svc, svc.Port, ports.TCP, pool)
 		if svc.Protocol == lb.UDP {
-			if x.to = ports.UDP[fe]; x.to == 0 && x.usable {
+			if x.to = ports.UDP[fe]; x.to == 0 && x.steered() {
 				errs = append(errs, fmt.Errorf("service %v: frontend %v: no forwarder port for it", svc.Name, fe))
 				continue
 			}
@@ -125,12 +141,12 @@ func (r *Redirector) walkBalancer(snap *lb.Snapshot, bal *lb.Balancer, ports Por
 		return errs // none, or another Service owns this NodePort
 	}
 	for _, fam := range r.families {
-		x := target{fam: fam, nodePort: true, addr: unspecified(fam), proto: svc.Protocol, port: svc.NodePort, to: ports.TCP, usable: pool.Serves()}
+		x := targetOf(fam, unspecified(fam), svc, svc.NodePort, ports.TCP, pool)
 		if svc.Protocol == lb.UDP {
 			// Each family's UDP NodePort has its own socket; a family
 			// without one is not steered.
 			fe := lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(x.addr, svc.NodePort)}
-			if x.to = ports.UDP[fe]; x.to == 0 && x.usable {
+			if x.to = ports.UDP[fe]; x.to == 0 && x.steered() {
 				errs = append(errs, fmt.Errorf("service %v: nodePort %v: no forwarder port for it", svc.Name, fe))
 				continue
 			}
@@ -162,6 +178,9 @@ func (r *Redirector) compute(snap *lb.Snapshot, ports Ports, spare map[member]st
 				set = svcSet(x.fam)
 			}
 			d.members[addrMember(set, x.addr, x.proto, x.port)] = struct{}{}
+			if x.short { // rejected too, unless steered from inside
+				d.members[addrMember(shortSet(x.fam), x.addr, x.proto, x.port)] = struct{}{}
+			}
 			return
 		}
 		// The NodePort sets serve both families.
@@ -177,6 +196,13 @@ func (r *Redirector) compute(snap *lb.Snapshot, ports Ports, spare map[member]st
 			set = setNPRejectUDP
 		}
 		d.members[member{set: set, port: x.port}] = struct{}{}
+		if x.short {
+			set = setNPShortUDP
+			if x.proto == lb.TCP {
+				set = setNPShortTCP
+			}
+			d.members[member{set: set, port: x.port}] = struct{}{}
+		}
 	})
 	d.udp = make(map[lb.Frontend]uint16)
 	for _, fam := range r.families {
@@ -187,6 +213,9 @@ func (r *Redirector) compute(snap *lb.Snapshot, ports Ports, spare map[member]st
 			for _, p := range r.npAddrs[fam] {
 				d.members[netMember(npAddrsSet(fam), p)] = struct{}{}
 			}
+		}
+		for _, p := range r.inside[fam] {
+			d.members[netMember(insideSet(fam), p)] = struct{}{}
 		}
 		d.rules[fam] = r.chainRules(fam, ports.TCP, udp[fam], npUDP[fam])
 	}
@@ -225,18 +254,33 @@ func (r *Redirector) chainRules(fam netfilter.Family, tcpPort uint16, udp, npUDP
 	if fam == netfilter.IPv6 {
 		unreachable = "icmp6-port-unreachable"
 	}
+	// A short-circuit frontend (or NodePort) is steered for a client
+	// inside the cluster: a source in the cluster CIDRs, or the node.
+	short, inside := setDefs[shortSet(fam)].Name, setDefs[insideSet(fam)].Name
+	fromInside := []string{"-m set --match-set " + inside + " src", "-m addrtype --src-type LOCAL"}
+	services := []string{
+		mark,
+		"-p tcp -m set --match-set " + svc + " dst,dst -j " + to,
+		"-p udp -m set --match-set " + svc + " dst,dst -j " + chainUDP,
+	}
+	nodePorts := []string{
+		"-p tcp -m set --match-set " + setDefs[setNPTCP].Name + " dst -j " + to,
+		"-p udp -m set --match-set " + setDefs[setNPUDP].Name + " dst -j " + chainNPUDP,
+	}
+	for _, src := range fromInside {
+		services = append(services,
+			"-p tcp -m set --match-set "+short+" dst,dst "+src+" -j "+to,
+			"-p udp -m set --match-set "+short+" dst,dst "+src+" -j "+chainUDP)
+		nodePorts = append(nodePorts,
+			"-p tcp -m set --match-set "+setDefs[setNPShortTCP].Name+" dst "+src+" -j "+to,
+			"-p udp -m set --match-set "+setDefs[setNPShortUDP].Name+" dst "+src+" -j "+chainNPUDP)
+	}
+	services = append(services,
+		"-m set --match-set "+reject+" dst,dst -j RETURN",
+		local+" -j "+chainNodePorts)
 	rules := map[chainKey][]string{
-		netfilter.Nat(chainServices): {
-			mark,
-			"-p tcp -m set --match-set " + svc + " dst,dst -j " + to,
-			"-p udp -m set --match-set " + svc + " dst,dst -j " + chainUDP,
-			"-m set --match-set " + reject + " dst,dst -j RETURN",
-			local + " -j " + chainNodePorts,
-		},
-		netfilter.Nat(chainNodePorts): {
-			"-p tcp -m set --match-set " + setDefs[setNPTCP].Name + " dst -j " + to,
-			"-p udp -m set --match-set " + setDefs[setNPUDP].Name + " dst -j " + chainNPUDP,
-		},
+		netfilter.Nat(chainServices):  services,
+		netfilter.Nat(chainNodePorts): nodePorts,
 		netfilter.Filter(chainReject): {
 			mark,
 			"-m conntrack --ctstate DNAT -j RETURN",

@@ -51,15 +51,23 @@
 //	  svcproxy-np-addrs-v4    hash:net      --nodeport-addresses (only when restricted)
 //	  svcproxy-np-tcp/-udp    bitmap:port   NodePorts with endpoints (both families)
 //	  svcproxy-np-reject-tcp/-udp bitmap:port NodePorts without endpoints
+//	  svcproxy-short-v4       hash:ip,port  frontends served only to clients inside the cluster (also in reject-v4)
+//	  svcproxy-np-short-tcp/-udp bitmap:port  the same NodePorts (also in np-reject-*)
+//	  svcproxy-inside-v4      hash:net      the cluster CIDRs (Config.ClusterCIDRs)
 //
 //	nat PREROUTING, OUTPUT -> SVCPROXY-SERVICES
 //	  -m mark --mark M/M                                  RETURN  (the forwarder's own dials)
 //	  -p tcp  svc-v4 dst,dst                              REDIRECT --to-ports TCP
 //	  -p udp  svc-v4 dst,dst                              SVCPROXY-UDP (one REDIRECT per UDP frontend)
+//	  -p tcp  short-v4 dst,dst inside-v4 src              REDIRECT --to-ports TCP
+//	  -p udp  short-v4 dst,dst inside-v4 src              SVCPROXY-UDP
+//	  (the same two with addrtype --src-type LOCAL: the node itself)
 //	  reject-v4 dst,dst                                   RETURN  (a dead VIP is never a NodePort)
 //	  addrtype LOCAL [np-addrs-v4 dst]                    SVCPROXY-NODEPORTS (last, like KUBE-NODEPORTS)
 //	    -p tcp np-tcp dst                                 REDIRECT --to-ports TCP
 //	    -p udp np-udp dst                                 SVCPROXY-NP-UDP (one REDIRECT per UDP NodePort)
+//	    -p tcp np-short-tcp dst inside-v4 src             REDIRECT --to-ports TCP (and --src-type LOCAL)
+//	    -p udp np-short-udp dst inside-v4 src             SVCPROXY-NP-UDP (and --src-type LOCAL)
 //
 //	filter INPUT, FORWARD, OUTPUT -> SVCPROXY-REJECT
 //	  -m mark --mark M/M                                  RETURN
@@ -69,6 +77,14 @@
 //	  -p tcp addrtype LOCAL [np-addrs] np-reject-tcp dst  REJECT tcp-reset
 //	  -p udp addrtype LOCAL [np-addrs] np-reject-udp dst  REJECT icmp-port-unreachable
 //	  -p udp --dport P addrtype LOCAL                     DROP    (one per UDP frontend socket port P)
+//
+// A frontend or NodePort of an externalTrafficPolicy Local Service with no
+// endpoint on this node but some elsewhere is served, as by kube-proxy,
+// to clients inside the cluster (pods in the cluster CIDRs, and the node)
+// with the Service's endpoints on every node (its short circuit,
+// lb.Pool.ShortCircuit; the forwarder tells the clients apart again). It
+// is in the short and the reject sets: steered from inside, refused by
+// the kernel for everyone else, who never reaches the forwarder.
 //
 // UDP frontends get one rule each (their forwarder socket has its own port),
 // but whether a UDP frontend is steered or rejected is still decided by set

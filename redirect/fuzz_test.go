@@ -53,17 +53,39 @@ func expect(snap *lb.Snapshot, ports Ports, cfg Config, p netfiltertest.Packet) 
 	if fam == netfilter.IPv6 && !cfg.IPv6 {
 		return accepted
 	}
+	src := p.Src.Addr()
+	inside := src.IsLoopback() || slices.Contains(p.LocalAddrs, src) ||
+		slices.ContainsFunc(cfg.ClusterCIDRs, func(c netip.Prefix) bool { return c.Contains(src) })
 	steer := func(pool *lb.Pool, udpKey netip.AddrPort) (netfiltertest.Verdict, bool) {
-		if !pool.Serves() { // the forwarder serves the short circuit's clients
+		// Steered when the pool has endpoints, or its short circuit has
+		// and the client is inside the cluster; else rejected.
+		own := len(pool.Backends()) > 0
+		short := pool.ShortCircuit() != nil && len(pool.ShortCircuit().Backends()) > 0
+		if !own && !short {
 			return rejected, true
 		}
-		if p.Proto == lb.TCP {
-			return redirected(ports.TCP), true
+		to := ports.TCP
+		if p.Proto == lb.UDP {
+			if to = ports.UDP[lb.Frontend{Protocol: lb.UDP, Addr: udpKey}]; to == 0 {
+				// Not programmed in this family; but the iptables
+				// backend's NodePort sets serve both, and a short-circuit
+				// NodePort the other family programmed is rejected here
+				// too.
+				other := netip.AddrPortFrom(netip.IPv6Unspecified(), udpKey.Port())
+				if udpKey.Addr().Is6() {
+					other = netip.AddrPortFrom(netip.IPv4Unspecified(), udpKey.Port())
+				}
+				if cfg.Backend == BackendIPTables && udpKey.Addr().IsUnspecified() && !own && (other.Addr().Is4() || cfg.IPv6) &&
+					ports.UDP[lb.Frontend{Protocol: lb.UDP, Addr: other}] != 0 {
+					return rejected, true
+				}
+				return netfiltertest.Verdict{}, false
+			}
 		}
-		if to := ports.UDP[lb.Frontend{Protocol: lb.UDP, Addr: udpKey}]; to != 0 {
-			return redirected(to), true
+		if !own && !inside {
+			return rejected, true
 		}
-		return netfiltertest.Verdict{}, false // not programmed
+		return redirected(to), true
 	}
 	isVIP := false
 	for _, b := range snap.Balancers() {
@@ -161,6 +183,13 @@ func fuzzPackets(services []lb.Service, ports Ports) []netfiltertest.Packet {
 					p := pkt(proto, d.String(), hook)
 					p.Mark = mark
 					out = append(out, p)
+					if hook == netfiltertest.Prerouting && mark == 0 { // from outside the cluster too
+						p.Src = outsideIP
+						if d.Addr().Is6() {
+							p.Src = outsideIP6
+						}
+						out = append(out, p)
+					}
 				}
 			}
 		}
@@ -178,6 +207,12 @@ func FuzzApply(f *testing.F) {
 		flags := in.Next()
 		cfg := Config{Mark: testMark, IPv6: flags&1 != 0, NodePortAddresses: in.NodePortAddresses(), Logger: zap.NewNop(),
 			Backend: BackendIPTables, Exec: netfiltertest.NewFake(), NFT: steertabletest.NewFake(), Conntrack: &conntracktest.Table{}}
+		switch flags >> 2 & 3 { // the clients' prefixes: around the test's pod client, elsewhere, or none
+		case 1:
+			cfg.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/48")}
+		case 2:
+			cfg.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}
+		}
 		var fake interface {
 			tracer
 			empty() bool

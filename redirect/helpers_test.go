@@ -25,6 +25,8 @@ var (
 	nodeIP6    = netip.MustParseAddr("2001:db8::10")
 	localAddrs = []netip.Addr{nodeIP, nodeIP2, nodeIP6}
 	clientIP   = netip.MustParseAddrPort("10.244.1.5:40000")
+	outsideIP  = netip.MustParseAddrPort("203.0.113.7:40000") // a client outside the cluster
+	outsideIP6 = netip.MustParseAddrPort("[2001:db8::7]:40000")
 )
 
 func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
@@ -189,6 +191,15 @@ func pkt(proto lb.Protocol, dst string, hook netfiltertest.Hook) netfiltertest.P
 		}
 	}
 	return netfiltertest.Packet{Src: src, Dst: d, Proto: proto, Hook: hook, LocalAddrs: localAddrs}
+}
+
+// clusterCIDRs hold the pod clients pkt sends from (clientIP in IPv4).
+var clusterCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/48")}
+
+// from is p sent from src.
+func from(src netip.AddrPort, p netfiltertest.Packet) netfiltertest.Packet {
+	p.Src = src
+	return p
 }
 
 func redirected(port uint16) netfiltertest.Verdict {

@@ -25,7 +25,7 @@ type elemKey struct{ set, key string }
 
 // layout is fam's steering table beyond its elements.
 func (r *Redirector) layout(fam netfilter.Family) steertable.Layout {
-	l := steertable.Layout{Family: fam, Mark: r.cfg.Mark, NodePorts: true, To: r.to[fam]}
+	l := steertable.Layout{Family: fam, Mark: r.cfg.Mark, NodePorts: true, To: r.to[fam], ClusterCIDRs: r.inside[fam]}
 	if r.npRestricted[fam] {
 		l.NodePortPrefixes = r.npAddrs[fam]
 		l.NodePorts = len(l.NodePortPrefixes) > 0
@@ -87,10 +87,16 @@ func (r *Redirector) steerOf(snap *lb.Snapshot, bal *lb.Balancer, ports Ports, e
 			add(steertable.SetNodePorts, nftable.NodePortKey(x.proto, x.port), nftable.PortValue(x.to))
 		case x.nodePort:
 			add(steertable.SetNodePortNoEndpoints, nftable.NodePortKey(x.proto, x.port), "")
+			if x.short { // rejected too, unless steered from inside
+				add(steertable.SetNodePortShortCircuit, nftable.NodePortKey(x.proto, x.port), nftable.PortValue(x.to))
+			}
 		case x.usable:
 			add(steertable.SetFrontends, nftable.FrontendKey(x.addr, x.proto, x.port), nftable.PortValue(x.to))
 		default:
 			add(steertable.SetNoEndpoints, nftable.FrontendKey(x.addr, x.proto, x.port), "")
+			if x.short {
+				add(steertable.SetShortCircuit, nftable.FrontendKey(x.addr, x.proto, x.port), nftable.PortValue(x.to))
+			}
 		}
 	}, errs)
 	return st, errs

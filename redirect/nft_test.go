@@ -135,10 +135,13 @@ func TestNFTIncremental(t *testing.T) {
 	added := lb.Service{Name: svcName("added"), Port: 443, ClusterIPs: []netip.Addr{ip("10.96.1.1")}, Endpoints: eps(3, "")}
 	step("TCP Service added: IPv4 only", 1, []lb.Service{added})
 	checkTrace(t, k, pkt(lb.TCP, "10.96.1.1:443", netfiltertest.Prerouting), redirected(testTCPPort))
-	// 8: web's 3 IPv4 ones, local's ClusterIP and LB IP (its short
-	// circuit serves pods and the node), dns, empty and added.
-	if n := k.Len(netfilter.IPv4, steertable.SetFrontends); n != 8 {
-		t.Errorf("frontends map holds %d elements, want 8", n)
+	// 7: web's 3 IPv4 ones, local's ClusterIP, dns, empty and added;
+	// local's LB IP is in the short circuit's map (and no-endpoints).
+	if n := k.Len(netfilter.IPv4, steertable.SetFrontends); n != 7 {
+		t.Errorf("frontends map holds %d elements, want 7", n)
+	}
+	if n := k.Len(netfilter.IPv4, steertable.SetShortCircuit); n != 1 {
+		t.Errorf("short-circuit map holds %d elements, want 1", n)
 	}
 
 	step("TCP Service removed", 1, nil, "added")

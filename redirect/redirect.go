@@ -86,6 +86,13 @@ type Config struct {
 	// family lifts the restriction for that family; a family with no prefix
 	// gets no NodePorts.
 	NodePortAddresses []netip.Prefix
+	// ClusterCIDRs are the pods' addresses (--cluster-cidr). A frontend of
+	// an externalTrafficPolicy Local Service with no endpoint on this node
+	// but some elsewhere (its short circuit, lb.Pool.ShortCircuit) is
+	// steered for clients inside these and for the node itself, and
+	// rejected for everyone else, as a frontend without endpoints is.
+	// Empty: only the node is inside.
+	ClusterCIDRs []netip.Prefix
 	// netfilter.IPv6 also programs ip6tables and the -v6 sets.
 	IPv6 bool
 	// NodeIPs are addresses of the node, at most one per family, that
@@ -127,6 +134,8 @@ type Redirector struct {
 	families     []netfilter.Family
 	npRestricted [2]bool
 	npAddrs      [2][]netip.Prefix
+	// inside is, per family, Config.ClusterCIDRs.
+	inside [2][]netip.Prefix
 	// to is, per family, the node address steering DNATs to; invalid:
 	// REDIRECT (Config.NodeIPs).
 	to [2]netip.Addr
@@ -199,6 +208,24 @@ func New(cfg Config) (*Redirector, error) {
 	})
 	if r.npRestricted, r.npAddrs, err = netfilter.NodePortPrefixes(cfg.NodePortAddresses); err != nil {
 		return nil, fmt.Errorf("creating redirector: %w", err)
+	}
+	for _, p := range cfg.ClusterCIDRs {
+		if !p.IsValid() {
+			return nil, fmt.Errorf("creating redirector: cluster CIDR %v is not a prefix", p)
+		}
+		if p.Addr().Is4In6() && p.Bits() >= 96 {
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
+		fam := netfilter.FamilyOf(p.Addr())
+		if p = p.Masked(); p.Bits() == 0 { // ipset's hash:net holds no /0: its two halves
+			lo, hi := p.Addr().AsSlice(), p.Addr().AsSlice()
+			hi[0] = 0x80
+			a, _ := netip.AddrFromSlice(lo)
+			b, _ := netip.AddrFromSlice(hi)
+			r.inside[fam] = append(r.inside[fam], netip.PrefixFrom(a, 1), netip.PrefixFrom(b, 1))
+			continue
+		}
+		r.inside[fam] = append(r.inside[fam], p)
 	}
 	if r.to, err = steerAddrs(cfg.NodeIPs); err != nil {
 		return nil, fmt.Errorf("creating redirector: node IPs: %w", err)
@@ -328,7 +355,7 @@ func (r *Redirector) wantedSets() []netfilter.SetDef {
 	defs := make([]netfilter.SetDef, numSets)
 	for id, d := range setDefs {
 		switch setID(id) {
-		case setSvc6, setReject6, setNPAddrs6:
+		case setSvc6, setReject6, setNPAddrs6, setShort6, setInside6:
 			if !r.cfg.IPv6 {
 				continue
 			}

@@ -45,7 +45,7 @@ func steeredVia(nodeIPs []netip.Addr, p netfiltertest.Packet, want netfiltertest
 }
 
 func testSteering(t *testing.T, newRedirector func(testing.TB, Config) (*Redirector, tracer), nodeIPs []netip.Addr) {
-	r, f := newRedirector(t, Config{IPv6: true, NodeIPs: nodeIPs})
+	r, f := newRedirector(t, Config{IPv6: true, NodeIPs: nodeIPs, ClusterCIDRs: clusterCIDRs})
 	snap := store(t, testServices()...).Snapshot()
 	mustApply(t, r, snap, testPorts(), true)
 
@@ -70,11 +70,14 @@ func testSteering(t *testing.T, newRedirector func(testing.TB, Config) (*Redirec
 		{"NodePort of the wrong protocol", pkt(lb.UDP, "192.0.2.10:30080", netfiltertest.Prerouting), accepted},
 
 		{"Local policy without local endpoints: ClusterIP still served", pkt(lb.TCP, "10.96.0.11:80", netfiltertest.Prerouting), redirected(testTCPPort)},
-		// The forwarder serves the clients inside the cluster (the short
-		// circuit: lb.Pool.ShortCircuit) and refuses the others.
-		{"Local policy without local endpoints: LB IP steered", pkt(lb.TCP, "203.0.113.21:80", netfiltertest.Prerouting), redirected(testTCPPort)},
-		{"Local policy without local endpoints: NodePort steered", pkt(lb.TCP, "192.0.2.10:30081", netfiltertest.Prerouting), redirected(testTCPPort)},
+		// Clients inside the cluster are steered to the forwarder, which
+		// serves them the short circuit (lb.Pool.ShortCircuit); the others
+		// are refused (TestShortCircuitSteering has more).
+		{"Local policy without local endpoints: LB IP steered for a pod", pkt(lb.TCP, "203.0.113.21:80", netfiltertest.Prerouting), redirected(testTCPPort)},
+		{"Local policy without local endpoints: NodePort steered for a pod", pkt(lb.TCP, "192.0.2.10:30081", netfiltertest.Prerouting), redirected(testTCPPort)},
 		{"Local policy without local endpoints: NodePort from the node steered", pkt(lb.TCP, "127.0.0.1:30081", netfiltertest.Output), redirected(testTCPPort)},
+		{"Local policy without local endpoints: LB IP refused outside the cluster", from(outsideIP, pkt(lb.TCP, "203.0.113.21:80", netfiltertest.Prerouting)), rejected},
+		{"Local policy without local endpoints: NodePort refused outside the cluster", from(outsideIP, pkt(lb.TCP, "192.0.2.10:30081", netfiltertest.Prerouting)), rejected},
 
 		{"UDP ClusterIP to its own socket", pkt(lb.UDP, "10.96.0.53:53", netfiltertest.Prerouting), redirected(40053)},
 		{"UDP ClusterIP from the node", pkt(lb.UDP, "10.96.0.53:53", netfiltertest.Output), redirected(40053)},

@@ -35,6 +35,12 @@ const (
 	setNPUDP
 	setNPRejectTCP
 	setNPRejectUDP
+	setShort4
+	setShort6
+	setInside4
+	setInside6
+	setNPShortTCP
+	setNPShortUDP
 	numSets
 )
 
@@ -52,6 +58,12 @@ var setDefs = [numSets]netfilter.SetDef{
 	setNPUDP:       {Name: "svcproxy-np-udp", Type: typePort},
 	setNPRejectTCP: {Name: "svcproxy-np-reject-tcp", Type: typePort},
 	setNPRejectUDP: {Name: "svcproxy-np-reject-udp", Type: typePort},
+	setShort4:      {Name: "svcproxy-short-v4", Type: typeIPPort, Family: netfilter.IPv4, MaxElem: maxElem},
+	setShort6:      {Name: "svcproxy-short-v6", Type: typeIPPort, Family: netfilter.IPv6, MaxElem: maxElem},
+	setInside4:     {Name: "svcproxy-inside-v4", Type: typeNet, Family: netfilter.IPv4, MaxElem: 65536},
+	setInside6:     {Name: "svcproxy-inside-v6", Type: typeNet, Family: netfilter.IPv6, MaxElem: 65536},
+	setNPShortTCP:  {Name: "svcproxy-np-short-tcp", Type: typePort},
+	setNPShortUDP:  {Name: "svcproxy-np-short-udp", Type: typePort},
 }
 
 // perFamily picks the netfilter.IPv4 or netfilter.IPv6 set of a pair.
@@ -67,6 +79,22 @@ func rejectSet(f netfilter.Family) setID {
 		return setReject6
 	}
 	return setReject4
+}
+
+// shortSet holds f's short-circuit frontends (also in its reject set).
+func shortSet(f netfilter.Family) setID {
+	if f == netfilter.IPv6 {
+		return setShort6
+	}
+	return setShort4
+}
+
+// insideSet holds f's cluster CIDRs (Config.ClusterCIDRs).
+func insideSet(f netfilter.Family) setID {
+	if f == netfilter.IPv6 {
+		return setInside6
+	}
+	return setInside4
 }
 
 func npAddrsSet(f netfilter.Family) setID {

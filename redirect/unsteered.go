@@ -32,7 +32,7 @@ func (r *Redirector) clearUnsteered(ctx context.Context, snap *lb.Snapshot, port
 	r.served.Clear(ctx, r.ct, snap, func(bal *lb.Balancer) []lb.Frontend {
 		var fes []lb.Frontend
 		r.walkBalancer(snap, bal, ports, func(x target) {
-			if x.usable { // a NodePort's address is unspecified: every node address
+			if x.steered() { // a NodePort's address is unspecified: every node address
 				fes = append(fes, lb.Frontend{Protocol: x.proto, Addr: netip.AddrPortFrom(x.addr, x.port)})
 			}
 		}, nil)

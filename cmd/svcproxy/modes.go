@@ -270,7 +270,7 @@ func steeringConfig(o *options, log *zap.Logger) *redirect.Config {
 }
 
 func redirectConfig(o *options, log *zap.Logger) redirect.Config {
-	return redirect.Config{Backend: o.steeringBackend, Mark: uint32(o.mark), NodePortAddresses: o.nodePortAddresses, IPv6: o.ipv6, NodeIPs: o.steerTo, Logger: log}
+	return redirect.Config{Backend: o.steeringBackend, Mark: uint32(o.mark), NodePortAddresses: o.nodePortAddresses, IPv6: o.ipv6, NodeIPs: o.steerTo, ClusterCIDRs: o.clusterCIDRs, Logger: log}
 }
 
 func iptablesConfig(o *options, log *zap.Logger) iptables.Config {

@@ -1,8 +1,12 @@
 package e2e
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/svcproxy/svcproxy/internal/topology"
 )
@@ -12,8 +16,10 @@ import (
 // steerings: a Service whose endpoints all run on another node serves a
 // pod (the client, within --cluster-cidr) and the node itself at its
 // LoadBalancer IP and NodePort with those endpoints, as kube-proxy does.
-// Without --cluster-cidr the client is outside the cluster and refused;
-// the node is still inside.
+// Without --cluster-cidr the client is outside the cluster and refused
+// (REDIRECT steering leaves it to the kernel's reject rule, as kube-proxy
+// does; local steering's forwarder accepts and resets); the node is still
+// inside.
 func TestPrivilegedShortCircuit(t *testing.T) {
 	const lbIP, nodePort = "198.19.2.20", 30120
 	// The backends' addresses are the topology's first two (198.18.2.1,
@@ -53,6 +59,20 @@ func TestPrivilegedShortCircuit(t *testing.T) {
 				for _, addr := range []string{lb, np} {
 					if name, err := c.get(client, addr); err == nil {
 						t.Errorf("a client outside the cluster reached %s (%s), with no endpoint on this node", addr, name)
+					}
+					if steering != "redirect" {
+						continue // the forwarder listens there, accepts and resets
+					}
+					// Steering leaves it to the kernel, which refuses the
+					// connection, as where a Service has no endpoint at all.
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					conn, err := client.Dial(ctx, "tcp", addr)
+					cancel()
+					if err == nil {
+						conn.Close()
+						t.Errorf("a client outside the cluster connected to %s: want the connection refused by the steering rules", addr)
+					} else if !errors.Is(err, syscall.ECONNREFUSED) {
+						t.Errorf("a client outside the cluster dialling %s: %v, want connection refused", addr, err)
 					}
 				}
 			})

@@ -20,11 +20,11 @@ func setOf(fam netfilter.Family, set string) *nft.Set {
 	a := nftable.AddrType(fam)
 	s := &nft.Set{Name: set, Concatenation: true}
 	switch set {
-	case SetFrontends:
+	case SetFrontends, SetShortCircuit:
 		s.IsMap = true
 		s.KeyType = nft.MustConcatSetType(a, nft.TypeInetProto, nft.TypeInetService)
 		s.DataType = nft.TypeInetService
-	case SetNodePorts:
+	case SetNodePorts, SetNodePortShortCircuit:
 		s.IsMap = true
 		s.KeyType = nft.MustConcatSetType(nft.TypeInetProto, nft.TypeInetService)
 		s.DataType = nft.TypeInetService
@@ -97,16 +97,28 @@ func rules(l Layout) map[string][][]expr.Any {
 	if l.NodePorts {
 		local = nftable.LocalDest(l.Family, l.NodePortPrefixes, true)
 	}
+	// Clients inside the cluster: the pods' prefixes, and the node.
+	inside := [][]expr.Any{{
+		&expr.Fib{Register: nftable.Reg1, FlagSADDR: true, ResultADDRTYPE: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: nftable.Reg1, Data: nftable.Native32(unix.RTN_LOCAL)},
+	}}
+	for _, p := range l.ClusterCIDRs {
+		inside = append(inside, cat([]expr.Any{nftable.LoadAddr(l.Family, false, nftable.Reg1)}, nftable.InPrefix(l.Family, p, true)))
+	}
 	r := map[string][][]expr.Any{}
 	r[chainSteer] = [][]expr.Any{
 		cat(nftable.Marked(l.Mark, true), ret),
 		cat(fe, []expr.Any{nftable.MapTo(SetFrontends)}, steer(l)),
-		cat(fe, []expr.Any{lookup(SetNoEndpoints)}, ret),
 	}
+	r[chainNodePorts] = [][]expr.Any{cat(np, []expr.Any{nftable.MapTo(SetNodePorts)}, steer(l))}
+	for _, src := range inside {
+		r[chainSteer] = append(r[chainSteer], cat(src, fe, []expr.Any{nftable.MapTo(SetShortCircuit)}, steer(l)))
+		r[chainNodePorts] = append(r[chainNodePorts], cat(src, np, []expr.Any{nftable.MapTo(SetNodePortShortCircuit)}, steer(l)))
+	}
+	r[chainSteer] = append(r[chainSteer], cat(fe, []expr.Any{lookup(SetNoEndpoints)}, ret))
 	for _, m := range local {
 		r[chainSteer] = append(r[chainSteer], cat(m, []expr.Any{nftable.Verdict(expr.VerdictJump, chainNodePorts)}))
 	}
-	r[chainNodePorts] = [][]expr.Any{cat(np, []expr.Any{nftable.MapTo(SetNodePorts)}, steer(l))}
 	jump := func(chain string) [][]expr.Any { return [][]expr.Any{{nftable.Verdict(expr.VerdictJump, chain)}} }
 	r[chainPrerouting] = jump(chainSteer)
 	r[chainOutput] = jump(chainSteer)

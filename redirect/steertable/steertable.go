@@ -11,10 +11,16 @@
 //	chain steer { type nat hook prerouting, and one hooked at output, priority dstnat
 //	  meta mark & M == M return
 //	  redirect to : ip daddr . meta l4proto . th dport map @frontends      (or dnat to To : …)
+//	  ip saddr <cluster CIDR> redirect to : ip daddr . meta l4proto . th dport map @short-circuit   (one per CIDR)
+//	  fib saddr type local redirect to : ip daddr . meta l4proto . th dport map @short-circuit
 //	  ip daddr . meta l4proto . th dport @no-endpoints return    (a dead VIP is never a NodePort)
 //	  fib daddr type local [ip daddr <NodePort prefix>] jump nodeports
 //	}
-//	chain nodeports { redirect to : meta l4proto . th dport map @nodeports }
+//	chain nodeports {
+//	  redirect to : meta l4proto . th dport map @nodeports
+//	  ip saddr <cluster CIDR> redirect to : meta l4proto . th dport map @nodeport-short-circuit
+//	  fib saddr type local redirect to : meta l4proto . th dport map @nodeport-short-circuit
+//	}
 //	chain reject { type filter hook input, forward and output, priority filter
 //	  meta mark & M == M return
 //	  ct status dnat return                                  (steered: never judged here)
@@ -27,7 +33,11 @@
 // . port with endpoints to the forwarder port that serves it: the one TCP
 // redirect port (SO_ORIGINAL_DST finds the Service), or the UDP frontend's
 // own socket. nodeports does the same for NodePorts (UDP ones have a
-// socket per family). udp-sockets holds those UDP sockets' ports: they
+// socket per family). short-circuit and nodeport-short-circuit hold what an
+// externalTrafficPolicy Local Service with endpoints on other nodes only
+// serves to clients inside the cluster, as kube-proxy's short circuit
+// does; the same frontends and NodePorts are in the no-endpoints sets,
+// which reject everyone else. udp-sockets holds those UDP sockets' ports: they
 // listen on every node address, and a datagram sent to one directly is
 // dropped, so a ClusterIP-only Service is not reachable at the node.
 // NodePorts are served on loopback too (neither redirect nor a DNAT to a
@@ -62,13 +72,25 @@ const (
 	// SetUDPSockets holds the ports of the forwarder's UDP frontend
 	// sockets: dropped when reached directly at a node address.
 	SetUDPSockets = "udp-sockets"
+	// SetShortCircuit maps address . protocol . port → forwarder port for
+	// frontends served only through their short circuit (an
+	// externalTrafficPolicy Local Service with endpoints on other nodes
+	// only): steered for clients inside the cluster (Layout.ClusterCIDRs,
+	// the node itself). They are in SetNoEndpoints too, which rejects
+	// everyone else.
+	SetShortCircuit = "short-circuit"
+	// SetNodePortShortCircuit is SetShortCircuit for NodePorts (protocol .
+	// NodePort → forwarder port), which are in SetNodePortNoEndpoints too.
+	SetNodePortShortCircuit = "nodeport-short-circuit"
 )
 
 // Sets is every set and map of a table, in the order they are created.
-var Sets = []string{SetFrontends, SetNodePorts, SetNoEndpoints, SetNodePortNoEndpoints, SetUDPSockets}
+var Sets = []string{SetFrontends, SetNodePorts, SetNoEndpoints, SetNodePortNoEndpoints, SetUDPSockets, SetShortCircuit, SetNodePortShortCircuit}
 
 // IsMap reports whether set is a map (its elements have values).
-func IsMap(set string) bool { return set == SetFrontends || set == SetNodePorts }
+func IsMap(set string) bool {
+	return set == SetFrontends || set == SetNodePorts || set == SetShortCircuit || set == SetNodePortShortCircuit
+}
 
 // Layout is what a family's table looks like beyond its elements.
 type Layout struct {
@@ -81,6 +103,10 @@ type Layout struct {
 	// inside these prefixes.
 	NodePorts        bool
 	NodePortPrefixes []netip.Prefix
+	// ClusterCIDRs are Family's pod prefixes: with the node's own
+	// addresses (fib saddr type local), the sources a short-circuit
+	// frontend or NodePort is steered for.
+	ClusterCIDRs []netip.Prefix
 	// To, when valid, is the node address of Family that steered packets
 	// are DNATed to (with the forwarder port the map gives) instead of
 	// redirected: redirect drops a packet whose incoming interface has no

@@ -71,7 +71,8 @@ func (f *Fake) Setup(ctx context.Context, l steertable.Layout) (bool, error) {
 	}
 	t := f.tables[l.Family]
 	intact := t != nil && len(t.sets) == len(steertable.Sets) && t.layout.Family == l.Family &&
-		t.layout.Mark == l.Mark && t.layout.NodePorts == l.NodePorts && slices.Equal(t.layout.NodePortPrefixes, l.NodePortPrefixes)
+		t.layout.Mark == l.Mark && t.layout.NodePorts == l.NodePorts && slices.Equal(t.layout.NodePortPrefixes, l.NodePortPrefixes) &&
+		slices.Equal(t.layout.ClusterCIDRs, l.ClusterCIDRs) && t.layout.To == l.To
 	if t == nil {
 		t = &table{sets: map[string]map[string]string{}}
 		f.tables[l.Family] = t
@@ -189,9 +190,17 @@ func (f *Fake) Tamper(fam netfilter.Family, set string) {
 	}
 }
 
-func isLocal(p netfiltertest.Packet) bool {
-	a := p.Dst.Addr()
+func isLocal(p netfiltertest.Packet) bool { return local(p, p.Dst.Addr()) }
+
+// local says whether a is one of the node's addresses (fib … type local).
+func local(p netfiltertest.Packet, a netip.Addr) bool {
 	return a.IsLoopback() || slices.Contains(p.LocalAddrs, a)
+}
+
+// inside says whether p comes from inside the cluster in l: the node, or
+// a pod (l.ClusterCIDRs).
+func inside(l steertable.Layout, p netfiltertest.Packet) bool {
+	return local(p, p.Src.Addr()) || slices.ContainsFunc(l.ClusterCIDRs, func(pr netip.Prefix) bool { return pr.Contains(p.Src.Addr()) })
 }
 
 // nodePortAddr says whether p's destination serves NodePorts in l.
@@ -235,10 +244,16 @@ func (f *Fake) Trace(p netfiltertest.Packet) netfiltertest.Verdict {
 	if v, ok := t.sets[steertable.SetFrontends][fe]; ok {
 		return redirected(steertable.SetFrontends, v)
 	}
+	if v, ok := t.sets[steertable.SetShortCircuit][fe]; ok && inside(l, p) {
+		return redirected(steertable.SetShortCircuit, v)
+	}
 	_, dead := t.sets[steertable.SetNoEndpoints][fe]
 	if !dead && nodePortAddr(l, p) {
 		if v, ok := t.sets[steertable.SetNodePorts][np]; ok {
 			return redirected(steertable.SetNodePorts, v)
+		}
+		if v, ok := t.sets[steertable.SetNodePortShortCircuit][np]; ok && inside(l, p) {
+			return redirected(steertable.SetNodePortShortCircuit, v)
 		}
 	}
 	// reject
