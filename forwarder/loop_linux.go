@@ -162,7 +162,16 @@ import (
 // thousands of times a second. An extra P (GOMAXPROCS=3, two workers,
 // 5 turns) did no better either. Not adopted; that idle CPU, not the
 // loop's own cost, is the likeliest reason keep-alive stays at parity with
-// nginx stream rather than above it.
+// nginx stream rather than above it. On the Intel Xeon VM (2026-11-28
+// evening, /proc/stat over the bench's keep-alive test, svcproxy-vip and
+// nginx stream in the same runs, 3 to 8 rounds): 0.9–1.4 µs of idle CPU
+// per request against nginx's 0.1–0.7 (4–6 % of the two cores against
+// 1–3 %), at 8.0–8.6 µs of proxy CPU per request each, the same two
+// segments in and out per request at the node, and fewer context switches
+// per request than nginx (0.08 against 0.16). One perf sched sample put
+// the average wait of a runnable thread at 0.15 ms for svcproxy's and the
+// client's and 0.07 ms for the backend's, against 0.04 ms for every
+// thread with nginx stream in svcproxy's place.
 //
 // One cause is in the runtime: a thread that wakes from the netpoller with
 // a worker to run takes an idle P and runs it without waking another
@@ -837,7 +846,12 @@ func (w *worker) wake() {
 // long-lived ones (a client's keep-alive pool) can land two to one on
 // one worker, and stay there; HAProxy's accept queues and Envoy's
 // exact_balance correct the same. The slack keeps short connections,
-// whose counts come and go, mostly where they were accepted.
+// whose counts come and go, mostly where they were accepted. Measured
+// again on the Intel Xeon VM (2026-11-28, against --worker-balance=off in
+// the same runs, 16 rounds over three runs): keep-alive requests 0.95×
+// to 1.05× by run, in no consistent direction, new connections, 1 MiB and
+// bulk alike within the noise; kept for the few long connections it is
+// for.
 func (e *loopEngine) lighter(w *worker) *worker {
 	if len(e.workers) < 2 || e.f.cfg.Unbalanced {
 		return nil
