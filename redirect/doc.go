@@ -8,9 +8,9 @@
 // BackendNFTables writes one owned nftables table per family
 // (svcproxy-steering; its layout is in package steertable) over netlink: a
 // map from frontend (address . protocol . port) to forwarder port that
-// `redirect to :` reads, a NodePort map, no-endpoints sets that are
-// rejected, and the UDP sockets' ports that are dropped when reached
-// directly. The rules are fixed; every change is elements only. It needs no
+// `redirect to :` reads, a NodePort map, short-circuit maps read only for
+// sources inside the cluster, no-endpoints sets that are rejected, and the
+// UDP sockets' ports that are dropped when reached directly. The rules are fixed; every change is elements only. It needs no
 // iptables, ipset or nft binary. BackendIPTables is iptables with ipsets
 // (below). BackendAuto, the default, probes for nftables (a throwaway table
 // written and deleted in each family) and falls back to iptables; the

@@ -362,30 +362,42 @@ func (r *Redirector) removeNFT(ctx context.Context) {
 	r.othersGone = true
 }
 
-// readSteeredNFT is readSteered for the nftables backend.
+// readSteeredNFT is readSteered for the nftables backend: the UDP
+// frontends and NodePorts of the frontends and nodeports maps, and of the
+// short-circuit ones (which a table written before them lacks: read when
+// there).
 func (r *Redirector) readSteeredNFT(ctx context.Context) (map[lb.Frontend]uint16, error) {
 	out := map[lb.Frontend]uint16{}
 	for _, fam := range r.families {
-		fes, err := r.nk.Elements(ctx, fam, steertable.SetFrontends)
-		if err != nil {
-			return out, fmt.Errorf("reading UDP steering: %w", err)
-		}
-		for k, v := range fes {
-			a, proto, port, ok := nftable.DecodeFrontend(fam, k)
-			to, vok := nftable.DecodePort(v)
-			if ok && vok && proto == lb.UDP {
-				out[lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(a, port)}] = to
+		for _, m := range []struct {
+			set      string
+			nodePort bool
+			optional bool
+		}{
+			{steertable.SetFrontends, false, false},
+			{steertable.SetNodePorts, true, false},
+			{steertable.SetShortCircuit, false, true},
+			{steertable.SetNodePortShortCircuit, true, true},
+		} {
+			es, err := r.nk.Elements(ctx, fam, m.set)
+			switch {
+			case err != nil && m.optional:
+				continue
+			case err != nil:
+				return out, fmt.Errorf("reading UDP steering: %w", err)
 			}
-		}
-		nps, err := r.nk.Elements(ctx, fam, steertable.SetNodePorts)
-		if err != nil {
-			return out, fmt.Errorf("reading UDP steering: %w", err)
-		}
-		for k, v := range nps {
-			proto, port, ok := nftable.DecodeNodePort(k)
-			to, vok := nftable.DecodePort(v)
-			if ok && vok && proto == lb.UDP {
-				out[lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(unspecified(fam), port)}] = to
+			for k, v := range es {
+				to, vok := nftable.DecodePort(v)
+				if !vok {
+					continue
+				}
+				if m.nodePort {
+					if proto, port, ok := nftable.DecodeNodePort(k); ok && proto == lb.UDP {
+						out[lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(unspecified(fam), port)}] = to
+					}
+				} else if a, proto, port, ok := nftable.DecodeFrontend(fam, k); ok && proto == lb.UDP {
+					out[lb.Frontend{Protocol: lb.UDP, Addr: netip.AddrPortFrom(a, port)}] = to
+				}
 			}
 		}
 	}

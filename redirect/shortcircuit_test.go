@@ -1,12 +1,16 @@
 package redirect
 
 import (
+	"context"
+	"maps"
 	"net/netip"
 	"slices"
 	"testing"
 
+	"github.com/svcproxy/svcproxy/conntrack/conntracktest"
 	"github.com/svcproxy/svcproxy/lb"
 	"github.com/svcproxy/svcproxy/netfilter/netfiltertest"
+	"github.com/svcproxy/svcproxy/redirect/steertable/steertabletest"
 )
 
 // TestShortCircuitSteering: an externalTrafficPolicy Local Service whose
@@ -17,31 +21,7 @@ import (
 // refused there by the kernel, as at a frontend without endpoints, and
 // never reaches the forwarder. Its ClusterIP serves everyone.
 func TestShortCircuitSteering(t *testing.T) {
-	services := []lb.Service{
-		{
-			Name: svcName("ingress"), Port: 443,
-			ClusterIPs:            []netip.Addr{ip("10.96.1.1"), ip("fd00::1:1")},
-			ExternalIPs:           []netip.Addr{ip("203.0.113.40")},
-			LoadBalancerIPs:       []netip.Addr{ip("203.0.113.41"), ip("2001:db8:1::41")},
-			NodePort:              30443,
-			ExternalTrafficPolicy: lb.PolicyLocal,
-			Endpoints:             eps(2, "node-b"),
-		},
-		{
-			Name: svcName("quic"), Protocol: lb.UDP, Port: 443,
-			ClusterIPs:            []netip.Addr{ip("10.96.1.2")},
-			LoadBalancerIPs:       []netip.Addr{ip("203.0.113.42")},
-			NodePort:              30444,
-			ExternalTrafficPolicy: lb.PolicyLocal,
-			Endpoints:             eps(2, "node-b"),
-		},
-	}
-	ports := Ports{TCP: testTCPPort, UDP: map[lb.Frontend]uint16{
-		{Protocol: lb.UDP, Addr: ap("10.96.1.2:443")}:    41001,
-		{Protocol: lb.UDP, Addr: ap("203.0.113.42:443")}: 41002,
-		{Protocol: lb.UDP, Addr: ap("0.0.0.0:30444")}:    41003,
-		{Protocol: lb.UDP, Addr: ap("[::]:30444")}:       41004,
-	}}
+	services, ports := shortServices(), shortPorts()
 	pod6 := ap("[fd00:244::5]:40000")
 	type tc struct {
 		name string
@@ -112,7 +92,8 @@ func TestShortCircuitSteering(t *testing.T) {
 					here := slices.Clone(services)
 					local := lb.Endpoint{Addr: ap("10.244.9.9:8080"), Ready: true, Serving: true, NodeName: nodeName}
 					here[0].Endpoints = append([]lb.Endpoint{local}, services[0].Endpoints...)
-					p := from(outsideIP, pkt(lb.TCP, "203.0.113.41:443", netfiltertest.Prerouting))
+					outside := from(outsideIP, pkt(lb.TCP, "203.0.113.41:443", netfiltertest.Prerouting))
+					node := pkt(lb.TCP, "203.0.113.41:443", netfiltertest.Output)
 					for _, step := range []struct {
 						services []lb.Service
 						want     netfiltertest.Verdict
@@ -122,7 +103,8 @@ func TestShortCircuitSteering(t *testing.T) {
 							t.Fatalf("Replace: %v", err)
 						}
 						mustApply(t, r, snap, ports, false)
-						checkTrace(t, f, p, steeredVia(nodeIPs, p, step.want))
+						checkTrace(t, f, outside, steeredVia(nodeIPs, outside, step.want))
+						checkTrace(t, f, node, steeredVia(nodeIPs, node, redirected(testTCPPort)))
 					}
 				})
 			}
@@ -146,11 +128,77 @@ func TestShortCircuitEveryone(t *testing.T) {
 			mustApply(t, r, store(t, svc).Snapshot(), Ports{TCP: testTCPPort}, true)
 			for _, p := range []netfiltertest.Packet{
 				from(outsideIP, pkt(lb.TCP, "203.0.113.41:443", netfiltertest.Prerouting)),
-				from(ap("198.51.100.200:1234"), pkt(lb.TCP, "203.0.113.41:443", netfiltertest.Prerouting)),
+				from(ap("100.64.0.1:1234"), pkt(lb.TCP, "203.0.113.41:443", netfiltertest.Prerouting)), // 0.0.0.0/1
 				from(outsideIP6, pkt(lb.TCP, "[2001:db8:1::41]:443", netfiltertest.Prerouting)),
 				from(ap("[fe80::1]:1234"), pkt(lb.TCP, "[2001:db8:1::41]:443", netfiltertest.Prerouting)),
 			} {
 				checkTrace(t, f, p, redirected(testTCPPort))
+			}
+		})
+	}
+}
+
+// shortServices are TestShortCircuitSteering's: a TCP and a UDP Service
+// with externalTrafficPolicy Local and every endpoint on another node.
+func shortServices() []lb.Service {
+	return []lb.Service{
+		{
+			Name: svcName("ingress"), Port: 443,
+			ClusterIPs:            []netip.Addr{ip("10.96.1.1"), ip("fd00::1:1")},
+			ExternalIPs:           []netip.Addr{ip("203.0.113.40")},
+			LoadBalancerIPs:       []netip.Addr{ip("203.0.113.41"), ip("2001:db8:1::41")},
+			NodePort:              30443,
+			ExternalTrafficPolicy: lb.PolicyLocal,
+			Endpoints:             eps(2, "node-b"),
+		},
+		{
+			Name: svcName("quic"), Protocol: lb.UDP, Port: 443,
+			ClusterIPs:            []netip.Addr{ip("10.96.1.2")},
+			LoadBalancerIPs:       []netip.Addr{ip("203.0.113.42")},
+			NodePort:              30444,
+			ExternalTrafficPolicy: lb.PolicyLocal,
+			Endpoints:             eps(2, "node-b"),
+		},
+	}
+}
+
+// shortPorts are the forwarder's ports for shortServices.
+func shortPorts() Ports {
+	return Ports{TCP: testTCPPort, UDP: map[lb.Frontend]uint16{
+		{Protocol: lb.UDP, Addr: ap("10.96.1.2:443")}:    41001,
+		{Protocol: lb.UDP, Addr: ap("203.0.113.42:443")}: 41002,
+		{Protocol: lb.UDP, Addr: ap("0.0.0.0:30444")}:    41003,
+		{Protocol: lb.UDP, Addr: ap("[::]:30444")}:       41004,
+	}}
+}
+
+// TestShortCircuitSteeredUDP: the UDP frontends and NodePorts served by
+// their short circuit keep their forwarder ports across a restart, as the
+// others do: a new Redirector reads them back (SteeredUDP).
+func TestShortCircuitSteeredUDP(t *testing.T) {
+	want := map[lb.Frontend]uint16{}
+	for fe, p := range shortPorts().UDP {
+		want[fe] = p
+	}
+	for _, b := range []Backend{BackendIPTables, BackendNFTables} {
+		t.Run(string(b), func(t *testing.T) {
+			f, k := netfiltertest.NewFake(), steertabletest.NewFake()
+			cfg := Config{Backend: b, Mark: testMark, IPv6: true, ClusterCIDRs: clusterCIDRs, Exec: f, NFT: k, Conntrack: &conntracktest.Table{}}
+			r, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustApply(t, r, store(t, shortServices()...).Snapshot(), shortPorts(), true)
+			next, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := next.SteeredUDP(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !maps.Equal(got, want) {
+				t.Errorf("SteeredUDP = %v, want %v", got, want)
 			}
 		})
 	}

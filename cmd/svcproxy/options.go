@@ -629,6 +629,9 @@ func parsePrefixes(s string) ([]netip.Prefix, error) {
 		if err != nil {
 			return nil, err
 		}
+		if p.Addr().Is4In6() && p.Bits() >= 96 { // ::ffff:10.0.0.0/104 is 10.0.0.0/8, as every consumer reads it
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
 		out = append(out, p.Masked())
 	}
 	return out, nil

@@ -489,3 +489,29 @@ func TestConfigFileNFTablesMode(t *testing.T) {
 		}
 	}
 }
+
+// TestParsePrefixes: CIDR flags are masked, and an IPv4-mapped prefix is
+// its IPv4 one, so the forwarder, the steering and the kernel modes all
+// read the same family and length.
+func TestParsePrefixes(t *testing.T) {
+	for _, tc := range []struct {
+		in, want string
+	}{
+		{"10.244.1.0/16", "10.244.0.0/16"},
+		{"::ffff:10.244.0.0/112", "10.244.0.0/16"},
+		{"fd00::1/48, 10.0.0.0/8", "fd00::/48,10.0.0.0/8"},
+		{"", ""},
+	} {
+		got, err := parsePrefixes(tc.in)
+		if err != nil {
+			t.Fatalf("parsePrefixes(%q): %v", tc.in, err)
+		}
+		var s []string
+		for _, p := range got {
+			s = append(s, p.String())
+		}
+		if strings.Join(s, ",") != tc.want {
+			t.Errorf("parsePrefixes(%q) = %v, want %s", tc.in, got, tc.want)
+		}
+	}
+}
