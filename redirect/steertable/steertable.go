@@ -11,15 +11,15 @@
 //	chain steer { type nat hook prerouting, and one hooked at output, priority dstnat
 //	  meta mark & M == M return
 //	  redirect to : ip daddr . meta l4proto . th dport map @frontends      (or dnat to To : …)
-//	  ip saddr <cluster CIDR> redirect to : ip daddr . meta l4proto . th dport map @short-circuit   (one per CIDR)
 //	  fib saddr type local redirect to : ip daddr . meta l4proto . th dport map @short-circuit
+//	  ip saddr <cluster CIDR> redirect to : ip daddr . meta l4proto . th dport map @short-circuit   (one per CIDR)
 //	  ip daddr . meta l4proto . th dport @no-endpoints return    (a dead VIP is never a NodePort)
 //	  fib daddr type local [ip daddr <NodePort prefix>] jump nodeports
 //	}
 //	chain nodeports {
 //	  redirect to : meta l4proto . th dport map @nodeports
-//	  ip saddr <cluster CIDR> redirect to : meta l4proto . th dport map @nodeport-short-circuit
 //	  fib saddr type local redirect to : meta l4proto . th dport map @nodeport-short-circuit
+//	  ip saddr <cluster CIDR> redirect to : meta l4proto . th dport map @nodeport-short-circuit
 //	}
 //	chain reject { type filter hook input, forward and output, priority filter
 //	  meta mark & M == M return
