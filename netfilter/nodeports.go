@@ -14,6 +14,15 @@ func FamilyOf(a netip.Addr) Family {
 	return IPv6
 }
 
+// UnmapPrefix is p with an IPv4-mapped address (::ffff:10.0.0.0/104) as
+// its IPv4 prefix (10.0.0.0/8), masked; any other prefix masked.
+func UnmapPrefix(p netip.Prefix) netip.Prefix {
+	if p.Addr().Is4In6() && p.Bits() >= 96 {
+		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+	}
+	return p.Masked()
+}
+
 // NodePortPrefixes sorts --nodeport-addresses by family, as every mode reads
 // them: a family is restricted when any prefix is given, unless one of its
 // prefixes is a /0; addrs are the family's distinct prefixes when

@@ -213,11 +213,9 @@ func New(cfg Config) (*Redirector, error) {
 		if !p.IsValid() {
 			return nil, fmt.Errorf("creating redirector: cluster CIDR %v is not a prefix", p)
 		}
-		if p.Addr().Is4In6() && p.Bits() >= 96 {
-			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
-		}
+		p = netfilter.UnmapPrefix(p)
 		fam := netfilter.FamilyOf(p.Addr())
-		if p = p.Masked(); p.Bits() == 0 { // ipset's hash:net holds no /0: its two halves
+		if p.Bits() == 0 { // ipset's hash:net holds no /0: its two halves
 			lo, hi := p.Addr().AsSlice(), p.Addr().AsSlice()
 			hi[0] = 0x80
 			a, _ := netip.AddrFromSlice(lo)

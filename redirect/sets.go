@@ -67,42 +67,23 @@ var setDefs = [numSets]netfilter.SetDef{
 }
 
 // perFamily picks the netfilter.IPv4 or netfilter.IPv6 set of a pair.
-func svcSet(f netfilter.Family) setID {
+func perFamily(f netfilter.Family, v4, v6 setID) setID {
 	if f == netfilter.IPv6 {
-		return setSvc6
+		return v6
 	}
-	return setSvc4
+	return v4
 }
 
-func rejectSet(f netfilter.Family) setID {
-	if f == netfilter.IPv6 {
-		return setReject6
-	}
-	return setReject4
-}
+func svcSet(f netfilter.Family) setID    { return perFamily(f, setSvc4, setSvc6) }
+func rejectSet(f netfilter.Family) setID { return perFamily(f, setReject4, setReject6) }
 
 // shortSet holds f's short-circuit frontends (also in its reject set).
-func shortSet(f netfilter.Family) setID {
-	if f == netfilter.IPv6 {
-		return setShort6
-	}
-	return setShort4
-}
+func shortSet(f netfilter.Family) setID { return perFamily(f, setShort4, setShort6) }
 
 // insideSet holds f's cluster CIDRs (Config.ClusterCIDRs).
-func insideSet(f netfilter.Family) setID {
-	if f == netfilter.IPv6 {
-		return setInside6
-	}
-	return setInside4
-}
+func insideSet(f netfilter.Family) setID { return perFamily(f, setInside4, setInside6) }
 
-func npAddrsSet(f netfilter.Family) setID {
-	if f == netfilter.IPv6 {
-		return setNPAddrs6
-	}
-	return setNPAddrs4
-}
+func npAddrsSet(f netfilter.Family) setID { return perFamily(f, setNPAddrs4, setNPAddrs6) }
 
 // member is one element of one of svcproxy's sets. It holds no pointers,
 // so a map of 10,000s of them costs the garbage collector nothing to scan.

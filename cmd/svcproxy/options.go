@@ -24,6 +24,7 @@ import (
 	"github.com/svcproxy/svcproxy/handover"
 	"github.com/svcproxy/svcproxy/kernelmodes/ipvs"
 	"github.com/svcproxy/svcproxy/lb"
+	"github.com/svcproxy/svcproxy/netfilter"
 	"github.com/svcproxy/svcproxy/proxymode"
 	"github.com/svcproxy/svcproxy/redirect"
 	"github.com/svcproxy/svcproxy/source/kube"
@@ -629,10 +630,7 @@ func parsePrefixes(s string) ([]netip.Prefix, error) {
 		if err != nil {
 			return nil, err
 		}
-		if p.Addr().Is4In6() && p.Bits() >= 96 { // ::ffff:10.0.0.0/104 is 10.0.0.0/8, as every consumer reads it
-			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
-		}
-		out = append(out, p.Masked())
+		out = append(out, netfilter.UnmapPrefix(p)) // ::ffff:10.0.0.0/104 is 10.0.0.0/8, as every consumer reads it
 	}
 	return out, nil
 }
