@@ -90,8 +90,10 @@
 // socket after a transaction that deleted elements cost 12–15 ms, most of
 // an endpoint change. Kernel is the narrow boundary: Setup (table, sets,
 // chains and rules, one transaction), Elements (read back), Update
-// (deletions then additions, 64 elements a message and about 2,000 a
-// transaction), Delete and Probe. nftablestest holds its in-memory Fake and
+// (deletions then additions, 64 elements a message, the whole change in
+// one transaction up to about 50,000 elements; a larger one, such as a
+// first load at 10,000 Services, in as few as fit, no element missing
+// between its delete and re-add), Delete and Probe. nftablestest holds its in-memory Fake and
 // a packet tracer over it.
 //
 // Measured with TestPrivilegedScale -v (2026-11-26, this 2-core VM): at

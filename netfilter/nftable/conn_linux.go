@@ -30,15 +30,14 @@ type Table struct {
 	Rules map[string][][]expr.Any
 }
 
-// Netlink caps an attribute at 64 KiB and a batch at the socket's send
-// buffer: elements go 64 to a message, a batch ends after about 2,000
-// elements or 512 KiB. Replace's one batch may hold up to replaceBytes of
-// elements (half the buffers bigBuffers asks for).
+// Netlink caps an attribute at 64 KiB and a batch (one sendmsg) at the
+// socket's send buffer: elements go 64 to a message, and a transaction
+// holds up to transactionBytes of them (about 50,000 IPv4 elements; half
+// the buffers bigBuffers asks for), or half the send buffer the socket got
+// when it could not have those.
 const (
 	elementsPerMessage = 64
-	elementsPerBatch   = 2000
-	bytesPerBatch      = 512 << 10
-	replaceBytes       = 4 << 20
+	transactionBytes   = 4 << 20
 )
 
 func (t *Table) table() *nft.Table {
@@ -75,9 +74,10 @@ func AddrType(fam netfilter.Family) nft.SetDatatype {
 // elements waits for the kernel), most of an endpoint change. Its methods
 // are safe for concurrent use; calls are serialised.
 type Conn struct {
-	ns string
-	mu sync.Mutex
-	c  *nft.Conn
+	ns    string
+	mu    sync.Mutex
+	c     *nft.Conn
+	limit int // bytes of elements a transaction may hold on c
 }
 
 // NewConn returns a Conn for network namespace ns.
@@ -89,7 +89,10 @@ func (k *Conn) conn() (*nft.Conn, error) {
 	if k.c != nil {
 		return k.c, nil
 	}
-	opts := []nft.ConnOption{nft.AsLasting(), nft.WithSockOptions(bigBuffers)}
+	opts := []nft.ConnOption{nft.AsLasting(), nft.WithSockOptions(func(c *netlink.Conn) error {
+		k.limit = bigBuffers(c)
+		return nil
+	})}
 	if k.ns != "" {
 		f, err := os.Open("/run/netns/" + k.ns)
 		if err != nil {
@@ -113,20 +116,35 @@ func (k *Conn) conn() (*nft.Conn, error) {
 const socketBuffer = 8 << 20
 
 // bigBuffers raises the socket's buffers to socketBuffer, past
-// net.core.[rw]mem_max when allowed (SO_*BUFFORCE need CAP_NET_ADMIN, which
-// writing nf_tables needs anyway).
-func bigBuffers(c *netlink.Conn) error {
-	if raw, err := c.SyscallConn(); err == nil {
-		var serr error
-		if err := raw.Control(func(fd uintptr) {
-			serr = errors.Join(unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, socketBuffer),
-				unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, socketBuffer))
-		}); err == nil && serr == nil {
-			return nil
-		}
+// net.core.[rw]mem_max when allowed (SO_*BUFFORCE need CAP_NET_ADMIN in
+// the initial user namespace, which a container's root may lack), and
+// returns how many bytes of elements a transaction may then hold: half the
+// send buffer the socket got (as the kernel reports it: what it charges,
+// twice what was asked), leaving room for the messages' own headers, and
+// at most transactionBytes. The kernel's acks, one a message of up to 64
+// elements, fit the receive buffer asked with it.
+func bigBuffers(c *netlink.Conn) int {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return fallbackBytes
 	}
-	return errors.Join(c.SetReadBuffer(socketBuffer), c.SetWriteBuffer(socketBuffer))
+	sndbuf := 0
+	if err := raw.Control(func(fd uintptr) {
+		if errors.Join(unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, socketBuffer),
+			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, socketBuffer)) != nil {
+			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, socketBuffer)
+			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, socketBuffer)
+		}
+		sndbuf, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF)
+	}); err != nil || sndbuf <= 0 {
+		return fallbackBytes
+	}
+	return min(transactionBytes, sndbuf/2)
 }
+
+// fallbackBytes is the limit when the send buffer cannot be read: what
+// fits the kernel's default (net.core.wmem_default, 208 KiB).
+const fallbackBytes = 96 << 10
 
 // dial locks k and returns its socket; done unlocks, first closing the
 // socket if the call failed (a batch half sent or a broken socket is not
@@ -281,29 +299,28 @@ func queue(c *nft.Conn, t Table, nt *nft.Table, stale []string) error {
 // transaction: the table is deleted (if there) and written anew, so no
 // packet meets it half written, and nothing of an earlier layout or
 // content is left. For small tables: the whole table and every element go
-// in one batch, and elements of more than replaceBytes (about 50,000 IPv4
-// ones) are refused.
+// in one batch, and elements of more than a transaction holds (about
+// 50,000 IPv4 ones, see transactionBytes) are refused.
 func (k *Conn) Replace(ctx context.Context, t Table, elems []Element) (err error) {
-	size := 0
-	for _, e := range elems {
-		size += elementSize(e)
-	}
-	if size > replaceBytes {
-		return fmt.Errorf("writing table %s: %d elements (%d bytes) are more than one transaction takes (%d bytes)", t.Name, len(elems), size, replaceBytes)
-	}
 	c, done, err := k.dial()
 	if err != nil {
 		return err
 	}
 	defer done(&err)
+	size := 0
+	for _, e := range elems {
+		size += elementSize(e)
+	}
+	if size > k.limit {
+		return fmt.Errorf("writing table %s: %d elements (%d bytes) are more than one transaction takes (%d bytes)", t.Name, len(elems), size, k.limit)
+	}
 	nt := t.table()
 	c.AddTable(nt) // so that deleting it cannot fail
 	c.DelTable(nt)
 	if err := queue(c, t, nt, nil); err != nil {
 		return fmt.Errorf("writing table %s: %w", t.Name, err)
 	}
-	add := func(s *nft.Set, batch []nft.SetElement, _ int) error { return c.SetAddElements(s, batch) }
-	if err := messages(t, nt, elems, add); err != nil {
+	if err := messages(t, nt, elems, c.SetAddElements); err != nil {
 		return fmt.Errorf("adding elements to table %s: %w", t.Name, err)
 	}
 	if err := c.Flush(); err != nil {
@@ -371,8 +388,10 @@ func (k *Conn) Elements(ctx context.Context, t Table, set string) (_ map[string]
 	return out, nil
 }
 
-// Update deletes, then adds, elements of t's sets, in as few transactions
-// as fit (one for a change of a few thousand elements).
+// Update deletes, then adds, elements of t's sets: in one transaction
+// when the change fits one (up to about 50,000 elements, see
+// transactionBytes), so that no packet meets it half written; a larger
+// one in as few as fit, split as plan says.
 func (k *Conn) Update(ctx context.Context, t Table, del, add []Element) (err error) {
 	if len(del)+len(add) == 0 {
 		return nil
@@ -383,29 +402,27 @@ func (k *Conn) Update(ctx context.Context, t Table, del, add []Element) (err err
 	}
 	defer done(&err)
 	nt := t.table()
-	pending, bytes := 0, 0
-	write := func(es []Element, f func(*nft.Set, []nft.SetElement) error) error {
-		return messages(t, nt, es, func(s *nft.Set, batch []nft.SetElement, size int) error {
-			if err := f(s, batch); err != nil {
-				return err
-			}
-			if pending, bytes = pending+len(batch), bytes+size; pending >= elementsPerBatch || bytes >= bytesPerBatch {
-				if err := c.Flush(); err != nil {
-					return err
+	known := map[string]bool{}
+	for _, es := range [][]Element{del, add} { // before anything is sent
+		for _, e := range es {
+			if !known[e.Set] {
+				if t.set(nt, e.Set) == nil {
+					return fmt.Errorf("writing elements: table %s declares no set %s", t.Name, e.Set)
 				}
-				pending, bytes = 0, 0
+				known[e.Set] = true
 			}
-			return nil
-		})
+		}
 	}
-	if err := write(del, c.SetDeleteElements); err != nil {
-		return fmt.Errorf("deleting elements: %w", err)
-	}
-	if err := write(add, c.SetAddElements); err != nil {
-		return fmt.Errorf("adding elements: %w", err)
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("writing elements: %w", err)
+	for _, tx := range plan(del, add, k.limit) {
+		if err := messages(t, nt, tx.del, c.SetDeleteElements); err != nil {
+			return fmt.Errorf("deleting elements: %w", err)
+		}
+		if err := messages(t, nt, tx.add, c.SetAddElements); err != nil {
+			return fmt.Errorf("adding elements: %w", err)
+		}
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("writing elements: %w", err)
+		}
 	}
 	return nil
 }
@@ -413,7 +430,7 @@ func (k *Conn) Update(ctx context.Context, t Table, del, add []Element) (err err
 // messages calls f with es as netlink messages: one per run of up to
 // elementsPerMessage elements of one set (grouped by set, a change of many
 // sets does not cost a message per element), with their encoded size.
-func messages(t Table, nt *nft.Table, es []Element, f func(s *nft.Set, batch []nft.SetElement, size int) error) error {
+func messages(t Table, nt *nft.Table, es []Element, f func(s *nft.Set, batch []nft.SetElement) error) error {
 	es = bySet(es)
 	for len(es) > 0 {
 		name := es[0].Set
@@ -422,21 +439,16 @@ func messages(t Table, nt *nft.Table, es []Element, f func(s *nft.Set, batch []n
 			return fmt.Errorf("table %s declares no set %s", t.Name, name)
 		}
 		var batch []nft.SetElement
-		size := 0
 		for len(es) > 0 && es[0].Set == name && len(batch) < elementsPerMessage {
 			batch = append(batch, setElement(s, es[0]))
-			size += elementSize(es[0])
 			es = es[1:]
 		}
-		if err := f(s, batch, size); err != nil {
+		if err := f(s, batch); err != nil {
 			return err
 		}
 	}
 	return nil
 }
-
-// elementSize is about what e takes in a netlink message.
-func elementSize(e Element) int { return len(e.Key) + len(e.Val) + len(e.End) + 48 } // attribute headers
 
 // bySet is es with each set's elements together, sets in the order they
 // first appear, each set's elements in their order (O(len(es))).

@@ -4,14 +4,18 @@ package nftable
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"maps"
 	"net/netip"
+	"os"
 	"slices"
 	"testing"
 
 	nft "github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/svcproxy/svcproxy/internal/kerneltest"
 	"github.com/svcproxy/svcproxy/netfilter"
@@ -74,7 +78,8 @@ func TestPrivilegedConn(t *testing.T) {
 		t.Errorf("ListTables = %q, %v; want it to hold table ip %s", ts, err, tb.Name)
 	}
 
-	// 5,000 elements: more than one batch and many messages.
+	// 10,001 elements: many messages, one transaction.
+	gen := generation(t, ns)
 	var add []Element
 	want := map[string]map[string]string{"ports": {}, "to": {}, "go": {}}
 	for i := range 5000 {
@@ -87,6 +92,9 @@ func TestPrivilegedConn(t *testing.T) {
 	want["ports"][PortValue(40053)] = ""
 	if err := c.Update(ctx, tb, nil, add); err != nil {
 		t.Fatalf("Update: %v", err)
+	}
+	if g := generation(t, ns); g != gen+1 {
+		t.Errorf("adding 10,001 elements took %d transactions, want 1", g-gen)
 	}
 	for set, w := range want {
 		got, err := c.Elements(ctx, tb, set)
@@ -104,6 +112,34 @@ func TestPrivilegedConn(t *testing.T) {
 	}
 	if got, _ := c.Elements(ctx, tb, "to"); got[k] != PortValue(15002) {
 		t.Errorf("changed value reads back %x", got[k])
+	}
+	// Every value of the map changed at once: one transaction, as is a
+	// change over several when the socket takes less (limit), each element
+	// deleted and re-added in the same one.
+	for _, tc := range []struct {
+		limit, port int
+		one         bool
+	}{{c.limit, 15003, true}, {64 << 10, 15004, false}} {
+		c.limit = tc.limit
+		old, _ := c.Elements(ctx, tb, "to")
+		var del, add []Element
+		for k, v := range old {
+			del = append(del, Element{Set: "to", Key: k, Val: v})
+			add = append(add, Element{Set: "to", Key: k, Val: PortValue(uint16(tc.port))})
+		}
+		gen := generation(t, ns)
+		if err := c.Update(ctx, tb, del, add); err != nil {
+			t.Fatalf("Update changing %d values with a limit of %d bytes: %v", len(del), tc.limit, err)
+		}
+		if n := generation(t, ns) - gen; (n == 1) != tc.one || n == 0 {
+			t.Errorf("changing %d values with a limit of %d bytes took %d transactions (want one: %v)", len(del), tc.limit, n, tc.one)
+		}
+		got, _ := c.Elements(ctx, tb, "to")
+		for k := range old {
+			if got[k] != PortValue(uint16(tc.port)) {
+				t.Fatalf("after changing every value with a limit of %d bytes, %x reads back %x", tc.limit, k, got[k])
+			}
+		}
 	}
 	// An element of an undeclared set is refused before anything is sent.
 	if err := c.Update(ctx, tb, nil, []Element{{Set: "nope", Key: "x"}}); err == nil {
@@ -138,6 +174,41 @@ func TestPrivilegedConn(t *testing.T) {
 	if _, err := c.Elements(ctx, tb, "to"); err == nil {
 		t.Error("the table is still there after Delete")
 	}
+}
+
+// generation is the nf_tables ruleset generation of namespace ns, which
+// every committed transaction moves on by one.
+func generation(t *testing.T, ns string) uint32 {
+	t.Helper()
+	f, err := os.Open("/run/netns/" + ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	nl, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: int(f.Fd())})
+	if err != nil {
+		t.Fatalf("dialing netfilter netlink: %v", err)
+	}
+	defer nl.Close()
+	msgs, err := nl.Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN), Flags: netlink.Request},
+		Data:   []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0},
+	})
+	if err != nil || len(msgs) != 1 || len(msgs[0].Data) < 4 {
+		t.Fatalf("reading the nf_tables generation: %v (%d replies)", err, len(msgs))
+	}
+	ad, err := netlink.NewAttributeDecoder(msgs[0].Data[4:])
+	if err != nil {
+		t.Fatalf("decoding the nf_tables generation: %v", err)
+	}
+	ad.ByteOrder = binary.BigEndian
+	for ad.Next() {
+		if ad.Type() == unix.NFTA_GEN_ID {
+			return ad.Uint32()
+		}
+	}
+	t.Fatal("the nf_tables generation reply holds no NFTA_GEN_ID")
+	return 0
 }
 
 func netipFrom4(a, b, c, d byte) netip.Addr { return netip.AddrFrom4([4]byte{a, b, c, d}) }
