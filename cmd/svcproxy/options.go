@@ -508,6 +508,12 @@ func parseFlags(args []string, env environment) (*options, error) {
 	if o.clusterCIDRs, err = parsePrefixes(*clusterCIDRs); err != nil {
 		return nil, fmt.Errorf("--cluster-cidr: %w", err)
 	}
+	// The kernel modes' rule (one pod range per family, none of them /0)
+	// holds for every mode: steering and the forwarder's inside test read
+	// the same flag and would otherwise take what a kernel mode refuses.
+	if _, err := netfilter.ClusterCIDRs(o.clusterCIDRs); err != nil {
+		return nil, fmt.Errorf("--cluster-cidr: %w", err)
+	}
 	if o.handoverSocket, err = handover.SocketPath(o.handoverSocket); err != nil {
 		return nil, fmt.Errorf("--handover-socket: %w", err)
 	}
