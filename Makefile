@@ -112,6 +112,7 @@ fuzz:
 	$(GO) test -run=x -fuzz=FuzzApply -fuzztime=$(FUZZEXECS)x ./kernelmodes/iptables
 	$(GO) test -run=x -fuzz=FuzzWatchMessages -fuzztime=$(FUZZEXECS)x ./netfilter
 	$(GO) test -run=x -fuzz=FuzzDecode -fuzztime=$(FUZZEXECS)x ./netfilter/nftable
+	$(GO) test -run=x -fuzz=FuzzPlan -fuzztime=$(FUZZEXECS)x ./netfilter/nftable
 	$(GO) test -run=x -fuzz=FuzzCountCPUList -fuzztime=$(FUZZEXECS)x ./cmd/svcproxy
 
 # What each command needs, as program (or absolute path):Debian package.
