@@ -47,10 +47,11 @@ func isFDLimit(err error) bool {
 }
 
 // isLocalDialError reports whether a failure to open or start a backend
-// connection was this host's (out of descriptors, buffers, memory or local
-// ports), not the backend's: it is never held against the backend.
+// connection was this host's (out of descriptors, buffers, memory, local
+// ports or epoll watches: ENOSPC at fs.epoll.max_user_watches), not the
+// backend's: it is never held against the backend.
 func isLocalDialError(err error) bool {
-	return isFDLimit(err) || errors.Is(err, unix.EADDRNOTAVAIL)
+	return isFDLimit(err) || errors.Is(err, unix.EADDRNOTAVAIL) || errors.Is(err, unix.ENOSPC)
 }
 
 // isRefused reports whether a dial error is a refusal or reset by the backend.

@@ -344,7 +344,15 @@ func (w *worker) udpOpen(fe *loopUDP, client netip.AddrPort, name *unix.RawSocka
 	fd := -1
 	pool, b, rec, ok := f.openUDPFlow(fe.frontend, client, local, len(fe.flows), now, func(b *lb.Backend) error {
 		var err error
-		fd, err = w.dialUDP(b.Addr)
+		if fd, err = w.dialUDP(b.Addr); err != nil {
+			return err
+		}
+		// Watched before the flow counts as opened: an epoll that takes
+		// no more (ENOMEM, ENOSPC) fails the dial as this host's.
+		if err = w.register(fd, fdEntry{}, unix.EPOLLIN|unix.EPOLLET); err != nil {
+			sysClose(fd)
+			fd = -1
+		}
 		return err
 	})
 	if !ok {
@@ -360,12 +368,7 @@ func (w *worker) udpOpen(fe *loopUDP, client netip.AddrPort, name *unix.RawSocka
 			fl.oob = unix.PktInfo4(&unix.Inet4Pktinfo{Spec_dst: local.As4()})
 		}
 	}
-	if err := w.register(fd, fdEntry{ufl: fl}, unix.EPOLLIN|unix.EPOLLET); err != nil {
-		sysClose(fd)
-		w.log.Warn("cannot watch a UDP flow's socket", zap.Stringer("client", client), zap.Error(err))
-		f.udpFlowDone(&fl.rec, b, reasonShutdown, 0, 0, now)
-		return nil
-	}
+	w.fds[fd].ufl = fl
 	fe.flows[client] = fl
 	w.timers.set(&fl.idle, w.now+int64(f.cfg.UDPIdleTimeout))
 	return fl
