@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -17,6 +18,28 @@ import (
 // again after the kernel's notifications broke off (a full socket buffer
 // drops them: ENOBUFS).
 const resubscribeDelay = time.Second
+
+// addrSocketBuffer is the receive buffer asked for the notifications'
+// socket: local steering adds an address per virtual IP, thousands in a
+// row, whose notifications overflow the default (net.core.rmem_default,
+// 208 KiB: about 200 of them, each charged a page or so) whenever the
+// reader falls behind, and each overflow leaves the set stale for
+// resubscribeDelay. Past net.core.rmem_max only with CAP_NET_ADMIN in
+// the initial user namespace (canForceBuffer). A variable for tests.
+var addrSocketBuffer = 4 << 20
+
+// canForceBuffer reports whether this process may set a socket buffer
+// past net.core.rmem_max (SO_RCVBUFFORCE). Asked once, on a throwaway
+// socket: github.com/vishvananda/netlink leaves the subscription's socket
+// open when it cannot.
+var canForceBuffer = sync.OnceValue(func() bool {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, addrSocketBuffer) == nil
+})
 
 // WatchLocalAddrs returns the node's addresses in network namespace ns
 // (netns.None(): the caller's), read before it returns and kept current
@@ -108,7 +131,7 @@ func (s *addrSub) apply(u netlink.AddrUpdate) bool {
 func subscribeAddrs(ctx context.Context, ns netns.NsHandle, onError func(error)) (addrSub, error) {
 	subCtx, cancel := context.WithCancel(ctx)
 	updates := make(chan netlink.AddrUpdate, 1024)
-	opts := netlink.AddrSubscribeOptions{ErrorCallback: func(err error) {
+	opts := netlink.AddrSubscribeOptions{ReceiveBufferSize: addrSocketBuffer, ReceiveBufferForceSize: canForceBuffer(), ErrorCallback: func(err error) {
 		// A failed receive ends the subscription, which WatchLocalAddrs
 		// reports itself; the rest are single notifications it skipped.
 		if onError != nil && subCtx.Err() == nil && !strings.HasPrefix(err.Error(), "Receive failed") {

@@ -3,10 +3,13 @@ package iface_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -213,4 +216,62 @@ func TestPrivilegedLocalAddrs(t *testing.T) {
 		t.Errorf("the watch reported %v", err)
 	default:
 	}
+}
+
+// TestPrivilegedLocalAddrsOverflow: when the kernel drops address
+// notifications (the socket's buffer full: here a buffer of the kernel's
+// minimum, and bursts of a thousand addresses), the watch says so,
+// subscribes again and reads every address anew, so the set ends up whole.
+func TestPrivilegedLocalAddrsOverflow(t *testing.T) {
+	l, ns := inNS(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := l.EnsureDummy(ctx, "svcproxy-t0"); err != nil {
+		t.Fatal(err)
+	}
+	h, err := netns.GetFromName(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	defer iface.SetAddrSocketBuffer(1)()
+	var brokeOff atomic.Int32
+	local, err := iface.WatchLocalAddrs(ctx, h, func(err error) {
+		if strings.Contains(err.Error(), "broke off") {
+			brokeOff.Add(1)
+		} else {
+			t.Errorf("the watch reported %v", err)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var added []netip.Addr
+	for burst := 0; brokeOff.Load() == 0; burst++ {
+		if burst == 20 {
+			t.Fatalf("%d addresses added in bursts of 1,000 overflowed no notification socket of the kernel's minimum size", len(added))
+		}
+		var cmds strings.Builder
+		for range 1000 {
+			i := len(added)
+			a := netip.AddrFrom4([4]byte{198, 19, byte(i >> 8), byte(i)})
+			added = append(added, a)
+			fmt.Fprintf(&cmds, "address add %v/32 dev svcproxy-t0\n", a)
+		}
+		cmd := exec.Command("ip", "-n", ns, "-batch", "-")
+		cmd.Stdin = strings.NewReader(cmds.String())
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("adding addresses: %v: %s", err, out)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, a := range added {
+		for !local.Has(a) {
+			if time.Now().After(deadline) {
+				t.Fatalf("Has(%v) = false 10s after adding %d addresses (notifications broke off %d times); the set holds %d", a, len(added), brokeOff.Load(), local.Len())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	t.Logf("%d addresses; notifications broke off %d times", len(added), brokeOff.Load())
 }
