@@ -22,14 +22,24 @@ import (
 // is steered to the forwarder for a pod (a second address of the client
 // namespace, the cluster CIDR) and for the node, at its ExternalIP and its
 // NodePort; the client's other address, outside the cluster, is refused at
-// connect by the reject rules; a UDP ExternalIP answers the pod and the
-// node, not the outside client. (An IPv6 ExternalIP reached from the client namespace is
-// left to the fakes: in this topology,
-// whose node routes the VIPs back out of the client's link, a connection
-// from one source address of the client after one from the other was
-// forwarded past both the steering and the reject rules on nf_tables
-// (iptables-nft and nftables, not iptables-legacy), not understood yet;
-// the NodePort, reached at the node's own address, is tested in IPv6.)
+// connect by the reject rules (TCP reset; ICMP port unreachable for UDP);
+// a UDP ExternalIP answers the pod and the node, not the outside client.
+//
+// Two things of this topology, not of the steering, are set aside. The
+// node routes the VIPs back out of the client's link, so it answers a
+// forwarded datagram with an ICMP redirect before its FORWARD hook
+// rejects it, and the redirect spends the per-host ICMP token the port
+// unreachable then needs (IcmpOutRateLimitHost): the node sends no
+// redirects here. And the node's neighbour solicitations for the client
+// address it had not heard from yet went unanswered for a second or more,
+// so its reply (the redirected connection's SYN-ACK, the reject's reset)
+// to whichever of the two client addresses came second waited in the
+// neighbour queue past the dial's timeout: what made IPv6 ExternalIPs look
+// unsteered and unrejected in an earlier version of this test (counters
+// showed the rules matching and the reset leaving every hook, and the
+// solicitation reaching the client namespace and dropped before ICMPv6).
+// The node knows both client addresses' link-layer address from the
+// start.
 func TestPrivilegedShortCircuit(t *testing.T) {
 	privileged.Require(t)
 	type backend struct {
@@ -59,6 +69,18 @@ func testShortCircuitTraffic(t *testing.T, backend Backend, variant string, dnat
 	kerneltest.Run(t, "ip", "-n", top.client, "addr", "add", pod+"/24", "dev", "eth0")
 	kerneltest.Run(t, "ip", "-n", top.client, "addr", "add", pod6+"/64", "dev", "eth0", "nodad")
 	node4, node6 := top.nodeAddrs[0].String(), "["+top.nodeAddrs[1].String()+"]"
+	kerneltest.Run(t, "ip", "netns", "exec", top.node, "sysctl", "-qw", "net.ipv4.conf.all.send_redirects=0", "net.ipv4.conf.eth0.send_redirects=0")
+	var clientMAC string
+	kerneltest.Do(t, top.client, func() {
+		ifc, err := net.InterfaceByName("eth0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		clientMAC = ifc.HardwareAddr.String()
+	})
+	for _, a := range []string{"fd00:18::2", pod6} {
+		kerneltest.Run(t, "ip", "-n", top.node, "neigh", "replace", a, "lladdr", clientMAC, "dev", "eth0", "nud", "permanent")
+	}
 	var nodeIPs []netip.Addr
 	if dnat {
 		nodeIPs = top.nodeAddrs[:]
@@ -126,9 +148,12 @@ func testShortCircuitTraffic(t *testing.T, backend Backend, variant string, dnat
 		{"outside to the ClusterIP", top.client, "198.18.0.2", "198.18.10.3:80", true},
 		{"outside to the ExternalIP", top.client, "198.18.0.2", "198.18.10.4:80", false},
 		{"outside to the NodePort", top.client, "198.18.0.2", node4 + ":30083", false},
+		{"IPv6 pod to the ExternalIP", top.client, pod6, "[fd00:10::4]:80", true},
 		{"IPv6 pod to the NodePort", top.client, pod6, node6 + ":30083", true},
 		{"node to the IPv6 ExternalIP", top.node, "", "[fd00:10::4]:80", true},
+		{"IPv6 outside to the ExternalIP", top.client, "fd00:18::2", "[fd00:10::4]:80", false},
 		{"IPv6 outside to the NodePort", top.client, "fd00:18::2", node6 + ":30083", false},
+		{"IPv6 pod to the ExternalIP again", top.client, pod6, "[fd00:10::4]:80", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := dial(tc.ns, tc.src, tc.dst)
@@ -158,9 +183,8 @@ func testShortCircuitTraffic(t *testing.T, backend Backend, variant string, dnat
 	}
 
 	// UDP: a pod and the node are answered through the forwarder's socket;
-	// an outside client's datagram is not steered (the reject rule answers
-	// it with an ICMP port unreachable, which this topology's forwarded
-	// path does not bring back as ECONNREFUSED: not asserted).
+	// an outside client's datagram is not steered, and the reject rule
+	// answers it with an ICMP port unreachable (ECONNREFUSED).
 	for _, tc := range []struct {
 		name, ns, src string
 		answered      bool
@@ -187,7 +211,7 @@ func testShortCircuitTraffic(t *testing.T, backend Backend, variant string, dnat
 			}
 			wait := 2 * time.Second
 			if !tc.answered {
-				wait = 300 * time.Millisecond // nothing comes back
+				wait = 300 * time.Millisecond // the ICMP error comes back at once
 			}
 			c.SetReadDeadline(time.Now().Add(wait))
 			buf := make([]byte, 100)
@@ -199,6 +223,8 @@ func testShortCircuitTraffic(t *testing.T, backend Backend, variant string, dnat
 				t.Errorf("answer %q, want %q", buf[:n], "pong:ping")
 			case !tc.answered && err == nil:
 				t.Errorf("answered %q: the datagram was steered", buf[:n])
+			case !tc.answered && !errors.Is(err, syscall.ECONNREFUSED):
+				t.Errorf("read: %v, want connection refused (the reject rule's ICMP port unreachable)", err)
 			}
 		})
 	}
