@@ -25,7 +25,6 @@ func TestDialErrorBlame(t *testing.T) {
 		{unix.ECONNREFUSED, false},
 		{unix.ETIMEDOUT, false},
 		{unix.EHOSTUNREACH, false},
-		{errDialTimeout, false},
 	} {
 		if got := isLocalDialError(tc.err); got != tc.local {
 			t.Errorf("isLocalDialError(%v) = %v, want %v", tc.err, got, tc.local)
