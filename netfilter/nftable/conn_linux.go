@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 
@@ -118,17 +119,22 @@ const socketBuffer = 8 << 20
 // bigBuffers raises the socket's buffers to socketBuffer, past
 // net.core.[rw]mem_max when allowed (SO_*BUFFORCE need CAP_NET_ADMIN in
 // the initial user namespace, which a container's root may lack), and
-// returns how many bytes of elements a transaction may then hold: half the
-// send buffer the socket got (as the kernel reports it: what it charges,
-// twice what was asked), leaving room for the messages' own headers, and
-// at most transactionBytes. The kernel's acks, one a message of up to 64
-// elements, fit the receive buffer asked with it.
+// returns how many bytes of elements a transaction may then hold, from the
+// buffers the socket got (as the kernel reports them: what it charges,
+// twice what was asked), at most transactionBytes:
+//   - half the send buffer, leaving room for the messages' own headers;
+//   - twice the receive buffer: the kernel queues an ack of about 768 bytes
+//     (what it charges) for each message of up to 64 elements of at least
+//     52 bytes while the batch is still being sent, under a quarter of the
+//     elements' bytes.
+//
+// Without the forced sizes each is capped apart, at wmem_max and rmem_max.
 func bigBuffers(c *netlink.Conn) int {
 	raw, err := c.SyscallConn()
 	if err != nil {
 		return fallbackBytes
 	}
-	sndbuf := 0
+	sndbuf, rcvbuf := 0, 0
 	if err := raw.Control(func(fd uintptr) {
 		if errors.Join(unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, socketBuffer),
 			unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, socketBuffer)) != nil {
@@ -136,14 +142,15 @@ func bigBuffers(c *netlink.Conn) int {
 			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, socketBuffer)
 		}
 		sndbuf, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF)
-	}); err != nil || sndbuf <= 0 {
+		rcvbuf, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF)
+	}); err != nil || sndbuf <= 0 || rcvbuf <= 0 {
 		return fallbackBytes
 	}
-	return min(transactionBytes, sndbuf/2)
+	return min(transactionBytes, sndbuf/2, rcvbuf*2)
 }
 
-// fallbackBytes is the limit when the send buffer cannot be read: what
-// fits the kernel's default (net.core.wmem_default, 208 KiB).
+// fallbackBytes is the limit when the buffers cannot be read: what fits
+// the kernel's defaults (net.core.[rw]mem_default, 208 KiB).
 const fallbackBytes = 96 << 10
 
 // dial locks k and returns its socket; done unlocks, first closing the
@@ -302,18 +309,19 @@ func queue(c *nft.Conn, t Table, nt *nft.Table, stale []string) error {
 // in one batch, and elements of more than a transaction holds (about
 // 50,000 IPv4 ones, see transactionBytes) are refused.
 func (k *Conn) Replace(ctx context.Context, t Table, elems []Element) (err error) {
+	if err := undeclared(t, elems); err != nil {
+		return fmt.Errorf("writing table %s: %w", t.Name, err)
+	}
 	c, done, err := k.dial()
 	if err != nil {
 		return err
 	}
+	if n := size(elems); n > k.limit {
+		var kept error // a refusal: the socket stays open
+		done(&kept)
+		return fmt.Errorf("writing table %s: %d elements (%d bytes) are more than one transaction takes (%d bytes)", t.Name, len(elems), n, k.limit)
+	}
 	defer done(&err)
-	size := 0
-	for _, e := range elems {
-		size += elementSize(e)
-	}
-	if size > k.limit {
-		return fmt.Errorf("writing table %s: %d elements (%d bytes) are more than one transaction takes (%d bytes)", t.Name, len(elems), size, k.limit)
-	}
 	nt := t.table()
 	c.AddTable(nt) // so that deleting it cannot fail
 	c.DelTable(nt)
@@ -396,23 +404,15 @@ func (k *Conn) Update(ctx context.Context, t Table, del, add []Element) (err err
 	if len(del)+len(add) == 0 {
 		return nil
 	}
+	if err := undeclared(t, del, add); err != nil { // before anything is sent
+		return fmt.Errorf("writing elements: %w", err)
+	}
 	c, done, err := k.dial()
 	if err != nil {
 		return err
 	}
 	defer done(&err)
 	nt := t.table()
-	known := map[string]bool{}
-	for _, es := range [][]Element{del, add} { // before anything is sent
-		for _, e := range es {
-			if !known[e.Set] {
-				if t.set(nt, e.Set) == nil {
-					return fmt.Errorf("writing elements: table %s declares no set %s", t.Name, e.Set)
-				}
-				known[e.Set] = true
-			}
-		}
-	}
 	for _, tx := range plan(del, add, k.limit) {
 		if err := messages(t, nt, tx.del, c.SetDeleteElements); err != nil {
 			return fmt.Errorf("deleting elements: %w", err)
@@ -422,6 +422,23 @@ func (k *Conn) Update(ctx context.Context, t Table, del, add []Element) (err err
 		}
 		if err := c.Flush(); err != nil {
 			return fmt.Errorf("writing elements: %w", err)
+		}
+	}
+	return nil
+}
+
+// undeclared reports an element of a set t does not declare.
+func undeclared(t Table, ess ...[]Element) error {
+	known := map[string]bool{}
+	for _, es := range ess {
+		for _, e := range es {
+			if known[e.Set] {
+				continue
+			}
+			if !slices.ContainsFunc(t.Sets, func(s *nft.Set) bool { return s.Name == e.Set }) {
+				return fmt.Errorf("table %s declares no set %s", t.Name, e.Set)
+			}
+			known[e.Set] = true
 		}
 	}
 	return nil

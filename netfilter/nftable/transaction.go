@@ -21,14 +21,7 @@ type change struct{ del, add []Element }
 // A single element (or a changed one's pair) larger than limit still gets
 // a transaction of its own.
 func plan(del, add []Element, limit int) []change {
-	size := 0
-	for _, e := range del {
-		size += elementSize(e)
-	}
-	for _, e := range add {
-		size += elementSize(e)
-	}
-	if size <= limit {
+	if size(del)+size(add) <= limit {
 		return []change{{del: del, add: add}}
 	}
 	type id struct{ set, key, end string }
@@ -76,6 +69,15 @@ func plan(del, add []Element, limit int) []change {
 		out = append(out, cur)
 	}
 	return out
+}
+
+// size is about what es take in netlink messages.
+func size(es []Element) int {
+	n := 0
+	for _, e := range es {
+		n += elementSize(e)
+	}
+	return n
 }
 
 // elementSize is about what e takes in a netlink message.
