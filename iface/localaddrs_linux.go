@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -22,11 +23,14 @@ const resubscribeDelay = time.Second
 // addrSocketBuffer is the receive buffer asked for the notifications'
 // socket: local steering adds an address per virtual IP, thousands in a
 // row, whose notifications overflow the default (net.core.rmem_default,
-// 208 KiB: about 200 of them, each charged a page or so) whenever the
-// reader falls behind, and each overflow leaves the set stale for
+// 208 KiB: a few hundred of them, each charged about a kilobyte) whenever
+// the reader falls behind, and each overflow leaves the set stale for
 // resubscribeDelay. Past net.core.rmem_max only with CAP_NET_ADMIN in
-// the initial user namespace (canForceBuffer). A variable for tests.
-var addrSocketBuffer = 4 << 20
+// the initial user namespace (canForceBuffer). A variable for tests (read
+// by a watch that may be subscribing again as a test ends).
+var addrSocketBuffer atomic.Int64
+
+func init() { addrSocketBuffer.Store(4 << 20) }
 
 // canForceBuffer reports whether this process may set a socket buffer
 // past net.core.rmem_max (SO_RCVBUFFORCE). Asked once, on a throwaway
@@ -38,7 +42,7 @@ var canForceBuffer = sync.OnceValue(func() bool {
 		return false
 	}
 	defer unix.Close(fd)
-	return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, addrSocketBuffer) == nil
+	return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, int(addrSocketBuffer.Load())) == nil
 })
 
 // WatchLocalAddrs returns the node's addresses in network namespace ns
@@ -90,7 +94,7 @@ func WatchLocalAddrs(ctx context.Context, ns netns.NsHandle, onError func(error)
 					l.publish(sub.held)
 					break
 				}
-				if onError != nil {
+				if onError != nil && ctx.Err() == nil {
 					onError(err)
 				}
 			}
@@ -131,7 +135,7 @@ func (s *addrSub) apply(u netlink.AddrUpdate) bool {
 func subscribeAddrs(ctx context.Context, ns netns.NsHandle, onError func(error)) (addrSub, error) {
 	subCtx, cancel := context.WithCancel(ctx)
 	updates := make(chan netlink.AddrUpdate, 1024)
-	opts := netlink.AddrSubscribeOptions{ReceiveBufferSize: addrSocketBuffer, ReceiveBufferForceSize: canForceBuffer(), ErrorCallback: func(err error) {
+	opts := netlink.AddrSubscribeOptions{ReceiveBufferSize: int(addrSocketBuffer.Load()), ReceiveBufferForceSize: canForceBuffer(), ErrorCallback: func(err error) {
 		// A failed receive ends the subscription, which WatchLocalAddrs
 		// reports itself; the rest are single notifications it skipped.
 		if onError != nil && subCtx.Err() == nil && !strings.HasPrefix(err.Error(), "Receive failed") {

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -77,7 +78,11 @@ func TestPrivilegedVirtualIPs(t *testing.T) {
 		}
 	}
 	// Listened on at once, the IPv6 one too (no duplicate address
-	// detection keeping it tentative), and reached.
+	// detection keeping it tentative), and reached. The kernel installs an
+	// IPv6 address's local route from a work queue after the address is
+	// added (addrconf's DAD work, which a NODAD address completes at
+	// once), so a connect in the first moments may find no route
+	// (ENETUNREACH): allowed for up to a second.
 	kerneltest.Do(t, ns, func() {
 		for _, a := range vips {
 			ln, err := net.Listen("tcp", netip.AddrPortFrom(a, 80).String())
@@ -86,6 +91,10 @@ func TestPrivilegedVirtualIPs(t *testing.T) {
 				continue
 			}
 			c, err := net.Dial("tcp", ln.Addr().String())
+			for start := time.Now(); errors.Is(err, syscall.ENETUNREACH) && time.Since(start) < time.Second; {
+				time.Sleep(5 * time.Millisecond)
+				c, err = net.Dial("tcp", ln.Addr().String())
+			}
 			if err != nil {
 				t.Errorf("connecting to %v: %v", a, err)
 			} else {
@@ -224,17 +233,17 @@ func TestPrivilegedLocalAddrs(t *testing.T) {
 // subscribes again and reads every address anew, so the set ends up whole.
 func TestPrivilegedLocalAddrsOverflow(t *testing.T) {
 	l, ns := inNS(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if err := l.EnsureDummy(ctx, "svcproxy-t0"); err != nil {
-		t.Fatal(err)
-	}
+	defer iface.SetAddrSocketBuffer(1)()
 	h, err := netns.GetFromName(ns)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	defer iface.SetAddrSocketBuffer(1)()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel() // first: the watch stops before its handle closes
+	if err := l.EnsureDummy(ctx, "svcproxy-t0"); err != nil {
+		t.Fatal(err)
+	}
 	var brokeOff atomic.Int32
 	local, err := iface.WatchLocalAddrs(ctx, h, func(err error) {
 		if strings.Contains(err.Error(), "broke off") {
