@@ -132,7 +132,7 @@ type Config struct {
 // steering uses it too.
 type IPTables struct {
 	MasqueradeBit *int32   `yaml:"masqueradeBit"` // bit of the fwmark for SNAT, 0-31; default 14
-	MasqueradeAll bool     `yaml:"masqueradeAll"` // iptables and ipvs modes: SNAT all Service traffic; default false
+	MasqueradeAll bool     `yaml:"masqueradeAll"` // iptables, nftables and ipvs modes: SNAT all traffic sent to ClusterIPs, as kube-proxy's; default false
 	SyncPeriod    Duration `yaml:"syncPeriod"`    // longest time between full syncs; default 30s
 	MinSyncPeriod Duration `yaml:"minSyncPeriod"` // shortest time between syncs; default 1s
 }

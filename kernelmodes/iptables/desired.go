@@ -190,6 +190,7 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 	short := len(scEps) > 0
 	sChain, eChain := chainName(kindService, svc, netip.AddrPort{}), chainName(kindExternal, svc, netip.AddrPort{})
 	needS, needE := false, false
+	var clusterIPs []string // the ClusterIP frontends' matches, for MasqueradeAll
 	reject := rejectWith(svc.Protocol, fam)
 	external := func(eps []netip.AddrPort) []netip.AddrPort { // who may be DNATed to at an external frontend
 		if short {
@@ -215,6 +216,8 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 			r.services = append(r.services, match+" -j "+chain)
 			if pool.External {
 				eps = external(eps)
+			} else {
+				clusterIPs = append(clusterIPs, match)
 			}
 			r.addFlows(svc, fe.Addr, eps)
 			*need = true
@@ -253,7 +256,12 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 		var rules []string
 		switch {
 		case m.cfg.MasqueradeAll:
-			rules = append(rules, m.markRule)
+			// Traffic sent to the ClusterIPs, as kube-proxy's: not what
+			// the external entry's short circuit or Cluster policy sends
+			// on here.
+			for _, match := range sortedUnique(clusterIPs) {
+				rules = append(rules, match+" "+m.markRule)
+			}
 		case m.clusterCIDR[fam].IsValid():
 			rules = append(rules, "! -s "+m.clusterCIDR[fam].String()+" "+m.markRule)
 		}
@@ -262,10 +270,11 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 	}
 	if needE {
 		var rules []string
-		if svc.ExternalTrafficPolicy == lb.PolicyCluster || m.cfg.MasqueradeAll {
+		if svc.ExternalTrafficPolicy == lb.PolicyCluster {
 			// Replies from an endpoint on another node would bypass this
 			// one: masquerade. Local policy keeps the client's address
-			// (its endpoints are here, so replies come back this way).
+			// (its endpoints are here, so replies come back this way),
+			// MasqueradeAll or not, as kube-proxy's.
 			rules = append(rules, m.markRule)
 		}
 		if short {

@@ -18,11 +18,11 @@
 //	  ! -d 127.0.0.0/8 -m addrtype --dst-type LOCAL [-m set npaddrs dst] -j SVCPROXY-DNAT-NODEPORTS   last
 //	SVCPROXY-DNAT-NODEPORTS: -p tcp -m tcp --dport NP -j SVCPROXY-DNAT-E-<hash>, one per NodePort
 //	SVCPROXY-DNAT-S-<hash> (a Service port's internal pool)
-//	  [! -s ClusterCIDR | (MasqueradeAll)] -j MARK --set-xmark 0x4000/0x4000
+//	  ! -s ClusterCIDR -j MARK --set-xmark 0x4000/0x4000   (with MasqueradeAll instead: -d VIP/32 -p tcp -m tcp --dport P -j MARK ..., per ClusterIP)
 //	  -p tcp -m statistic --mode random --probability 1/n -j DNAT --to-destination EP1   (1/(n-1) for the next, ...)
 //	  -p tcp -j DNAT --to-destination EPn
 //	SVCPROXY-DNAT-E-<hash> (its external entry)
-//	  -j MARK --set-xmark 0x4000/0x4000   (externalTrafficPolicy Cluster, or MasqueradeAll)
+//	  -j MARK --set-xmark 0x4000/0x4000   (externalTrafficPolicy Cluster)
 //	  (externalTrafficPolicy Local: the short circuit, to S, or C when S's endpoints differ)
 //	  -s ClusterCIDR -j SVCPROXY-DNAT-S-<hash>
 //	  -m addrtype --src-type LOCAL -j MARK --set-xmark 0x4000/0x4000
@@ -68,7 +68,9 @@
 // iptables is at least 1.6.2 and the kernel takes it) is where replies would
 // otherwise bypass the node: external traffic with the Cluster policy (its
 // endpoint may be on another node), ClusterIP traffic from outside
-// Config.ClusterCIDRs (or all traffic with MasqueradeAll), and hairpin — a
+// Config.ClusterCIDRs (all ClusterIP traffic with MasqueradeAll, as
+// kube-proxy's --masquerade-all: "all traffic sent via Service cluster
+// IPs"; it leaves external traffic alone), and hairpin — a
 // pod reaching itself through its Service — matched by one fixed rule and
 // the hash:ip,port,ip set of (endpoint, port, endpoint), as kube-proxy's
 // IPVS mode does, instead of a rule per endpoint. Local traffic policies

@@ -78,17 +78,19 @@ func expect(snap *lb.Snapshot, m *Mode, p netfiltertest.Packet) want {
 	node := p.Src.Addr().IsLoopback() || slices.Contains(p.LocalAddrs, p.Src.Addr())
 	pod := m.clusterCIDR[fam].IsValid() && m.clusterCIDR[fam].Contains(p.Src.Addr())
 	if sc := pool.ShortCircuit(); sc != nil && (node || pod) && len(inFamily(sc)) > 0 {
-		return spread(cfg.MasqueradeAll || node, inFamily(sc)...)
+		return spread(node, inFamily(sc)...)
 	}
 	eps := inFamily(pool)
 	if len(eps) == 0 {
 		return rejected
 	}
-	masq := cfg.MasqueradeAll
+	// MasqueradeAll is kube-proxy's: traffic sent to ClusterIPs only.
+	var masq bool
 	if pool.External {
-		masq = masq || pool.Service.ExternalTrafficPolicy == lb.PolicyCluster
-	} else if c := m.clusterCIDR[fam]; c.IsValid() && !c.Contains(p.Src.Addr()) {
-		masq = true
+		masq = pool.Service.ExternalTrafficPolicy == lb.PolicyCluster
+	} else {
+		c := m.clusterCIDR[fam]
+		masq = cfg.MasqueradeAll || c.IsValid() && !c.Contains(p.Src.Addr())
 	}
 	return spread(masq, eps...)
 }

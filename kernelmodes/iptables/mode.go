@@ -50,9 +50,10 @@ type Config struct {
 	// MasqueradeAll off: ClusterIP traffic is never masqueraded (except
 	// hairpin), as kube-proxy does without --cluster-cidr.
 	ClusterCIDRs []netip.Prefix
-	// MasqueradeAll masquerades all Service traffic, ClusterIP and external
-	// (kube-proxy's --masquerade-all); Local traffic policies then no longer
-	// preserve the client's address.
+	// MasqueradeAll masquerades all traffic sent to ClusterIPs, from pods
+	// too (kube-proxy's --masquerade-all); external traffic is masqueraded
+	// as without it (Cluster policy), and Local policies keep the client's
+	// address.
 	MasqueradeAll bool
 	// IPv6 also programs ip6tables and the -v6 sets.
 	IPv6 bool

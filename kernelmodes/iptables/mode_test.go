@@ -165,7 +165,9 @@ func TestShortCircuit(t *testing.T) {
 		{"a local endpoint: ExternalIP from a pod", cidr, pkt(lb.TCP, "203.0.113.14:443", pre), spread(false, lokAll...)},
 		{"a local endpoint: NodePort from a pod", cidr, pkt(lb.TCP, "198.51.100.10:30443", pre), spread(false, lokAll...)},
 		{"a local endpoint: ExternalIP from outside", cidr, outside(pkt(lb.TCP, "203.0.113.14:443", pre)), spread(false, lokHere...)},
-		{"MasqueradeAll: a pod", Config{ClusterCIDRs: cidr.ClusterCIDRs, MasqueradeAll: true}, pkt(lb.TCP, "203.0.113.21:80", pre), spread(true, local...)},
+		{"MasqueradeAll: a pod keeps its address", Config{ClusterCIDRs: cidr.ClusterCIDRs, MasqueradeAll: true}, pkt(lb.TCP, "203.0.113.21:80", pre), spread(false, local...)},
+		{"MasqueradeAll: a pod, the short circuit through the ClusterIP's chain", Config{ClusterCIDRs: cidr.ClusterCIDRs, MasqueradeAll: true}, pkt(lb.TCP, "203.0.113.14:443", pre), spread(false, lokAll...)},
+		{"MasqueradeAll: the node, masqueraded", Config{ClusterCIDRs: cidr.ClusterCIDRs, MasqueradeAll: true}, pkt(lb.TCP, "203.0.113.21:80", out), spread(true, local...)},
 		{"a ClusterCIDR of the other family: IPv4 pods not told", Config{IPv6: true, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:244::/64")}}, pkt(lb.TCP, "203.0.113.21:80", pre), rejected},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -190,7 +192,9 @@ func TestMasquerade(t *testing.T) {
 		{"ClusterCIDR: Local policy keeps the client", Config{ClusterCIDRs: []netip.Prefix{podCIDR}}, from(pkt(lb.TCP, "203.0.113.14:443", pre), "192.0.2.77:999"), spread(false, lokHere...)},
 		{"ClusterCIDR: affinity Service", Config{ClusterCIDRs: []netip.Prefix{podCIDR}}, pkt(lb.TCP, "10.96.0.15:80", out), spread(true, sticky...)},
 		{"MasqueradeAll: ClusterIP from a pod", Config{MasqueradeAll: true}, pkt(lb.TCP, "10.96.0.10:80", pre), spread(true, web4...)},
-		{"MasqueradeAll: Local policy too", Config{MasqueradeAll: true}, pkt(lb.TCP, "203.0.113.14:443", pre), spread(true, lokHere...)},
+		{"MasqueradeAll: Local policy keeps the client", Config{MasqueradeAll: true}, from(pkt(lb.TCP, "203.0.113.14:443", pre), "192.0.2.77:999"), spread(false, lokHere...)},
+		{"MasqueradeAll: Cluster policy external, masqueraded", Config{MasqueradeAll: true}, from(pkt(lb.TCP, "203.0.113.10:80", pre), "192.0.2.77:999"), spread(true, web4...)},
+		{"MasqueradeAll: ClusterIP from outside", Config{MasqueradeAll: true}, from(pkt(lb.TCP, "10.96.0.10:80", pre), "192.0.2.77:999"), spread(true, web4...)},
 		{"other mark", Config{Mark: 0x1}, pkt(lb.TCP, "203.0.113.10:80", pre), spread(true, web4...)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -134,7 +134,9 @@ func (m *Mode) compute(snap *lb.Snapshot, nodeIPs []netip.Addr) (*desired, []err
 				vs.set = famSet(setReject4, fam)
 				d.members[vs] = struct{}{}
 			}
-			if m.cfg.MasqueradeAll || (pool.External && svc.ExternalTrafficPolicy == lb.PolicyCluster) {
+			// MasqueradeAll is kube-proxy's: the ClusterIPs (its
+			// KUBE-CLUSTER-IP set); external traffic as without it.
+			if (!pool.External && m.cfg.MasqueradeAll) || (pool.External && svc.ExternalTrafficPolicy == lb.PolicyCluster) {
 				vs.set = famSet(setMasq4, fam)
 				d.members[vs] = struct{}{}
 			}
@@ -154,7 +156,7 @@ func (m *Mode) compute(snap *lb.Snapshot, nodeIPs []netip.Addr) (*desired, []err
 		if len(nodeIPs) == 0 {
 			usable = bal.External.Serves()
 		}
-		masq := m.cfg.MasqueradeAll || svc.ExternalTrafficPolicy == lb.PolicyCluster
+		masq := svc.ExternalTrafficPolicy == lb.PolicyCluster
 		if svc.Protocol == lb.SCTP {
 			// bitmap:port never matches SCTP: one node IP,sctp:port
 			// member per node IP instead, as kube-proxy does.

@@ -58,7 +58,9 @@
 //
 // Masquerading (mark, then MASQUERADE in POSTROUTING) applies to NodePort,
 // ExternalIP and LoadBalancer traffic of Services with the Cluster external
-// traffic policy, to everything with Config.MasqueradeAll, to an
+// traffic policy, to ClusterIP traffic with Config.MasqueradeAll (as
+// kube-proxy's, over its cluster IP set; Local policies keep the client's
+// address either way), to an
 // endpoint reaching itself through its Service, and to the node's own
 // connections to a virtual server: their source is the VIP, which every
 // node holds on its dummy interface, so an endpoint on another node would

@@ -67,10 +67,11 @@ type Config struct {
 	// (/run). "": not recorded; a restart leaves them for good, as
 	// kube-proxy does.
 	MadeFile string
-	// MasqueradeAll masquerades all Service traffic, ClusterIP included.
-	// Otherwise traffic to NodePorts, ExternalIPs and LoadBalancer IPs of
-	// Services with the Cluster external traffic policy is masqueraded (and
-	// an endpoint reaching itself through its Service).
+	// Traffic to NodePorts, ExternalIPs and LoadBalancer IPs of Services
+	// with the Cluster external traffic policy is masqueraded (and an
+	// endpoint reaching itself through its Service); MasqueradeAll
+	// masquerades all traffic to ClusterIPs too, from pods as well
+	// (kube-proxy's --masquerade-all).
 	MasqueradeAll bool
 	// IPv6 also programs IPv6 frontends, ip6tables and the -v6 sets.
 	IPv6 bool

@@ -352,6 +352,9 @@ func TestMasquerade(t *testing.T) {
 	}{
 		{"ClusterIP", ipvs.Config{}, cases.Web(0, 1), cases.WebClusterIP, false},
 		{"ClusterIP, masquerade all", ipvs.Config{MasqueradeAll: true}, cases.Web(0, 1), cases.WebClusterIP, true},
+		{"NodePort, Local policy, masquerade all", ipvs.Config{MasqueradeAll: true}, local(), cases.WebNodePort, false},
+		{"ExternalIP, Local policy, masquerade all", ipvs.Config{MasqueradeAll: true}, local(), cases.WebExternalIP, false},
+		{"LoadBalancer IP, masquerade all", ipvs.Config{MasqueradeAll: true}, cases.Web(0, 1), cases.WebLBIP, true},
 		{"NodePort", ipvs.Config{}, cases.Web(0, 1), cases.WebNodePort, true},
 		{"NodePort, Local policy", ipvs.Config{}, local(), cases.WebNodePort, false},
 		{"ExternalIP, Local policy", ipvs.Config{}, local(), cases.WebExternalIP, false},

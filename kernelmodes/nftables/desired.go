@@ -127,17 +127,16 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 		if pool.External && len(scEps) > 0 {
 			slots(key, scEps, false, true, front)
 			usedShort = true
-			if len(eps) == 0 && m.cfg.MasqueradeAll {
-				out = append(out, elem{set: SetMasquerade, key: key})
-			}
 		}
 		if len(eps) == 0 {
 			out = append(out, elem{set: SetNoEndpoints, key: key})
 			continue
 		}
 		slots(key, eps, false, false, front)
+		// MasqueradeAll is kube-proxy's: traffic sent to ClusterIPs, from
+		// pods too; external traffic is masqueraded as without it.
 		switch {
-		case m.cfg.MasqueradeAll || (pool.External && svc.ExternalTrafficPolicy == lb.PolicyCluster):
+		case pool.External && svc.ExternalTrafficPolicy == lb.PolicyCluster, !pool.External && m.cfg.MasqueradeAll:
 			out = append(out, elem{set: SetMasquerade, key: key})
 		case !pool.External && m.clusterCIDR[fam].IsValid():
 			out = append(out, elem{set: SetMasqueradeOffCluster, key: key})
@@ -153,15 +152,12 @@ func (m *Mode) compute(snap *lb.Snapshot, bal *lb.Balancer, fam netfilter.Family
 		if len(scEps) > 0 {
 			slots(key, scEps, true, true, netip.AddrPortFrom(netip.Addr{}, np))
 			usedShort = true
-			if len(extEps) == 0 && m.cfg.MasqueradeAll {
-				out = append(out, elem{set: SetNodePortMasquerade, key: key})
-			}
 		}
 		if len(extEps) == 0 {
 			out = append(out, elem{set: SetNodePortNoEndpoints, key: key})
 		} else {
 			slots(key, extEps, true, false, netip.AddrPortFrom(netip.Addr{}, np))
-			if m.cfg.MasqueradeAll || svc.ExternalTrafficPolicy == lb.PolicyCluster {
+			if svc.ExternalTrafficPolicy == lb.PolicyCluster {
 				out = append(out, elem{set: SetNodePortMasquerade, key: key})
 			}
 			usedExt = true

@@ -74,7 +74,9 @@
 // masqueraded; clients outside the cluster get this node's endpoints.
 // Masquerade is where replies would otherwise bypass the node, as in the
 // iptables mode: external traffic with the Cluster policy, ClusterIP traffic
-// from outside the cluster CIDR, everything with MasqueradeAll, and hairpin
+// from outside the cluster CIDR (all ClusterIP traffic with MasqueradeAll,
+// as kube-proxy's --masquerade-all; Local policies keep the client's
+// address either way), and hairpin
 // (an endpoint reaching itself) through one set of endpoint addresses. The
 // sets' names are in Sets; their elements' encoding is nftable's
 // FrontendKey, NodePortKey, SlotKey, EndpointValue and AddrPairKey, and a

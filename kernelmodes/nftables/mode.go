@@ -46,7 +46,9 @@ type Config struct {
 	// ClusterCIDRs are the pod ranges, at most one per family: ClusterIP
 	// traffic from outside them is masqueraded.
 	ClusterCIDRs []netip.Prefix
-	// MasqueradeAll masquerades all Service traffic.
+	// MasqueradeAll masquerades all traffic sent to ClusterIPs, from pods
+	// too (kube-proxy's --masquerade-all); external traffic is masqueraded
+	// as without it.
 	MasqueradeAll bool
 	// IPv6 also programs the ip6 table.
 	IPv6 bool

@@ -184,17 +184,41 @@ func TestNodePortAddresses(t *testing.T) {
 	}
 }
 
-// TestMasqueradeAll: every Service's traffic is masqueraded, Local policy's
-// too.
+// TestMasqueradeAll: kube-proxy's --masquerade-all, traffic sent to
+// ClusterIPs masqueraded, from pods too; external traffic as without it:
+// masqueraded under the Cluster policy, a Local policy's client kept, a pod
+// short-circuited to the Cluster endpoints not masqueraded, the node
+// masqueraded.
 func TestMasqueradeAll(t *testing.T) {
-	m, fake, st := newMode(t, nftables.Config{MasqueradeAll: true})
-	if err := m.Apply(context.Background(), snapshot(t, st, cluster()), true); err != nil {
-		t.Fatal(err)
-	}
-	for _, dst := range []netip.AddrPort{ap("10.96.0.10:80"), ap("203.0.113.20:80")} {
-		if v := fake.Trace(netfilter.IPv4, nftablestest.Packet{Src: podIP, Dst: dst}); !v.Masquerade {
-			t.Errorf("%v: %v, want masqueraded", dst, v)
-		}
+	for _, tc := range []struct {
+		name string
+		cidr bool
+		p    nftablestest.Packet
+		masq bool
+	}{
+		{"ClusterIP from a pod", false, nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.10:80")}, true},
+		{"ClusterIP from a pod, a cluster CIDR set", true, nftablestest.Packet{Src: podIP, Dst: ap("10.96.0.10:80")}, true},
+		{"Cluster policy ExternalIP from outside", false, nftablestest.Packet{Src: hostIP, Dst: ap("203.0.113.10:80")}, true},
+		{"Cluster policy NodePort from outside", false, nftablestest.Packet{Src: hostIP, Dst: netip.AddrPortFrom(nodeIP, 30080), Local: true}, true},
+		{"Local policy ExternalIP from outside", false, nftablestest.Packet{Src: hostIP, Dst: ap("203.0.113.20:80")}, false},
+		{"Local policy NodePort from outside", false, nftablestest.Packet{Src: hostIP, Dst: netip.AddrPortFrom(nodeIP, 30081), Local: true}, false},
+		{"Local policy ExternalIP from a pod, short-circuited", true, nftablestest.Packet{Src: podIP, Dst: ap("203.0.113.20:80")}, false},
+		{"Local policy NodePort from a pod, short-circuited", true, nftablestest.Packet{Src: podIP, Dst: netip.AddrPortFrom(nodeIP, 30082), Local: true}, false},
+		{"Local policy NodePort from the node, short-circuited", true, nftablestest.Packet{Src: nodeIP, Dst: netip.AddrPortFrom(nodeIP, 30082), Local: true, LocalSource: true}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := nftables.Config{MasqueradeAll: true}
+			if tc.cidr {
+				cfg.ClusterCIDRs = []netip.Prefix{podCIDR}
+			}
+			m, fake, st := newMode(t, cfg)
+			if err := m.Apply(context.Background(), snapshot(t, st, cluster()), true); err != nil {
+				t.Fatal(err)
+			}
+			if v := fake.Trace(netfilter.IPv4, tc.p); len(v.DNAT) == 0 || v.Masquerade != tc.masq {
+				t.Errorf("%v -> %v: %+v, want DNAT, masquerade %v", tc.p.Src, tc.p.Dst, v, tc.masq)
+			}
+		})
 	}
 }
 
