@@ -18,9 +18,10 @@ import (
 // No kube-proxy runs: this is its data path and its restore cost, not its
 // change tracking.
 type kubeDNATMode struct {
-	// masqueradeAll SNATs every Service connection to the node (kube-proxy's
-	// --masquerade-all), as for NodePort and external traffic; otherwise
-	// only connections from outside the cluster CIDR are.
+	// masqueradeAll SNATs every ClusterIP connection to the node
+	// (kube-proxy's --masquerade-all; the bench sends only ClusterIP
+	// traffic); otherwise only connections from outside the cluster CIDR
+	// are.
 	masqueradeAll bool
 }
 
@@ -33,7 +34,7 @@ func (m *kubeDNATMode) Name() string {
 
 func (m *kubeDNATMode) Describe() string {
 	if m.masqueradeAll {
-		return "kube-dnat with every connection masqueraded to the node (--masquerade-all), as NodePort and external traffic are"
+		return "kube-dnat with every ClusterIP connection masqueraded to the node (--masquerade-all)"
 	}
 	return "kernel DNAT, kube-proxy-shaped iptables rules (iptables-legacy; written by the bench with iptables-restore); the client pod's connections are not SNATed"
 }

@@ -73,13 +73,14 @@ const (
 	// endpoints of the family: rejected.
 	SetNodePortNoEndpoints = "nodeport-no-endpoints"
 	// SetMasquerade holds frontends whose traffic is always masqueraded
-	// (external traffic with the Cluster policy; all with MasqueradeAll).
+	// (external frontends with the Cluster policy; ClusterIP frontends with
+	// MasqueradeAll).
 	SetMasquerade = "masquerade-frontends"
 	// SetMasqueradeOffCluster holds ClusterIP frontends whose traffic is
 	// masqueraded when it comes from outside the family's cluster CIDR.
 	SetMasqueradeOffCluster = "masquerade-off-cluster"
 	// SetNodePortMasquerade holds protocol . NodePort of NodePorts whose
-	// traffic is masqueraded (Cluster policy, or MasqueradeAll).
+	// traffic is masqueraded (Cluster policy).
 	SetNodePortMasquerade = "nodeport-masquerade"
 	// SetHairpin holds endpoint address . endpoint address: a connection
 	// DNATed to its own source is masqueraded, so the reply comes back
