@@ -335,14 +335,14 @@ func TestDrainingEndpointComesBack(t *testing.T) {
 }
 
 func TestMasquerade(t *testing.T) {
-	local := func() lb.Service {
-		s := cases.Web(0, 1)
+	localOf := func(s lb.Service) lb.Service {
 		s.ExternalTrafficPolicy = lb.PolicyLocal
 		for i := range s.Endpoints {
 			s.Endpoints[i].NodeName = nodeName
 		}
 		return s
 	}
+	local := func() lb.Service { return localOf(cases.Web(0, 1)) }
 	for _, tc := range []struct {
 		name string
 		cfg  ipvs.Config
@@ -359,11 +359,15 @@ func TestMasquerade(t *testing.T) {
 		{"NodePort, Local policy", ipvs.Config{}, local(), cases.WebNodePort, false},
 		{"ExternalIP, Local policy", ipvs.Config{}, local(), cases.WebExternalIP, false},
 		{"LoadBalancer IP", ipvs.Config{}, cases.Web(0, 1), cases.WebLBIP, true},
+		// SCTP NodePorts have sets of their own (node IP, port members).
+		{"SCTP NodePort, masquerade all", ipvs.Config{MasqueradeAll: true}, cases.Diameter(0, 1), cases.SCTPNodePort, true},
+		{"SCTP NodePort, Local policy, masquerade all", ipvs.Config{MasqueradeAll: true}, localOf(cases.Diameter(0, 1)), cases.SCTPNodePort, false},
+		{"SCTP ClusterIP, masquerade all", ipvs.Config{MasqueradeAll: true}, localOf(cases.Diameter(0, 1)), cases.SCTPClusterIP, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t, tc.cfg)
 			w.apply(false, tc.svc)
-			v := w.f.Trace(w.packet(cases.Pod, lb.TCP, tc.to))
+			v := w.f.Trace(w.packet(cases.Pod, tc.svc.Protocol, tc.to))
 			if v.Action != ipvstest.Forwarded || v.Masquerade != tc.want {
 				t.Errorf("pod -> %v: %v, want forwarded, masquerade %v", tc.to, v, tc.want)
 			}
