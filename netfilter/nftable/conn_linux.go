@@ -34,8 +34,8 @@ type Table struct {
 // Netlink caps an attribute at 64 KiB and a batch (one sendmsg) at the
 // socket's send buffer: elements go 64 to a message, and a transaction
 // holds up to transactionBytes of them (about 50,000 IPv4 elements; half
-// the buffers bigBuffers asks for), or half the send buffer the socket got
-// when it could not have those.
+// the buffers bigBuffers asks for), less on a socket that could not have
+// those (bigBuffers says how much).
 const (
 	elementsPerMessage = 64
 	transactionBytes   = 4 << 20
