@@ -22,7 +22,9 @@
 // socket) leaves the old one serving, watched for 30s in case it was
 // finishing the handover all the same; one that fails after is replaced
 // as a crashed worker is. A SIGUSR2 while the running worker has not
-// served, or while a restart is under way, is ignored. A worker that exits
+// served yet is acted on once it has (or is the restart a crashed
+// worker's replacement starting after it makes); one while a SIGUSR2
+// successor is starting is that restart. A worker that exits
 // with status 0 by itself (it handed over to a successor outside this
 // master, as in a DaemonSet rollout) ends the master too. A worker has
 // served once it deposited its sockets with the keeper (which knows the
@@ -201,11 +203,16 @@ func Run(ctx context.Context, cfg Config) error {
 	// deposited from the unix socket's peer credentials).
 	served := func(w Worker) bool { return k.Served(w.Pid()) }
 	everServed := false // some worker did: its configuration works
+	// owed is a SIGUSR2 that came before the running worker served: a
+	// new worker starts once it has, unless one starts meanwhile anyway
+	// (a crashed worker's replacement is as new as the operator asked).
+	owed := false
 	start := func() error {
 		w, err := cfg.Start([]string{EnvKeeper + "=" + cfg.Keeper, fmt.Sprintf("%s=%d", EnvRestarts, restarts)})
 		if err != nil {
 			return fmt.Errorf("starting a worker: %w", err)
 		}
+		owed = false
 		k.Forget(w.Pid()) // a dead worker's late deposit may have marked a PID reused now
 		current, started, live[w] = w, time.Now(), true
 		log.Info("started a worker", zap.Int("pid", w.Pid()))
@@ -232,6 +239,23 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	backoff := time.Duration(0)
 	var restart <-chan time.Time
+	// replace starts a SIGUSR2 successor of the running worker, which has
+	// served: once the successor serves, the old one is told to finish.
+	replace := func() {
+		log.Info("SIGUSR2: starting a new worker; it takes over from the running one")
+		prev := current
+		if err := start(); err != nil {
+			log.Error("restarting", zap.Error(err))
+			return
+		}
+		if live[prev] {
+			retiring = prev
+		}
+	}
+	// ready says whether a SIGUSR2 can start a successor now.
+	ready := func() bool {
+		return !stopping && restart == nil && retiring == nil && fellBack == nil && served(current)
+	}
 	// As PID 1 of a container the master inherits whatever a dead worker
 	// left running; reap those once they exit.
 	reap := time.NewTicker(reapEvery)
@@ -290,21 +314,18 @@ func Run(ctx context.Context, cfg Config) error {
 					_ = current.Signal(sig)
 				}
 			case syscall.SIGUSR2:
-				if stopping || restart != nil {
-					continue
-				}
-				if retiring != nil || !served(current) || fellBack != nil {
-					log.Warn("SIGUSR2 ignored: the running worker has not served yet, or a restart is under way")
-					continue
-				}
-				log.Info("SIGUSR2: starting a new worker; it takes over from the running one")
-				prev := current
-				if err := start(); err != nil {
-					log.Error("restarting", zap.Error(err))
-					continue
-				}
-				if live[prev] {
-					retiring = prev
+				switch {
+				case stopping:
+				case retiring != nil:
+					log.Info("SIGUSR2: a new worker is starting already; it is the restart asked for")
+				case ready():
+					replace()
+				default:
+					// Not served yet (just started, a crashed worker's
+					// replacement under way, or made current again after
+					// its successor failed): done once it has.
+					owed = true
+					log.Info("SIGUSR2: the running worker has not served yet; a new one starts once it has")
 				}
 			}
 		case <-k.Deposits():
@@ -318,6 +339,9 @@ func Run(ctx context.Context, cfg Config) error {
 					_ = retiring.Signal(syscall.SIGTERM)
 				}
 				retiring = nil
+			}
+			if owed && ready() {
+				replace()
 			}
 		case <-restart:
 			restart = nil
@@ -387,6 +411,9 @@ func Run(ctx context.Context, cfg Config) error {
 			case fellBack == nil || fellBack != current || !live[fellBack] || time.Now().After(fellBackUntil):
 				fellBack = nil
 				fallBackTick.Stop()
+				if owed && ready() {
+					replace()
+				}
 			case !stillServes(cfg.Handover):
 				// It handed over to the successor that died: it drains
 				// and serves no more.

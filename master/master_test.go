@@ -312,14 +312,34 @@ func TestRun(t *testing.T) {
 		w.retire(t, "the old worker once the replacement served")
 		r.stop(t, w3)
 	})
-	t.Run("SIGUSR2 before the running worker served is ignored", func(t *testing.T) {
+	t.Run("SIGUSR2 before the running worker served is acted on once it has", func(t *testing.T) {
 		r := newRig(t)
 		w := r.next(t)
 		r.signals <- syscall.SIGUSR2
 		r.noStart(t, "on a SIGUSR2 before the running one served")
-		r.stop(t, w)
+		r.serve(t, w)
+		w2 := r.next(t)
+		if got := w2.restarts(); got != "0" {
+			t.Errorf("the SIGUSR2 successor started with %s=%q, want 0", EnvRestarts, got)
+		}
+		r.serve(t, w2)
+		w.retire(t, "the old worker once its successor served")
+		r.noStart(t, "after the owed restart")
+		r.stop(t, w2)
 	})
-	t.Run("SIGUSR2 while a successor has not served yet is ignored", func(t *testing.T) {
+	t.Run("SIGUSR2 while a crashed worker's replacement is due is that replacement", func(t *testing.T) {
+		r := newRig(t, func(c *Config) { c.MinBackoff, c.MaxBackoff = 300*time.Millisecond, 300*time.Millisecond })
+		w := r.next(t)
+		r.serve(t, w)
+		w.exit <- crash
+		time.Sleep(50 * time.Millisecond) // the death is seen; the replacement waits out its backoff
+		r.signals <- syscall.SIGUSR2
+		w2 := r.next(t)
+		r.serve(t, w2)
+		r.noStart(t, "once the replacement, started after the SIGUSR2, served")
+		r.stop(t, w2)
+	})
+	t.Run("SIGUSR2 while a successor has not served yet is that restart", func(t *testing.T) {
 		r := newRig(t)
 		w := r.next(t)
 		r.serve(t, w)

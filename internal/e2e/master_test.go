@@ -69,11 +69,12 @@ func TestPrivilegedCrashUnderLoad(t *testing.T) {
 				// A planned restart through the master: SIGUSR2 starts a
 				// new worker, which takes over from the running one; the
 				// old one drains and exits. Nothing fails.
-				// The master ignores SIGUSR2 (and says so) until the new
-				// worker has deposited its sockets after its first sync,
-				// which a loaded machine can make later than the second
-				// waited above: sent again every two seconds, as an
-				// operator would, until the worker changes.
+				// The master acts on a SIGUSR2 once the new worker has
+				// deposited its sockets after its first sync, which a
+				// loaded machine can make later than the second waited
+				// above. Sent again every two seconds while one worker
+				// runs all the same, as an operator would: the restart
+				// must come either way.
 				failedBefore := load.failed.Load()
 				kids := children(c.pid())
 				deadline := time.Now().Add(20 * time.Second)
