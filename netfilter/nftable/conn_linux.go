@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 
@@ -429,13 +428,14 @@ func (k *Conn) Update(ctx context.Context, t Table, del, add []Element) (err err
 
 // undeclared reports an element of a set t does not declare.
 func undeclared(t Table, ess ...[]Element) error {
+	nt := t.table()
 	known := map[string]bool{}
 	for _, es := range ess {
 		for _, e := range es {
 			if known[e.Set] {
 				continue
 			}
-			if !slices.ContainsFunc(t.Sets, func(s *nft.Set) bool { return s.Name == e.Set }) {
+			if t.set(nt, e.Set) == nil {
 				return fmt.Errorf("table %s declares no set %s", t.Name, e.Set)
 			}
 			known[e.Set] = true
@@ -446,7 +446,7 @@ func undeclared(t Table, ess ...[]Element) error {
 
 // messages calls f with es as netlink messages: one per run of up to
 // elementsPerMessage elements of one set (grouped by set, a change of many
-// sets does not cost a message per element), with their encoded size.
+// sets does not cost a message per element).
 func messages(t Table, nt *nft.Table, es []Element, f func(s *nft.Set, batch []nft.SetElement) error) error {
 	es = bySet(es)
 	for len(es) > 0 {
